@@ -1,0 +1,1 @@
+"""Thin command-line layer: parse arguments, build frozen configs, call the library."""

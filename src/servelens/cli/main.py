@@ -1,0 +1,62 @@
+"""``servelens`` console script: subcommands register themselves from ``servelens.cli.<name>``.
+
+Errors that are the user's (bad flags, bad files, unreachable URLs) print one readable line
+``servelens: error: ...`` and exit 2; no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from servelens import __version__
+
+# Each module defines add_parser(subparsers) which sets `func` (args -> int exit code).
+SUBCOMMANDS: tuple[str, ...] = ("demo", "sim", "gateway", "bench", "report", "dashboard")
+
+
+class CliError(Exception):
+    """A user-facing error: printed as one line, exit status 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every available subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="servelens",
+        description="Per-input-length latency metrics for OpenAI-compatible LLM inference servers.",
+    )
+    parser.add_argument("--version", action="version", version=f"servelens {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in SUBCOMMANDS:
+        try:
+            mod = importlib.import_module(f"servelens.cli.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"servelens.cli.{name}":
+                continue  # not built yet
+            raise
+        mod.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the process exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return 0
+    try:
+        return int(func(args) or 0)
+    except KeyboardInterrupt:
+        print("servelens: interrupted", file=sys.stderr)
+        return 130
+    except (CliError, ValueError, OSError) as exc:
+        print(f"servelens: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""Reading OpenAI-compatible responses: output-bearing chunks, usage, cached tokens, errors.
+
+Formats: OpenAI Chat Completions / Completions streaming chunks (``chat.completion.chunk``,
+``text_completion``) and whole responses, plus the extensions of vLLM, SGLang and Dynamo
+(``reasoning_content``/``reasoning`` deltas, ``continuous_usage_stats``,
+``prompt_tokens_details.cached_tokens``). No I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+_decode = msgspec.json.Decoder().decode
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token usage as an OpenAI ``usage`` object reports it (tokens).
+
+    ``cached_tokens`` is ``usage.prompt_tokens_details.cached_tokens``; None when absent or null
+    (unknown, which is not the same as 0).
+    """
+
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    cached_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkInfo:
+    """What one SSE ``data:`` payload says.
+
+    Attributes:
+        done: the ``[DONE]`` sentinel.
+        malformed: the payload was not a JSON object.
+        has_output: carries generated output (content, reasoning content, a tool-call delta, or
+            completion text); a role-only chunk or empty content is not output.
+        finish_reason: the first non-null ``finish_reason`` among the choices.
+        usage: the chunk's usage (None when absent or null).
+        error: the ``error`` object of an in-stream error event (message text), else None.
+        obj: the decoded object (None when malformed or done).
+    """
+
+    done: bool = False
+    malformed: bool = False
+    has_output: bool = False
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    error: str | None = None
+    obj: dict[str, Any] | None = None
+
+
+DONE = ChunkInfo(done=True)
+MALFORMED = ChunkInfo(malformed=True)
+
+
+def parse_usage(obj: Any) -> Usage | None:
+    """Read an OpenAI ``usage`` object (dict) into :class:`Usage`; None when not a dict."""
+    if not isinstance(obj, dict):
+        return None
+    details = obj.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    pt = obj.get("prompt_tokens")
+    ct = obj.get("completion_tokens")
+    return Usage(
+        prompt_tokens=pt if isinstance(pt, int) else None,
+        completion_tokens=ct if isinstance(ct, int) else None,
+        cached_tokens=cached if isinstance(cached, int) else None,
+    )
+
+
+def _error_text(err: Any) -> str:
+    if isinstance(err, dict):
+        msg = err.get("message")
+        return str(msg) if msg is not None else str(err)
+    return str(err)
+
+
+def _choice_has_output(choice: dict[str, Any]) -> bool:
+    delta = choice.get("delta")
+    if isinstance(delta, dict):
+        if delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"):
+            return True
+        if delta.get("tool_calls") or delta.get("function_call"):
+            return True
+        return False
+    # completions chunk
+    if choice.get("text"):
+        return True
+    message = choice.get("message")  # a whole chat response
+    if isinstance(message, dict):
+        return bool(
+            message.get("content") or message.get("reasoning_content") or message.get("tool_calls")
+        )
+    return False
+
+
+def parse_chunk(data: str | bytes) -> ChunkInfo:
+    """Interpret one SSE ``data`` payload of an OpenAI-compatible stream.
+
+    Never raises: bad JSON gives ``ChunkInfo(malformed=True)``.
+    """
+    if data == "[DONE]" or data == b"[DONE]":
+        return DONE
+    try:
+        obj = _decode(data)
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        return MALFORMED
+    if not isinstance(obj, dict):
+        return MALFORMED
+    if "error" in obj and obj["error"] is not None:
+        return ChunkInfo(error=_error_text(obj["error"]), obj=obj)
+    has_output = False
+    finish: str | None = None
+    choices = obj.get("choices")
+    if isinstance(choices, list):
+        for ch in choices:
+            if isinstance(ch, dict):
+                if not has_output and _choice_has_output(ch):
+                    has_output = True
+                fr = ch.get("finish_reason")
+                if fr and finish is None:
+                    finish = str(fr)
+    usage = obj.get("usage")
+    return ChunkInfo(
+        has_output=has_output,
+        finish_reason=finish,
+        usage=parse_usage(usage) if usage is not None else None,
+        obj=obj,
+    )
+
+
+def parse_response(body: bytes | str) -> ChunkInfo:
+    """Interpret a whole (non-streaming) response body; same fields as :func:`parse_chunk`."""
+    return parse_chunk(body)
+
+
+def error_body(message: str, type_: str, code: int | str | None = None, param: str | None = None) -> bytes:
+    """An OpenAI error object ``{"error": {"message", "type", "param", "code"}}`` as JSON bytes."""
+    return msgspec.json.encode({"error": {"message": message, "type": type_, "param": param, "code": code}})

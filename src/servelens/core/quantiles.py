@@ -1,0 +1,73 @@
+"""Quantile math: exact percentiles of raw values, and Prometheus' ``histogram_quantile``."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Exact percentile of ``values`` for ``q`` in [0, 100], linear interpolation between
+    closest ranks (numpy's default method, as used by vLLM's and aiperf's benchmarks).
+
+    Returns NaN for an empty sequence. Raises ValueError if ``q`` is outside [0, 100].
+    """
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile must be within [0, 100], got {q}")
+    if len(values) == 0:
+        return math.nan
+    return float(np.percentile(np.asarray(values, dtype=float), q))
+
+
+def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float:
+    """Prometheus ``histogram_quantile(q, ...)`` over one classic histogram.
+
+    Args:
+        q: quantile in [0, 1] (0.95 for p95).
+        buckets: cumulative ``(le, count)`` pairs in increasing ``le`` order; the last ``le``
+            should be ``+Inf`` (counts may be floats, e.g. rates or deltas).
+
+    Returns NaN for no observations; like Prometheus, the lower bound of the first bucket is 0
+    (unless its upper bound is <= 0), a quantile landing in ``+Inf`` returns the highest finite
+    ``le``, and values interpolate linearly inside the bucket.
+    Source: prometheus/promql/quantile.go (bucketQuantile).
+    """
+    if q < 0:
+        return -math.inf
+    if q > 1:
+        return math.inf
+    if not buckets or not math.isinf(buckets[-1][0]):
+        return math.nan
+    total = buckets[-1][1]
+    if total <= 0 or len(buckets) < 2:
+        return math.nan
+    rank = q * total
+    idx = 0
+    while idx < len(buckets) - 1 and buckets[idx][1] < rank:
+        idx += 1
+    if idx == len(buckets) - 1:
+        return buckets[-2][0]
+    if idx == 0 and buckets[0][0] <= 0:
+        return buckets[0][0]
+    start = 0.0
+    end = buckets[idx][0]
+    count = buckets[idx][1]
+    if idx > 0:
+        start = buckets[idx - 1][0]
+        count -= buckets[idx - 1][1]
+        rank -= buckets[idx - 1][1]
+    if count == 0:
+        return end
+    return start + (end - start) * (rank / count)
+
+
+def bucket_bounds(value: float, edges: Sequence[float]) -> tuple[float, float]:
+    """The ``(lower, upper]`` ``le`` bucket that holds ``value`` (upper is inf past the last edge)."""
+    lower = 0.0 if edges and edges[0] > 0 else -math.inf
+    for e in edges:
+        if value <= e:
+            return lower, e
+        lower = e
+    return lower, math.inf

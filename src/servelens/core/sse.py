@@ -1,0 +1,128 @@
+"""Incremental Server-Sent Events decoder (WHATWG HTML "event stream" parsing), no I/O.
+
+``decode(bytes) -> list[SSEBlock]`` can be fed arbitrary splits of the stream: an event split
+across reads, several events in one read, a multi-byte UTF-8 character split across reads,
+``\\n``, ``\\r\\n`` or ``\\r`` line endings. ``flush()`` returns what remains at the end of stream.
+
+Every block (the lines up to a blank line) is returned, including comment-only blocks
+(``: keep-alive``) and blocks with only ``id:``/``retry:`` fields, so that a relay can
+re-emit the exact bytes (``raw``); consumers look at ``data`` (None when the block had no
+``data:`` field, which the spec says is not dispatched as an event).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+
+
+@dataclass(frozen=True, slots=True)
+class SSEBlock:
+    """One SSE block.
+
+    Attributes:
+        data: the ``data`` fields joined with ``\\n`` (None when there was no ``data:`` line).
+        event: the ``event:`` field, if any.
+        id: the ``id:`` field, if any.
+        raw: the exact bytes of the block, blank line included (without it after ``flush``).
+        comments: the comment lines (text after ``:``), e.g. ``(" keep-alive",)``.
+    """
+
+    data: str | None
+    event: str | None
+    id: str | None
+    raw: bytes
+    comments: tuple[str, ...] = ()
+
+
+class SSEDecoder:
+    """Stateful incremental decoder. Not thread-safe; one per stream."""
+
+    __slots__ = ("_buf", "_comments", "_data", "_event", "_id", "_parsed")
+
+    def __init__(self) -> None:
+        self._buf = b""  # bytes of the unfinished block
+        self._parsed = 0  # how many bytes of _buf were already parsed into fields
+        self._reset()
+
+    def _reset(self) -> None:
+        self._data: list[str] | None = None
+        self._event: str | None = None
+        self._id: str | None = None
+        self._comments: list[str] = []
+
+    def _field(self, line: bytes) -> None:
+        text = line.decode("utf-8", errors="replace")
+        if text.startswith(":"):
+            self._comments.append(text[1:])
+            return
+        name, sep, value = text.partition(":")
+        if sep and value.startswith(" "):
+            value = value[1:]
+        if name == "data":
+            if self._data is None:
+                self._data = [value]
+            else:
+                self._data.append(value)
+        elif name == "event":
+            self._event = value
+        elif name == "id":
+            self._id = value
+        # "retry" and unknown fields are ignored (spec)
+
+    def _emit(self, raw: bytes) -> SSEBlock:
+        block = SSEBlock(
+            data="\n".join(self._data) if self._data is not None else None,
+            event=self._event,
+            id=self._id,
+            raw=raw,
+            comments=tuple(self._comments),
+        )
+        self._reset()
+        return block
+
+    def decode(self, chunk: bytes) -> list[SSEBlock]:
+        """Feed bytes; return the blocks completed by them (possibly none).
+
+        A blank line with no field before it yields a block with ``data=None`` and only ``raw``
+        (so a relay can re-emit stray blank lines byte for byte).
+        """
+        buf = self._buf + chunk if self._buf else chunk
+        out: list[SSEBlock] = []
+        pos = self._parsed
+        start = 0
+        n = len(buf)
+        search = _LINE_END.search
+        while pos < n:
+            m = search(buf, pos)
+            if m is None:
+                break
+            end = m.end()
+            if end == n and buf[m.start()] == 13 and m.end() - m.start() == 1:
+                break  # a lone \r at the very end may be the first half of \r\n
+            line = buf[pos : m.start()]
+            pos = end
+            if line:
+                self._field(line)
+            else:
+                out.append(self._emit(buf[start:pos]))
+                start = pos
+        self._buf = buf[start:]
+        self._parsed = pos - start
+        return out
+
+    def flush(self) -> list[SSEBlock]:
+        """End of stream: dispatch a final block that lacked its blank line, if any."""
+        buf = self._buf
+        rest = buf[self._parsed :]
+        if rest:
+            self._field(rest.rstrip(b"\r\n"))
+        out: list[SSEBlock] = []
+        if buf:
+            out.append(self._emit(buf))
+        self._buf = b""
+        self._parsed = 0
+        self._reset()
+        return out

@@ -1,0 +1,329 @@
+"""Aggregated frontend metric state per model and ISL bucket (pure; exported by
+:mod:`servelens.prometheus.collector`).
+
+The life of a request (see :class:`LiveRequest`):
+
+1. :meth:`FrontendState.begin` at arrival: ``inflight`` + 1.
+2. :meth:`LiveRequest.output` per output-bearing chunk. The first one observes the stock TTFT
+   (and the by-ISL TTFT if the bucket is already known); later ones only touch the
+   request-local ITL histogram (no lock, no shared state).
+3. :meth:`LiveRequest.set_isl` when the prompt length becomes known (first-chunk usage, final
+   usage, or a local tokenizer at arrival). The bucket is fixed then, and the by-ISL TTFT is
+   observed as soon as both the bucket and the TTFT are known.
+4. :meth:`LiveRequest.finish` once: ITL merged, duration, ISL, OSL and cached tokens observed,
+   ``requests_total`` counted, ``inflight`` - 1. Calling it again returns the first record.
+
+A request that fails before its first output token gets no by-ISL observation, but it is
+counted in ``requests_total`` and its duration goes to the stock duration histogram.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from servelens.core.buckets import IslBuckets
+from servelens.core.histogram import HistogramState, validate_edges
+from servelens.core.status import ERROR, SUCCESS, UNKNOWN_MODEL, check_error_type
+from servelens.core.timing import RequestRecord, RequestTimer
+
+# Default `le` edges exactly as NVIDIA Dynamo 1.6.1's frontend exposes them
+# (log-spaced, 2 significant figures, starting at 0).
+TTFT_EDGES_S: tuple[float, ...] = (
+    0, 0.0022, 0.0047, 0.01, 0.022, 0.047, 0.1, 0.22, 0.47, 1, 2.2, 4.7, 10, 22, 48, 100, 220, 480,
+)
+ITL_EDGES_S: tuple[float, ...] = (
+    0, 0.0018, 0.0033, 0.0059, 0.011, 0.02, 0.035, 0.064, 0.12, 0.21, 0.38, 0.69, 1.2, 2.3, 4.1,
+    7.4, 13, 24, 44, 80,
+)
+DURATION_EDGES_S: tuple[float, ...] = (0, 2, 4, 8, 16, 32, 64, 130, 260, 510)
+ISL_EDGES_TOKENS: tuple[float, ...] = (
+    0, 100, 210, 430, 870, 1800, 3600, 7400, 15000, 31000, 63000, 130000,
+)
+CACHED_EDGES_TOKENS: tuple[float, ...] = ISL_EDGES_TOKENS
+OSL_EDGES_TOKENS: tuple[float, ...] = (0, 100, 210, 430, 880, 1800, 3700, 7600, 16000, 32000)
+
+ISL_SOURCES: tuple[str, ...] = ("first_chunk_usage", "final_usage", "tokenizer", "unknown")
+"""How a request's ISL bucket was assigned (label ``source`` of the assignments counter)."""
+
+DEFAULT_MAX_MODELS = 64
+
+
+@dataclass(frozen=True)
+class MetricEdges:
+    """``le`` edges of the six histograms (seconds or tokens). Defaults: Dynamo 1.6.1's.
+
+    Raises ValueError on construction if any set is empty or not strictly increasing.
+    """
+
+    ttft_s: tuple[float, ...] = tuple(float(e) for e in TTFT_EDGES_S)
+    itl_s: tuple[float, ...] = tuple(float(e) for e in ITL_EDGES_S)
+    duration_s: tuple[float, ...] = tuple(float(e) for e in DURATION_EDGES_S)
+    isl_tokens: tuple[float, ...] = tuple(float(e) for e in ISL_EDGES_TOKENS)
+    osl_tokens: tuple[float, ...] = tuple(float(e) for e in OSL_EDGES_TOKENS)
+    cached_tokens: tuple[float, ...] = tuple(float(e) for e in CACHED_EDGES_TOKENS)
+
+    def __post_init__(self) -> None:
+        for name in ("ttft_s", "itl_s", "duration_s", "isl_tokens", "osl_tokens", "cached_tokens"):
+            object.__setattr__(self, name, validate_edges(getattr(self, name)))
+
+
+class HistogramSet:
+    """The histograms of one series group (one model, or one model x ISL bucket)."""
+
+    __slots__ = ("cached", "duration", "isl", "itl", "osl", "ttft")
+
+    def __init__(self, edges: MetricEdges, with_isl: bool) -> None:
+        self.ttft = HistogramState(edges.ttft_s)
+        self.itl = HistogramState(edges.itl_s)
+        self.duration = HistogramState(edges.duration_s)
+        self.isl: HistogramState | None = HistogramState(edges.isl_tokens) if with_isl else None
+        self.osl = HistogramState(edges.osl_tokens)
+        self.cached = HistogramState(edges.cached_tokens)
+
+
+class ModelState:
+    """Everything exported for one model: stock histograms, by-ISL histograms, counters."""
+
+    __slots__ = ("by_isl", "inflight", "isl_sources", "name", "output_tokens", "requests", "stock")
+
+    def __init__(self, name: str, edges: MetricEdges, buckets: IslBuckets | None) -> None:
+        self.name = name
+        self.stock = HistogramSet(edges, with_isl=True)
+        self.by_isl: dict[str, HistogramSet] | None = (
+            {label: HistogramSet(edges, with_isl=False) for label in buckets.labels} if buckets else None
+        )
+        self.isl_sources: dict[str, int] | None = dict.fromkeys(ISL_SOURCES, 0) if buckets else None
+        self.inflight = 0
+        self.output_tokens = 0
+        # (endpoint, request_type, status, error_type) -> count; series appear on first use
+        self.requests: dict[tuple[str, str, str, str], int] = {}
+
+
+class FrontendState:
+    """Metric state of an OpenAI-compatible frontend (thread-safe at request granularity).
+
+    Args:
+        isl_buckets: ISL buckets, or None to disable every by-ISL series (nothing registered,
+            nothing paid per request).
+        edges: histogram ``le`` edges (Dynamo 1.6.1's by default).
+        max_models: registering more models than this raises ValueError (cardinality guard).
+    """
+
+    def __init__(
+        self,
+        isl_buckets: IslBuckets | None = None,
+        edges: MetricEdges | None = None,
+        max_models: int = DEFAULT_MAX_MODELS,
+    ) -> None:
+        self.isl_buckets = isl_buckets
+        self.edges = edges or MetricEdges()
+        self.max_models = max_models
+        self.lock = threading.Lock()
+        self.models: dict[str, ModelState] = {}
+        self.unknown_requests: dict[tuple[str, str, str, str], int] = {}
+        self.disconnected_clients = 0
+
+    def register_model(self, name: str) -> ModelState:
+        """Create every series of ``name`` at zero (idempotent).
+
+        Raises ValueError for an empty name, the reserved ``unknown_model``, or beyond ``max_models``.
+        """
+        if not name:
+            raise ValueError("model name must not be empty")
+        if name == UNKNOWN_MODEL:
+            raise ValueError(f"{UNKNOWN_MODEL!r} is reserved for requests naming an unknown model")
+        with self.lock:
+            existing = self.models.get(name)
+            if existing is not None:
+                return existing
+            if len(self.models) >= self.max_models:
+                raise ValueError(
+                    f"cannot register model {name!r}: at most {self.max_models} models "
+                    "(raise max_models if this is intended)"
+                )
+            state = ModelState(name, self.edges, self.isl_buckets)
+            self.models[name] = state
+            return state
+
+    def is_registered(self, name: str) -> bool:
+        """True when ``name`` was registered."""
+        return name in self.models
+
+    def begin(
+        self,
+        model: str,
+        endpoint: str,
+        request_type: str,
+        arrival_ns: int,
+        keep_itl_values: bool = False,
+    ) -> LiveRequest:
+        """Start tracking a request at ``arrival_ns`` (int ns, monotonic).
+
+        ``model`` must be registered; an unregistered name is tracked as ``unknown_model``
+        (only ``requests_total`` is counted for it). ``endpoint`` is ``chat_completions`` or
+        ``completions``; ``request_type`` is ``stream`` or ``unary``.
+        """
+        ms = self.models.get(model)
+        if ms is not None:
+            with self.lock:
+                ms.inflight += 1
+        return LiveRequest(self, ms, endpoint, request_type, arrival_ns, keep_itl_values)
+
+    def count_unknown_model(self, endpoint: str, request_type: str, error_type: str = "not_found") -> None:
+        """Count one failed request naming an unknown model under ``model="unknown_model"``."""
+        key = (endpoint, request_type, ERROR, check_error_type(error_type))
+        with self.lock:
+            self.unknown_requests[key] = self.unknown_requests.get(key, 0) + 1
+
+    def client_disconnected(self) -> None:
+        """Count a client that went away before its response was complete."""
+        with self.lock:
+            self.disconnected_clients += 1
+
+
+class LiveRequest:
+    """One request in flight (see the module docstring for the order of calls)."""
+
+    __slots__ = (
+        "_bucket",
+        "_by_isl_ttft_done",
+        "_isl_source",
+        "_model",
+        "_record",
+        "_state",
+        "endpoint",
+        "isl",
+        "request_type",
+        "timer",
+    )
+
+    def __init__(
+        self,
+        state: FrontendState,
+        model: ModelState | None,
+        endpoint: str,
+        request_type: str,
+        arrival_ns: int,
+        keep_itl_values: bool,
+    ) -> None:
+        self._state = state
+        self._model = model
+        self.endpoint = endpoint
+        self.request_type = request_type
+        self.timer = RequestTimer(arrival_ns, state.edges.itl_s, keep_itl_values)
+        self.isl: int | None = None
+        self._bucket: HistogramSet | None = None
+        self._isl_source = "unknown"
+        self._by_isl_ttft_done = False
+        self._record: RequestRecord | None = None
+
+    @property
+    def model(self) -> str:
+        """The model label this request counts under."""
+        return self._model.name if self._model is not None else UNKNOWN_MODEL
+
+    @property
+    def bucket_label(self) -> str | None:
+        """The ISL bucket label once fixed, else None."""
+        if self.isl is None or self._state.isl_buckets is None:
+            return None
+        return self._state.isl_buckets.label(self.isl)
+
+    @property
+    def finished(self) -> bool:
+        """True once :meth:`finish` ran."""
+        return self._record is not None
+
+    def output(self, t_ns: int, tokens: int = 1) -> None:
+        """An output-bearing chunk arrived at ``t_ns`` with ``tokens`` tokens."""
+        if not self.timer.output(t_ns, tokens) or self._model is None or self._record is not None:
+            return
+        ttft = self.timer.ttft_s
+        assert ttft is not None
+        with self._state.lock:
+            self._model.stock.ttft.observe(ttft)
+            if self._bucket is not None and not self._by_isl_ttft_done:
+                self._bucket.ttft.observe(ttft)
+                self._by_isl_ttft_done = True
+
+    def set_isl(self, isl_tokens: int, source: str) -> None:
+        """The prompt length is known (``source`` in :data:`ISL_SOURCES`); the first call wins."""
+        if self.isl is not None or isl_tokens < 0:
+            return
+        self.isl = isl_tokens
+        if self._model is None or self._model.by_isl is None or self._state.isl_buckets is None:
+            return
+        self._isl_source = source
+        self._bucket = self._model.by_isl[self._state.isl_buckets.label(isl_tokens)]
+        ttft = self.timer.ttft_s
+        if ttft is not None and self._record is None:
+            with self._state.lock:
+                self._bucket.ttft.observe(ttft)
+                self._by_isl_ttft_done = True
+
+    def finish(
+        self,
+        end_ns: int,
+        status: str,
+        error_type: str = "",
+        isl: int | None = None,
+        osl: int | None = None,
+        cached_tokens: int | None = None,
+        isl_source: str = "final_usage",
+    ) -> RequestRecord:
+        """Close the request once; later calls return the first record unchanged.
+
+        ``status`` is ``success`` or ``error``; ``error_type`` from Dynamo's vocabulary.
+        ``osl`` is ``usage.completion_tokens`` when known (else pass the counted output tokens).
+        Raises ValueError for an unknown status or error_type.
+        """
+        if self._record is not None:
+            return self._record
+        if status not in (SUCCESS, ERROR):
+            raise ValueError(f"status must be 'success' or 'error', got {status!r}")
+        check_error_type(error_type)
+        if isl is not None and self.isl is None:
+            self.set_isl(isl, isl_source)
+        rec = self.timer.finish(end_ns, status, error_type, self.isl, osl, cached_tokens)
+        self._record = rec
+        ms = self._model
+        state = self._state
+        key = (self.endpoint, self.request_type, status, error_type)
+        if ms is None:
+            with state.lock:
+                state.unknown_requests[key] = state.unknown_requests.get(key, 0) + 1
+            return rec
+        got_output = rec.first_output_ns is not None or (self.request_type == "unary" and status == SUCCESS)
+        with state.lock:
+            ms.inflight -= 1
+            ms.requests[key] = ms.requests.get(key, 0) + 1
+            stock = ms.stock
+            stock.duration.observe(rec.duration_s)
+            if rec.output_chunks > 1:
+                stock.itl.merge(rec.itl)
+            if self.isl is not None and stock.isl is not None:
+                stock.isl.observe(self.isl)
+            if osl is not None:
+                stock.osl.observe(osl)
+                ms.output_tokens += osl
+            elif rec.output_tokens:
+                ms.output_tokens += rec.output_tokens
+            if cached_tokens is not None:
+                stock.cached.observe(cached_tokens)
+            if ms.isl_sources is not None:
+                src = self._isl_source if (self._bucket is not None and got_output) else "unknown"
+                ms.isl_sources[src] += 1
+            b = self._bucket
+            if b is not None and got_output:
+                if rec.ttft_s is not None and not self._by_isl_ttft_done:
+                    b.ttft.observe(rec.ttft_s)
+                    self._by_isl_ttft_done = True
+                if rec.output_chunks > 1:
+                    b.itl.merge(rec.itl)
+                b.duration.observe(rec.duration_s)
+                if osl is not None:
+                    b.osl.observe(osl)
+                if cached_tokens is not None:
+                    b.cached.observe(cached_tokens)
+        return rec

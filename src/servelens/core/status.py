@@ -1,0 +1,52 @@
+"""Request outcome vocabulary, following NVIDIA Dynamo's frontend ``requests_total`` labels.
+
+``status`` is ``success`` or ``error``; ``error_type`` is empty on success and otherwise one of
+:data:`ERROR_TYPES` (Dynamo 1.6 frontend vocabulary).
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+SUCCESS: Final = "success"
+ERROR: Final = "error"
+
+Status = Literal["success", "error"]
+
+ErrorType = Literal[
+    "",
+    "validation",
+    "not_found",
+    "overload",
+    "unavailable",
+    "cancelled",
+    "response_timeout",
+    "internal",
+    "backend_error",
+    "truncated_stream",
+]
+
+ERROR_TYPES: Final[tuple[str, ...]] = (
+    "validation",  # bad request, or the upstream's 400
+    "not_found",  # unknown model (counted under model="unknown_model")
+    "overload",  # 429, or the upstream's 503
+    "unavailable",  # upstream unreachable
+    "cancelled",  # the client went away
+    "response_timeout",  # the upstream did not answer in time
+    "internal",  # a bug of ours
+    "backend_error",  # upstream 5xx, or an error object inside a 200 stream
+    "truncated_stream",  # the stream ended with neither finish_reason nor [DONE]
+)
+
+UNKNOWN_MODEL: Final = "unknown_model"
+"""Model label used for requests naming an unregistered model (as Dynamo does)."""
+
+ENDPOINTS: Final[tuple[str, ...]] = ("chat_completions", "completions")
+REQUEST_TYPES: Final[tuple[str, ...]] = ("stream", "unary")
+
+
+def check_error_type(error_type: str) -> str:
+    """Return ``error_type`` if it is in the vocabulary (or empty); raise ValueError otherwise."""
+    if error_type and error_type not in ERROR_TYPES:
+        raise ValueError(f"unknown error_type {error_type!r}; expected one of {', '.join(ERROR_TYPES)}")
+    return error_type

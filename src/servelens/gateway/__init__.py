@@ -1,0 +1,1 @@
+"""servelens.gateway."""

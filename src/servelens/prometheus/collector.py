@@ -1,0 +1,109 @@
+"""A custom ``prometheus_client`` Collector that exports a :class:`~servelens.core.state.FrontendState`.
+
+Owned histogram state is turned into ``HistogramMetricFamily`` at scrape time (the
+prometheus_client "custom collector" pattern), so requests never touch prometheus_client
+objects and a request-local ITL histogram is merged once without per-token locks.
+No ``_created`` series are exported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from servelens.core.histogram import HistogramState
+from servelens.core.state import FrontendState
+from servelens.core.status import UNKNOWN_MODEL
+from servelens.prometheus.names import HELP, MetricNames
+
+
+def _buckets(h: HistogramState) -> list[tuple[str, float]]:
+    return [(floatToGoString(le), float(c)) for le, c in h.cumulative()]
+
+
+class FrontendCollector(Collector):
+    """Exports stock and (when buckets are configured) by-ISL families of a FrontendState.
+
+    Args:
+        state: the state to export.
+        names: metric names (prefix).
+        stock: export the stock families (histograms labelled ``model``, counters, gauges).
+        by_isl: export the by-ISL families (labels ``model``, ``isl_bucket``) and the
+            assignment counter; ignored when the state has no buckets.
+    """
+
+    def __init__(self, state: FrontendState, names: MetricNames, stock: bool = True, by_isl: bool = True) -> None:
+        self.state = state
+        self.names = names
+        self.stock = stock
+        self.by_isl = by_isl and state.isl_buckets is not None
+
+    def describe(self) -> Iterator[Metric]:
+        """Families without samples (lets the registry check for name clashes at register time)."""
+        n = self.names
+        if self.stock:
+            for name, key in zip(n.stock_histograms(), ("ttft", "itl", "duration", "isl", "osl", "cached"),
+                                 strict=True):
+                yield HistogramMetricFamily(name, HELP[key], labels=["model"])
+            yield CounterMetricFamily(n.requests, HELP["requests"],
+                                      labels=["endpoint", "error_type", "model", "request_type", "status"])
+            yield GaugeMetricFamily(n.inflight, HELP["inflight"], labels=["model"])
+            yield CounterMetricFamily(n.output_tokens, HELP["output_tokens"], labels=["model"])
+            yield GaugeMetricFamily(n.disconnected, HELP["disconnected"])
+        if self.by_isl:
+            for name, key in zip(n.by_isl_histograms(), ("ttft", "itl", "duration", "osl", "cached"), strict=True):
+                yield HistogramMetricFamily(name, HELP[key] + ", by ISL bucket", labels=["model", "isl_bucket"])
+            yield CounterMetricFamily(n.isl_assignments, HELP["isl_assignments"], labels=["model", "source"])
+
+    def collect(self) -> Iterator[Metric]:
+        """Snapshot the state under its lock and yield the metric families."""
+        n = self.names
+        st = self.state
+        with st.lock:
+            families: list[Metric] = []
+            if self.stock:
+                hists = [HistogramMetricFamily(name, HELP[key], labels=["model"]) for name, key in zip(
+                    n.stock_histograms(), ("ttft", "itl", "duration", "isl", "osl", "cached"), strict=True)]
+                requests = CounterMetricFamily(
+                    n.requests, HELP["requests"],
+                    labels=["endpoint", "error_type", "model", "request_type", "status"])
+                inflight = GaugeMetricFamily(n.inflight, HELP["inflight"], labels=["model"])
+                out_tokens = CounterMetricFamily(n.output_tokens, HELP["output_tokens"], labels=["model"])
+                for model, ms in st.models.items():
+                    s = ms.stock
+                    for fam, h in zip(hists, (s.ttft, s.itl, s.duration, s.isl, s.osl, s.cached), strict=True):
+                        assert h is not None
+                        fam.add_metric([model], _buckets(h), h.sum)
+                    for (endpoint, rtype, status, etype), count in sorted(ms.requests.items()):
+                        requests.add_metric([endpoint, etype, model, rtype, status], count)
+                    inflight.add_metric([model], ms.inflight)
+                    out_tokens.add_metric([model], ms.output_tokens)
+                for (endpoint, rtype, status, etype), count in sorted(st.unknown_requests.items()):
+                    requests.add_metric([endpoint, etype, UNKNOWN_MODEL, rtype, status], count)
+                families.extend(hists)
+                families.extend([requests, inflight, out_tokens,
+                                 GaugeMetricFamily(n.disconnected, HELP["disconnected"],
+                                                   value=st.disconnected_clients)])
+            if self.by_isl:
+                keys = ("ttft", "itl", "duration", "osl", "cached")
+                bhists = [HistogramMetricFamily(name, HELP[key] + ", by ISL bucket", labels=["model", "isl_bucket"])
+                          for name, key in zip(n.by_isl_histograms(), keys, strict=True)]
+                sources = CounterMetricFamily(n.isl_assignments, HELP["isl_assignments"], labels=["model", "source"])
+                for model, ms in st.models.items():
+                    assert ms.by_isl is not None and ms.isl_sources is not None
+                    for label, hs in ms.by_isl.items():
+                        for fam, h in zip(bhists, (hs.ttft, hs.itl, hs.duration, hs.osl, hs.cached), strict=True):
+                            fam.add_metric([model, label], _buckets(h), h.sum)
+                    for src, count in ms.isl_sources.items():
+                        sources.add_metric([model, src], count)
+                families.extend(bhists)
+                families.append(sources)
+        yield from families

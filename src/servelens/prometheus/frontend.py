@@ -1,0 +1,92 @@
+"""The library entry point: frontend metrics bound to a prometheus_client registry."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import generate_latest
+
+from servelens.core.buckets import IslBuckets
+from servelens.core.state import DEFAULT_MAX_MODELS, FrontendState, LiveRequest, MetricEdges
+from servelens.prometheus.collector import FrontendCollector
+from servelens.prometheus.names import DEFAULT_PREFIX, MetricNames
+
+
+class FrontendMetrics:
+    """Per-request metrics of an OpenAI-compatible frontend, exported to Prometheus.
+
+    Example::
+
+        registry = CollectorRegistry()
+        metrics = FrontendMetrics(registry=registry, isl_buckets="512,1024,2048,4096,8192,16384")
+        metrics.register_model("llama-3-8b")
+        req = metrics.begin("llama-3-8b", "chat_completions", "stream")
+        req.output(time.perf_counter_ns(), tokens=1)   # per output-bearing chunk
+        req.set_isl(812, "final_usage")               # when usage.prompt_tokens is known
+        req.finish(time.perf_counter_ns(), "success", osl=42, cached_tokens=512)
+
+    Args:
+        registry: the prometheus_client registry to register the collector with (None: do not
+            register; call :meth:`exposition` or register :attr:`collector` yourself).
+        prefix: metric name prefix (``dynamo_frontend`` gives NVIDIA Dynamo's names).
+        isl_buckets: boundaries (``"512,1024"``, a sequence, or :class:`IslBuckets`); None or
+            empty disables the by-ISL families entirely.
+        edges: histogram ``le`` edges (Dynamo 1.6.1's by default).
+        max_models: cardinality guard for :meth:`register_model`.
+        stock, by_isl: which families to export (``stock=False`` is the sidecar mode that adds
+            only the by-ISL series to an engine that already exports the stock ones).
+
+    Raises:
+        ValueError: bad boundaries, edges or prefix; ``by_isl`` export without buckets is ignored.
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        prefix: str = DEFAULT_PREFIX,
+        isl_buckets: IslBuckets | str | Iterable[int] | None = None,
+        edges: MetricEdges | None = None,
+        max_models: int = DEFAULT_MAX_MODELS,
+        stock: bool = True,
+        by_isl: bool = True,
+    ) -> None:
+        buckets: IslBuckets | None
+        if isl_buckets is None or isl_buckets == "":
+            buckets = None
+        elif isinstance(isl_buckets, IslBuckets):
+            buckets = isl_buckets
+        else:
+            buckets = IslBuckets.parse(isl_buckets)
+        if not stock and buckets is None:
+            raise ValueError("exporting only the by-ISL families needs ISL bucket boundaries")
+        self.names = MetricNames(prefix)
+        self.state = FrontendState(buckets, edges, max_models)
+        self.collector = FrontendCollector(self.state, self.names, stock=stock, by_isl=by_isl)
+        self.registry = registry
+        if registry is not None:
+            registry.register(self.collector)
+
+    @property
+    def isl_buckets(self) -> IslBuckets | None:
+        """The configured buckets, or None when by-ISL metrics are off."""
+        return self.state.isl_buckets
+
+    def register_model(self, name: str) -> None:
+        """Create every series of ``name`` at zero. Raises ValueError past ``max_models``."""
+        self.state.register_model(name)
+
+    def begin(
+        self, model: str, endpoint: str, request_type: str, arrival_ns: int | None = None
+    ) -> LiveRequest:
+        """Start a request now (or at ``arrival_ns`` from ``time.perf_counter_ns()``)."""
+        return self.state.begin(
+            model, endpoint, request_type, time.perf_counter_ns() if arrival_ns is None else arrival_ns
+        )
+
+    def exposition(self) -> bytes:
+        """The Prometheus text exposition of this collector alone."""
+        reg = CollectorRegistry(auto_describe=False)
+        reg.register(self.collector)
+        return generate_latest(reg)
