@@ -7,6 +7,7 @@ private one (for ITL) and merge it into the exported one once, at the end.
 
 from __future__ import annotations
 
+import itertools
 from bisect import bisect_left
 from collections.abc import Sequence
 
@@ -19,7 +20,7 @@ def validate_edges(edges: Sequence[float]) -> tuple[float, ...]:
     out = tuple(float(e) for e in edges)
     if not out:
         raise ValueError("histogram edges must not be empty")
-    for prev, cur in zip(out, out[1:], strict=False):
+    for prev, cur in itertools.pairwise(out):
         if cur <= prev:
             raise ValueError(f"histogram edges must be strictly increasing: {cur:g} follows {prev:g}")
     if any(e != e or e in (float("inf"), float("-inf")) for e in out):

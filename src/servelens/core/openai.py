@@ -84,9 +84,7 @@ def _choice_has_output(choice: dict[str, Any]) -> bool:
     if isinstance(delta, dict):
         if delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"):
             return True
-        if delta.get("tool_calls") or delta.get("function_call"):
-            return True
-        return False
+        return bool(delta.get("tool_calls") or delta.get("function_call"))
     # completions chunk
     if choice.get("text"):
         return True

@@ -1,1 +1,1 @@
-"""servelens.report."""
+"""Reports: the per-bucket table from results files, /metrics scrapes and Prometheus servers."""

@@ -1,0 +1,191 @@
+"""The per-bucket latency table as data: one :class:`BucketRow` per ISL bucket plus "all".
+
+Two ways to fill it:
+
+* :func:`rows_from_samples`: exact percentiles from per-request samples (a bench results file).
+* :func:`rows_from_histograms`: Prometheus ``histogram_quantile`` interpolation from the by-ISL
+  histograms (a ``/metrics`` scrape, the difference of two scrapes, or a Prometheus query).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from servelens.core.buckets import IslBuckets, label_sort_key
+from servelens.core.quantiles import histogram_quantile, percentile
+
+ALL_LABEL = "all"
+"""Bucket value of the row that covers every request."""
+
+LOW_COUNT = 20
+"""Rows with fewer requests than this are marked: their p95/p99 rest on a handful of values."""
+
+
+@dataclass(frozen=True)
+class BucketRow:
+    """One row of the table. Times in seconds, tokens as counts; None means "no data".
+
+    Attributes:
+        bucket: ISL bucket label (``"513-1024"``) or ``"all"``.
+        requests: requests in the bucket (successes and errors when known).
+        errors: failed requests (None when the source cannot say, e.g. by-ISL histograms).
+        ttft_p50_s, ttft_p95_s, ttft_p99_s: TTFT percentiles (s).
+        itl_p50_s, itl_p95_s: ITL percentiles over all tokens of the bucket (s).
+        mean_cached_tokens: mean ``cached_tokens`` over requests that reported it.
+        ttft_mean_s: mean TTFT (s).
+        exact: True for exact percentiles, False for histogram interpolation.
+    """
+
+    bucket: str
+    requests: int
+    errors: int | None
+    ttft_p50_s: float | None
+    ttft_p95_s: float | None
+    ttft_p99_s: float | None
+    itl_p50_s: float | None
+    itl_p95_s: float | None
+    mean_cached_tokens: float | None
+    ttft_mean_s: float | None = None
+    exact: bool = True
+
+    @property
+    def low_count(self) -> bool:
+        """True when the row has fewer than :data:`LOW_COUNT` requests."""
+        return self.requests < LOW_COUNT
+
+
+@dataclass(frozen=True)
+class RequestSample:
+    """What the table needs of one request (a bench result line).
+
+    ``isl`` is the server's ``usage.prompt_tokens`` when known, else the intended prompt length;
+    None puts the request only in the "all" row.
+    """
+
+    isl: int | None
+    ok: bool
+    ttft_s: float | None
+    itl_s: Sequence[float] = ()
+    cached_tokens: int | None = None
+
+
+def _nan_to_none(x: float) -> float | None:
+    return None if x is None or math.isnan(x) else x
+
+
+def _row_from_samples(label: str, samples: Sequence[RequestSample]) -> BucketRow:
+    ok = [s for s in samples if s.ok]
+    ttfts = [s.ttft_s for s in ok if s.ttft_s is not None]
+    itls: list[float] = []
+    for s in ok:
+        itls.extend(s.itl_s)
+    cached = [s.cached_tokens for s in ok if s.cached_tokens is not None]
+    return BucketRow(
+        bucket=label,
+        requests=len(samples),
+        errors=len(samples) - len(ok),
+        ttft_p50_s=_nan_to_none(percentile(ttfts, 50)),
+        ttft_p95_s=_nan_to_none(percentile(ttfts, 95)),
+        ttft_p99_s=_nan_to_none(percentile(ttfts, 99)),
+        itl_p50_s=_nan_to_none(percentile(itls, 50)),
+        itl_p95_s=_nan_to_none(percentile(itls, 95)),
+        mean_cached_tokens=(sum(cached) / len(cached)) if cached else None,
+        ttft_mean_s=(sum(ttfts) / len(ttfts)) if ttfts else None,
+        exact=True,
+    )
+
+
+def rows_from_samples(samples: Iterable[RequestSample], buckets: IslBuckets) -> list[BucketRow]:
+    """Exact per-bucket rows (numeric bucket order) followed by the "all" row."""
+    all_samples = list(samples)
+    per: dict[str, list[RequestSample]] = {label: [] for label in buckets.labels}
+    for s in all_samples:
+        if s.isl is not None:
+            per[buckets.label(s.isl)].append(s)
+    rows = [_row_from_samples(label, per[label]) for label in buckets.labels]
+    rows.append(_row_from_samples(ALL_LABEL, all_samples))
+    return rows
+
+
+@dataclass(frozen=True)
+class CumulativeHistogram:
+    """A histogram as Prometheus exposes it: cumulative ``(le, count)`` pairs ending at ``+Inf``,
+    and the sum. Counts may be floats (deltas, rates)."""
+
+    buckets: tuple[tuple[float, float], ...]
+    sum: float
+
+    @property
+    def count(self) -> float:
+        """Total observations (the ``+Inf`` bucket)."""
+        return self.buckets[-1][1] if self.buckets else 0.0
+
+    def minus(self, earlier: CumulativeHistogram) -> CumulativeHistogram:
+        """The difference ``self - earlier`` (a later scrape minus an earlier one).
+
+        Raises ValueError when the ``le`` edges differ.
+        """
+        if [le for le, _ in self.buckets] != [le for le, _ in earlier.buckets]:
+            raise ValueError("cannot subtract histograms with different le edges")
+        return CumulativeHistogram(
+            tuple((le, c - c0) for (le, c), (_, c0) in zip(self.buckets, earlier.buckets, strict=True)),
+            self.sum - earlier.sum,
+        )
+
+    def plus(self, other: CumulativeHistogram) -> CumulativeHistogram:
+        """The sum of two histograms with the same edges (``sum by (le)``)."""
+        if [le for le, _ in self.buckets] != [le for le, _ in other.buckets]:
+            raise ValueError("cannot add histograms with different le edges")
+        return CumulativeHistogram(
+            tuple((le, c + c1) for (le, c), (_, c1) in zip(self.buckets, other.buckets, strict=True)),
+            self.sum + other.sum,
+        )
+
+    def quantile(self, q: float) -> float | None:
+        """Prometheus ``histogram_quantile(q, ...)``; None without observations."""
+        return _nan_to_none(histogram_quantile(q, self.buckets))
+
+    def mean(self) -> float | None:
+        """``_sum / _count``; None without observations."""
+        return self.sum / self.count if self.count > 0 else None
+
+
+@dataclass(frozen=True)
+class BucketHistograms:
+    """The by-ISL histograms of one bucket (or the stock ones for "all")."""
+
+    ttft: CumulativeHistogram | None
+    itl: CumulativeHistogram | None
+    duration: CumulativeHistogram | None
+    cached: CumulativeHistogram | None
+    errors: int | None = None
+
+
+def row_from_histograms(label: str, h: BucketHistograms) -> BucketRow:
+    """One interpolated row. ``requests`` is the duration histogram's count."""
+    requests = h.duration.count if h.duration is not None else (h.ttft.count if h.ttft is not None else 0)
+    return BucketRow(
+        bucket=label,
+        requests=round(requests),
+        errors=h.errors,
+        ttft_p50_s=h.ttft.quantile(0.5) if h.ttft else None,
+        ttft_p95_s=h.ttft.quantile(0.95) if h.ttft else None,
+        ttft_p99_s=h.ttft.quantile(0.99) if h.ttft else None,
+        itl_p50_s=h.itl.quantile(0.5) if h.itl else None,
+        itl_p95_s=h.itl.quantile(0.95) if h.itl else None,
+        mean_cached_tokens=h.cached.mean() if h.cached else None,
+        ttft_mean_s=h.ttft.mean() if h.ttft else None,
+        exact=False,
+    )
+
+
+def rows_from_histograms(
+    per_bucket: Mapping[str, BucketHistograms], all_requests: BucketHistograms | None = None
+) -> list[BucketRow]:
+    """Interpolated rows in numeric bucket order (labels sorted numerically), then "all" if given."""
+    rows = [row_from_histograms(label, per_bucket[label]) for label in sorted(per_bucket, key=label_sort_key)]
+    if all_requests is not None:
+        rows.append(row_from_histograms(ALL_LABEL, all_requests))
+    return rows

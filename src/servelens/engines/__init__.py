@@ -1,0 +1,1 @@
+"""Real inference engines as test and demo targets (installed into a scratch venv on demand)."""

@@ -1,0 +1,147 @@
+"""Reading Prometheus text exposition (a ``/metrics`` scrape) into per-bucket histograms.
+
+Parsing is ``prometheus_client.parser``; this module only picks the servelens families out of it,
+sums over models (or keeps one), and subtracts two scrapes, so the table can be computed from the
+server's own view with ``histogram_quantile`` interpolation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from servelens.core.summary import BucketHistograms, CumulativeHistogram
+from servelens.prometheus.names import MetricNames
+
+LabelKey = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """One parsed exposition: ``samples[(sample_name, sorted label items)] = value``."""
+
+    samples: Mapping[tuple[str, LabelKey], float]
+
+    def histogram(self, name: str, match: Mapping[str, str] | None = None) -> CumulativeHistogram | None:
+        """Sum of every series of histogram ``name`` whose labels include ``match``
+        (``sum by (le)``). None when no series matches."""
+        return self.histograms_by(name, (), match).get((), None)
+
+    def histograms_by(
+        self, name: str, by: tuple[str, ...], match: Mapping[str, str] | None = None
+    ) -> dict[tuple[str, ...], CumulativeHistogram]:
+        """``sum by (le, *by)`` of histogram ``name`` over series matching ``match``."""
+        match = match or {}
+        buckets: dict[tuple[str, ...], dict[float, float]] = defaultdict(dict)
+        sums: dict[tuple[str, ...], float] = defaultdict(float)
+        for (sample, labels), value in self.samples.items():
+            if sample not in (name + "_bucket", name + "_sum"):
+                continue
+            ld = dict(labels)
+            if any(ld.get(k) != v for k, v in match.items()):
+                continue
+            key = tuple(ld.get(k, "") for k in by)
+            if sample.endswith("_sum"):
+                sums[key] += value
+            else:
+                le = float(ld["le"])
+                buckets[key][le] = buckets[key].get(le, 0.0) + value
+        out: dict[tuple[str, ...], CumulativeHistogram] = {}
+        for key, b in buckets.items():
+            pairs = tuple(sorted(b.items()))
+            if not pairs or not math.isinf(pairs[-1][0]):
+                continue
+            out[key] = CumulativeHistogram(pairs, sums.get(key, 0.0))
+        return out
+
+    def value(self, name: str, match: Mapping[str, str] | None = None) -> float:
+        """Sum of the samples named ``name`` whose labels include ``match`` (0 when none)."""
+        match = match or {}
+        total = 0.0
+        for (sample, labels), value in self.samples.items():
+            if sample == name:
+                ld = dict(labels)
+                if all(ld.get(k) == v for k, v in match.items()):
+                    total += value
+        return total
+
+    def label_values(self, name: str, label: str) -> set[str]:
+        """Values of ``label`` among the samples of family ``name`` (any suffix)."""
+        out: set[str] = set()
+        for (sample, labels), _ in self.samples.items():
+            if sample.startswith(name):
+                for k, v in labels:
+                    if k == label:
+                        out.add(v)
+        return out
+
+
+def parse_scrape(text: str) -> Scrape:
+    """Parse Prometheus text exposition. Raises ValueError on text that is not exposition format."""
+    samples: dict[tuple[str, LabelKey], float] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                samples[(s.name, tuple(sorted(s.labels.items())))] = float(s.value)
+    except Exception as exc:  # the parser raises bare ValueError/IndexError/etc. on garbage
+        raise ValueError(f"not Prometheus text exposition: {exc}") from None
+    return Scrape(samples)
+
+
+def _sub(a: CumulativeHistogram | None, b: CumulativeHistogram | None) -> CumulativeHistogram | None:
+    if a is None:
+        return None
+    return a.minus(b) if b is not None else a
+
+
+def bucket_histograms(
+    after: Scrape,
+    names: MetricNames,
+    before: Scrape | None = None,
+    model: str | None = None,
+) -> tuple[dict[str, BucketHistograms], BucketHistograms]:
+    """Per-bucket by-ISL histograms (and the stock "all requests" ones) from a scrape, or from the
+    difference ``after - before`` of two scrapes. Summed over models unless ``model`` is given.
+
+    Returns ``(per_bucket, all_requests)``; ``per_bucket`` is empty when the scrape has no by-ISL
+    families (bucketing off on that server).
+    """
+    match = {"model": model} if model else None
+    fams = {
+        "ttft": names.ttft_by_isl,
+        "itl": names.itl_by_isl,
+        "duration": names.duration_by_isl,
+        "cached": names.cached_by_isl,
+    }
+    got: dict[str, dict[tuple[str, ...], CumulativeHistogram]] = {}
+    for key, fam in fams.items():
+        a = after.histograms_by(fam, ("isl_bucket",), match)
+        if before is not None:
+            b = before.histograms_by(fam, ("isl_bucket",), match)
+            a = {k: v.minus(b[k]) if k in b else v for k, v in a.items()}
+        got[key] = a
+    labels = sorted({k[0] for d in got.values() for k in d})
+    per_bucket = {
+        label: BucketHistograms(
+            ttft=got["ttft"].get((label,)),
+            itl=got["itl"].get((label,)),
+            duration=got["duration"].get((label,)),
+            cached=got["cached"].get((label,)),
+        )
+        for label in labels
+    }
+    all_h = BucketHistograms(
+        ttft=_sub(after.histogram(names.ttft, match), before.histogram(names.ttft, match) if before else None),
+        itl=_sub(after.histogram(names.itl, match), before.histogram(names.itl, match) if before else None),
+        duration=_sub(
+            after.histogram(names.duration, match), before.histogram(names.duration, match) if before else None
+        ),
+        cached=_sub(
+            after.histogram(names.cached, match), before.histogram(names.cached, match) if before else None
+        ),
+    )
+    return per_bucket, all_h

@@ -1,0 +1,134 @@
+"""Rendering the per-bucket table: rich console table, CSV, JSON, Markdown, and side by side."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Sequence
+from dataclasses import asdict
+
+from rich.console import Console
+from rich.table import Table
+
+from servelens.core.summary import LOW_COUNT, BucketRow
+
+FORMATS = ("table", "csv", "json", "markdown")
+HEADERS = (
+    "Input length (tokens)",
+    "Requests",
+    "TTFT p50",
+    "TTFT p95",
+    "TTFT p99",
+    "ITL p50",
+    "ITL p95",
+    "Avg cached tokens",
+)
+
+
+def _ms(x: float | None) -> str:
+    if x is None:
+        return "-"
+    ms = x * 1000
+    return f"{ms:.1f} ms" if ms < 1000 else f"{x:.2f} s"
+
+
+def _cached(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.0f}"
+
+
+def _requests(row: BucketRow) -> str:
+    text = f"{row.requests:,}"
+    if row.errors:
+        text += f" ({row.errors} err)"
+    if row.requests and row.low_count and row.bucket != "all":
+        text += " *"
+    return text
+
+
+def row_cells(row: BucketRow) -> list[str]:
+    """The display cells of a row (times in ms or s, ``*`` marks a low-count bucket)."""
+    return [
+        row.bucket,
+        _requests(row),
+        _ms(row.ttft_p50_s),
+        _ms(row.ttft_p95_s),
+        _ms(row.ttft_p99_s),
+        _ms(row.itl_p50_s),
+        _ms(row.itl_p95_s),
+        _cached(row.mean_cached_tokens),
+    ]
+
+
+def rich_table(rows: Sequence[BucketRow], title: str | None = None, caption: str | None = None) -> Table:
+    """A rich Table of the rows (buckets in the order given; "all" separated by a line)."""
+    exact = all(r.exact for r in rows) if rows else True
+    note = f"* fewer than {LOW_COUNT} requests" + ("" if exact else "; percentiles interpolated from le buckets")
+    table = Table(title=title, caption=(caption + "\n" if caption else "") + note)
+    for i, h in enumerate(HEADERS):
+        table.add_column(h, justify="left" if i == 0 else "right")
+    for row in rows:
+        if row.bucket == "all":
+            table.add_section()
+        table.add_row(*row_cells(row), style="bold" if row.bucket == "all" else None)
+    return table
+
+
+def side_by_side(
+    client: Sequence[BucketRow], server: Sequence[BucketRow], title: str = "Client vs server (gateway /metrics)"
+) -> Table:
+    """One table with client and server TTFT/ITL columns per bucket, matched by bucket label."""
+    srv = {r.bucket: r for r in server}
+    table = Table(title=title, caption=f"client: exact percentiles; server: histogram_quantile over le buckets; "
+                  f"* fewer than {LOW_COUNT} requests")
+    for h in ("Input length (tokens)", "Requests client/server", "TTFT p50 client/server",
+              "TTFT p95 client/server", "TTFT p99 client/server", "ITL p50 client/server",
+              "ITL p95 client/server", "Avg cached client/server"):
+        table.add_column(h, justify="right")
+    for c in client:
+        s = srv.get(c.bucket)
+        def pair(a: float | None, b: float | None) -> str:
+            return f"{_ms(a)} / {_ms(b)}"
+        if c.bucket == "all":
+            table.add_section()
+        table.add_row(
+            c.bucket,
+            f"{_requests(c)} / {s.requests if s else '-'}",
+            pair(c.ttft_p50_s, s.ttft_p50_s if s else None),
+            pair(c.ttft_p95_s, s.ttft_p95_s if s else None),
+            pair(c.ttft_p99_s, s.ttft_p99_s if s else None),
+            pair(c.itl_p50_s, s.itl_p50_s if s else None),
+            pair(c.itl_p95_s, s.itl_p95_s if s else None),
+            f"{_cached(c.mean_cached_tokens)} / {_cached(s.mean_cached_tokens if s else None)}",
+        )
+    return table
+
+
+def format_rows(rows: Sequence[BucketRow], fmt: str, title: str | None = None) -> str:
+    """Render rows as ``table`` (rich, plain text), ``csv``, ``json`` or ``markdown``.
+
+    Raises ValueError for an unknown format. CSV/JSON carry raw seconds and tokens.
+    """
+    if fmt == "table":
+        console = Console(file=io.StringIO(), record=True, width=140, force_terminal=False)
+        console.print(rich_table(rows, title))
+        return console.export_text()
+    if fmt == "json":
+        return json.dumps([asdict(r) | {"low_count": r.low_count} for r in rows], indent=2) + "\n"
+    if fmt == "csv":
+        buf = io.StringIO()
+        fields = list(asdict(rows[0]).keys()) if rows else ["bucket"]
+        w = csv.DictWriter(buf, fieldnames=fields)
+        w.writeheader()
+        for r in rows:
+            w.writerow(asdict(r))
+        return buf.getvalue()
+    if fmt == "markdown":
+        lines = ["| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+        for r in rows:
+            cells = row_cells(r)
+            if r.bucket == "all":
+                cells = [f"**{c}**" for c in cells]
+            lines.append("| " + " | ".join(cells) + " |")
+        return ("# " + title + "\n\n" if title else "") + "\n".join(lines) + "\n"
+    raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
