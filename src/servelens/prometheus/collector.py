@@ -8,7 +8,9 @@ No ``_created`` series are exported.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
+from decimal import Decimal
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -17,7 +19,6 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString
 
 from servelens.core.histogram import HistogramState
 from servelens.core.state import FrontendState
@@ -25,8 +26,25 @@ from servelens.core.status import UNKNOWN_MODEL
 from servelens.prometheus.names import HELP, MetricNames
 
 
+def format_le(edge: float) -> str:
+    """The ``le`` label value of a bucket edge, written as NVIDIA Dynamo's (Rust) frontend writes it.
+
+    Shortest round-trip decimal without exponent and without a trailing ``.0`` (``1``, ``0.0022``,
+    ``130000``), ``+Inf`` for infinity. Prometheus 2.x keeps ``le`` as a string, so ``le="1.0"``
+    (prometheus_client's ``floatToGoString``) and Dynamo's ``le="1"`` would be two different series.
+    """
+    if math.isinf(edge):
+        return "+Inf" if edge > 0 else "-Inf"
+    if edge == int(edge) and abs(edge) < 1e21:
+        return str(int(edge))
+    text = repr(float(edge))
+    if "e" in text or "E" in text:
+        text = format(Decimal(text), "f")
+    return text
+
+
 def _buckets(h: HistogramState) -> list[tuple[str, float]]:
-    return [(floatToGoString(le), float(c)) for le, c in h.cumulative()]
+    return [(format_le(le), float(c)) for le, c in h.cumulative()]
 
 
 class FrontendCollector(Collector):
