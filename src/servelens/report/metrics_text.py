@@ -1,6 +1,7 @@
 """Reading Prometheus text exposition (a ``/metrics`` scrape) into per-bucket histograms.
 
-Parsing is ``prometheus_client.parser``; this module only picks the servelens families out of it,
+Parsing is ``prometheus_client.parser`` (via :mod:`servelens.prometheus.parse`); this module
+only picks the servelens families out of it,
 sums over models (or keeps one), and subtracts two scrapes, so the table can be computed from the
 server's own view with ``histogram_quantile`` interpolation.
 """
@@ -12,12 +13,9 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from servelens.core.summary import BucketHistograms, CumulativeHistogram
 from servelens.prometheus.names import MetricNames
-
-LabelKey = tuple[tuple[str, str], ...]
+from servelens.prometheus.parse import LabelKey, parse_exposition
 
 
 @dataclass(frozen=True)
@@ -82,14 +80,7 @@ class Scrape:
 
 def parse_scrape(text: str) -> Scrape:
     """Parse Prometheus text exposition. Raises ValueError on text that is not exposition format."""
-    samples: dict[tuple[str, LabelKey], float] = {}
-    try:
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                samples[(s.name, tuple(sorted(s.labels.items())))] = float(s.value)
-    except Exception as exc:  # the parser raises bare ValueError/IndexError/etc. on garbage
-        raise ValueError(f"not Prometheus text exposition: {exc}") from None
-    return Scrape(samples)
+    return Scrape(parse_exposition(text))
 
 
 def _sub(a: CumulativeHistogram | None, b: CumulativeHistogram | None) -> CumulativeHistogram | None:

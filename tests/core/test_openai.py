@@ -1,0 +1,67 @@
+import json
+
+import pytest
+
+from servelens.core.openai import error_body, parse_chunk
+
+
+def chunk(delta: dict | None = None, text: str | None = None, finish: str | None = None, usage: object = None,
+          **extra: object) -> str:
+    choice: dict = {"index": 0, "finish_reason": finish}
+    if delta is not None:
+        choice["delta"] = delta
+    if text is not None:
+        choice["text"] = text
+    return json.dumps({"choices": [choice], "usage": usage, **extra})
+
+
+@pytest.mark.parametrize(
+    ("payload", "has_output"),
+    [
+        (chunk({"role": "assistant", "content": ""}), False),  # role-only first chunk is not output
+        (chunk({"role": "assistant"}), False),
+        (chunk({"content": "hi"}), True),
+        (chunk({"reasoning_content": "think"}), True),
+        (chunk({"reasoning": "think"}), True),
+        (chunk({"tool_calls": [{"index": 0, "function": {"arguments": "{"}}]}), True),
+        (chunk(text="abc"), True),
+        (chunk(text=""), False),
+        (json.dumps({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}), False),
+    ],
+)
+def test_output_bearing(payload: str, has_output: bool) -> None:
+    assert parse_chunk(payload).has_output is has_output
+
+
+def test_usage_and_cached_tokens() -> None:
+    info = parse_chunk(chunk({"content": "x"}, usage={"prompt_tokens": 10, "completion_tokens": 1,
+                                                     "prompt_tokens_details": {"cached_tokens": 8}}))
+    assert info.usage is not None
+    assert (info.usage.prompt_tokens, info.usage.completion_tokens, info.usage.cached_tokens) == (10, 1, 8)
+
+
+@pytest.mark.parametrize("details", [None, {}, {"cached_tokens": None}])
+def test_cached_tokens_absent_or_null_is_unknown(details: object) -> None:
+    usage: dict = {"prompt_tokens": 10, "completion_tokens": 1}
+    if details is not None:
+        usage["prompt_tokens_details"] = details
+    info = parse_chunk(chunk({"content": "x"}, usage=usage))
+    assert info.usage is not None and info.usage.cached_tokens is None
+
+
+def test_null_usage_is_none() -> None:
+    assert parse_chunk(chunk({"content": "x"}, usage=None)).usage is None
+
+
+def test_done_malformed_error_finish() -> None:
+    assert parse_chunk("[DONE]").done
+    assert parse_chunk("{not json").malformed
+    assert parse_chunk("[1,2]").malformed
+    err = parse_chunk(json.dumps({"error": {"message": "boom", "type": "internal_error"}}))
+    assert err.error == "boom"
+    assert parse_chunk(chunk({"content": "x"}, finish="stop")).finish_reason == "stop"
+
+
+def test_error_body_shape() -> None:
+    body = json.loads(error_body("bad", "invalid_request_error", 400))
+    assert body == {"error": {"message": "bad", "type": "invalid_request_error", "param": None, "code": 400}}

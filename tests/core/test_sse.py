@@ -1,0 +1,66 @@
+import pytest
+
+from servelens.core.sse import SSEDecoder
+
+STREAM = (
+    'data: {"a":"é€"}\r\n\r\n'
+    ": keep-alive\n\n"
+    "id: 7\nretry: 100\n\n"
+    "event: message\ndata: x\ndata: y\n\n"
+    "data:nospace\r\rdata: [DONE]\n\n"
+).encode()
+
+
+def decode_all(chunks: list[bytes]) -> list:
+    d = SSEDecoder()
+    out = []
+    for c in chunks:
+        out.extend(d.decode(c))
+    out.extend(d.flush())
+    return out
+
+
+def expected() -> list[tuple]:
+    return [('{"a":"é€"}', None, None), (None, None, None), (None, None, "7"), ("x\ny", "message", None),
+            ("nospace", None, None), ("[DONE]", None, None)]
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 7, 1000])
+def test_any_split_gives_same_events_and_exact_bytes(size: int) -> None:
+    chunks = [STREAM[i : i + size] for i in range(0, len(STREAM), size)]
+    blocks = decode_all(chunks)
+    assert [(b.data, b.event, b.id) for b in blocks] == expected()
+    assert b"".join(b.raw for b in blocks) == STREAM
+
+
+def test_split_inside_multibyte_utf8_character() -> None:
+    raw = 'data: {"t":"€"}\n\n'.encode()
+    cut = raw.index("€".encode()) + 1  # inside the 3-byte character
+    blocks = decode_all([raw[:cut], raw[cut:]])
+    assert [b.data for b in blocks] == ['{"t":"€"}']
+
+
+def test_comment_lines_recorded() -> None:
+    blocks = decode_all([b": ping\n\n"])
+    assert blocks[0].comments == (" ping",) and blocks[0].data is None
+
+
+def test_lone_cr_at_end_waits_for_possible_lf() -> None:
+    d = SSEDecoder()
+    assert d.decode(b"data: a\r") == []
+    blocks = d.decode(b"\n\r\n")
+    assert [b.data for b in blocks] == ["a"]
+    assert blocks[0].raw == b"data: a\r\n\r\n"
+
+
+def test_flush_returns_unterminated_event() -> None:
+    d = SSEDecoder()
+    assert d.decode(b'data: {"x":1}') == []
+    blocks = d.flush()
+    assert [b.data for b in blocks] == ['{"x":1}']
+    assert d.flush() == []
+
+
+def test_several_events_in_one_read() -> None:
+    blocks = SSEDecoder().decode(b"data: 1\n\ndata: 2\n\ndata: 3\n\n")
+    assert [b.data for b in blocks] == ["1", "2", "3"]

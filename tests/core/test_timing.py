@@ -1,0 +1,67 @@
+import pytest
+
+from servelens.core.state import ITL_EDGES_S
+from servelens.core.timing import RequestTimer
+
+MS = 1_000_000
+EDGES = tuple(float(e) for e in ITL_EDGES_S)
+
+
+def test_ttft_itl_duration() -> None:
+    t = RequestTimer(arrival_ns=1000 * MS, itl_edges=EDGES, keep_values=True)
+    assert t.output(1050 * MS) is True
+    assert t.output(1060 * MS) is False
+    rec = t.finish(1100 * MS, "success", isl=10, osl=2, cached_tokens=None)
+    assert rec.ttft_s == pytest.approx(0.050)
+    assert rec.itl_values_s == pytest.approx((0.010,))
+    assert rec.duration_s == pytest.approx(0.100)
+    assert rec.itl.count == 1
+    assert rec.cached_tokens is None  # unknown stays unknown
+    assert rec.ok
+
+
+def test_multi_token_chunk_splits_itl_per_token() -> None:
+    # a chunk of 3 tokens after a 30 ms gap gives three ITL values of 10 ms
+    t = RequestTimer(0, EDGES, keep_values=True)
+    t.output(5 * MS)
+    t.output(35 * MS, tokens=3)
+    rec = t.finish(40 * MS, "success", osl=4)
+    assert rec.itl_values_s == pytest.approx((0.010, 0.010, 0.010))
+    assert rec.itl.count == 3
+    assert rec.itl.sum == pytest.approx(0.030)
+    # 10 ms falls in the (0.0059, 0.011] bucket
+    idx = EDGES.index(0.011)
+    assert rec.itl.counts[idx] == 3
+    assert rec.output_tokens == 4 and rec.output_chunks == 2
+
+
+def test_first_chunk_extra_tokens_get_no_itl() -> None:
+    t = RequestTimer(0, EDGES, keep_values=True)
+    t.output(5 * MS, tokens=4)
+    rec = t.finish(6 * MS, "success")
+    assert rec.itl.count == 0 and rec.itl_values_s == ()
+    assert rec.output_tokens == 4
+
+
+def test_durations_clamped_at_zero() -> None:
+    t = RequestTimer(100 * MS, EDGES, keep_values=True)
+    t.output(90 * MS)  # clock skew between sources: never negative
+    t.output(80 * MS)
+    rec = t.finish(50 * MS, "success")
+    assert rec.ttft_s == 0.0
+    assert rec.duration_s == 0.0
+    assert rec.itl_values_s == (0.0,)
+
+
+def test_no_output_means_no_ttft() -> None:
+    t = RequestTimer(0, EDGES)
+    rec = t.finish(7 * MS, "error", "backend_error")
+    assert rec.ttft_s is None and rec.first_output_ns is None
+    assert rec.itl.count == 0
+    assert not rec.ok and rec.error_type == "backend_error"
+
+
+def test_record_is_immutable() -> None:
+    rec = RequestTimer(0, EDGES).finish(1, "success")
+    with pytest.raises(AttributeError):
+        rec.ttft_s = 1.0  # type: ignore[misc]

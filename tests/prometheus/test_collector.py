@@ -1,0 +1,148 @@
+import shutil
+import subprocess
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from servelens.core.state import MetricEdges
+from servelens.prometheus import FrontendMetrics, MetricNames
+
+MS = 1_000_000
+BUCKETS = "512,1024,2048,4096,8192,16384"
+
+
+def families(reg: CollectorRegistry) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for fam in text_string_to_metric_families(generate_latest(reg).decode()):
+        out[fam.name] = fam.samples
+    return out
+
+
+def test_series_count_one_model_seven_buckets() -> None:
+    reg = CollectorRegistry()
+    m = FrontendMetrics(registry=reg, isl_buckets=BUCKETS)
+    m.register_model("m")
+    e = MetricEdges()
+    per_hist = [len(x) + 1 + 2 for x in (e.ttft_s, e.itl_s, e.duration_s, e.osl_tokens, e.cached_tokens)]
+    expected_by_isl = 7 * sum(per_hist)
+    assert expected_by_isl == 7 * (21 + 23 + 13 + 13 + 15) == 595
+    fams = families(reg)
+    n = MetricNames()
+    got = sum(len(fams[name.removesuffix("_total")]) for name in n.by_isl_histograms())
+    assert got == expected_by_isl
+    # every bucket's series exists at zero right after registration
+    ttft = [s for s in fams[n.ttft_by_isl] if s.name.endswith("_count")]
+    assert [s.labels["isl_bucket"] for s in ttft] == ["0-512", "513-1024", "1025-2048", "2049-4096", "4097-8192",
+                                                      "8193-16384", "16385+"]
+    assert all(s.value == 0 for s in ttft)
+    assert len(fams[n.isl_assignments.removesuffix("_total")]) == 4
+    # stock: 6 histograms + inflight + output tokens + disconnected; requests_total appears on use
+    stock_hist = sum(len(x) + 3 for x in (e.ttft_s, e.itl_s, e.duration_s, e.isl_tokens, e.osl_tokens,
+                                          e.cached_tokens))
+    got_stock = sum(len(fams[name]) for name in n.stock_histograms())
+    assert got_stock == stock_hist == 100
+
+
+def test_off_means_nothing_by_isl_registered() -> None:
+    reg = CollectorRegistry()
+    m = FrontendMetrics(registry=reg)
+    m.register_model("m")
+    text = generate_latest(reg).decode()
+    assert "_by_isl" not in text and "isl_bucket" not in text
+    assert "servelens_time_to_first_token_seconds_bucket" in text
+
+
+def test_no_created_series_and_dynamo_names() -> None:
+    reg = CollectorRegistry()
+    m = FrontendMetrics(registry=reg, prefix="dynamo_frontend", isl_buckets=BUCKETS)
+    m.register_model("m")
+    r = m.begin("m", "chat_completions", "stream", arrival_ns=0)
+    r.output(10 * MS)
+    r.finish(20 * MS, "success", isl=10, osl=1)
+    text = generate_latest(reg).decode()
+    assert "_created" not in text
+    for name in ("dynamo_frontend_time_to_first_token_seconds_bucket", "dynamo_frontend_inter_token_latency_seconds",
+                 "dynamo_frontend_request_duration_seconds", "dynamo_frontend_input_sequence_tokens",
+                 "dynamo_frontend_output_sequence_tokens", "dynamo_frontend_cached_tokens",
+                 "dynamo_frontend_requests_total{", "dynamo_frontend_inflight_requests",
+                 "dynamo_frontend_output_tokens_total", "dynamo_frontend_disconnected_clients",
+                 "dynamo_frontend_time_to_first_token_by_isl_seconds_bucket"):
+        assert name in text, name
+
+
+def test_le_edges_match_dynamo_and_by_isl_twins() -> None:
+    reg = CollectorRegistry()
+    m = FrontendMetrics(registry=reg, isl_buckets=BUCKETS)
+    m.register_model("m")
+    fams = families(reg)
+    n = MetricNames()
+
+    def edges(name: str, **match: str) -> list[float]:
+        return [float(s.labels["le"]) for s in fams[name] if s.name.endswith("_bucket")
+                and all(s.labels.get(k) == v for k, v in match.items())]
+
+    assert edges(n.ttft)[:-1] == [0, 0.0022, 0.0047, 0.01, 0.022, 0.047, 0.1, 0.22, 0.47, 1, 2.2, 4.7, 10, 22, 48,
+                                  100, 220, 480]
+    assert edges(n.itl)[:-1] == [0, 0.0018, 0.0033, 0.0059, 0.011, 0.02, 0.035, 0.064, 0.12, 0.21, 0.38, 0.69, 1.2,
+                                 2.3, 4.1, 7.4, 13, 24, 44, 80]
+    assert edges(n.duration)[:-1] == [0, 2, 4, 8, 16, 32, 64, 130, 260, 510]
+    assert edges(n.isl)[:-1] == [0, 100, 210, 430, 870, 1800, 3600, 7400, 15000, 31000, 63000, 130000]
+    assert edges(n.cached)[:-1] == edges(n.isl)[:-1]
+    assert edges(n.osl)[:-1] == [0, 100, 210, 430, 880, 1800, 3700, 7600, 16000, 32000]
+    for stock, twin in ((n.ttft, n.ttft_by_isl), (n.itl, n.itl_by_isl), (n.duration, n.duration_by_isl),
+                        (n.osl, n.osl_by_isl), (n.cached, n.cached_by_isl)):
+        assert edges(twin, isl_bucket="513-1024") == edges(stock)
+
+
+def test_requests_total_and_inflight_values() -> None:
+    reg = CollectorRegistry()
+    m = FrontendMetrics(registry=reg, isl_buckets=BUCKETS)
+    m.register_model("m")
+    live = m.begin("m", "completions", "stream", arrival_ns=0)
+    fams = families(reg)
+    assert [s.value for s in fams["servelens_inflight_requests"]] == [1]
+    live.output(5 * MS)
+    live.output(7 * MS, tokens=2)
+    live.finish(9 * MS, "success", isl=800, osl=3, cached_tokens=256)
+    m.begin("ghost", "completions", "unary", 0).finish(1, "error", "not_found")
+    fams = families(reg)
+    assert [s.value for s in fams["servelens_inflight_requests"]] == [0]
+    req = {(s.labels["model"], s.labels["status"], s.labels["error_type"]): s.value
+           for s in fams["servelens_requests"] if s.name.endswith("_total")}
+    assert req == {("m", "success", ""): 1, ("unknown_model", "error", "not_found"): 1}
+    assert [s.value for s in fams["servelens_output_tokens"] if s.name.endswith("_total")] == [3]
+    itl = {s.name: s.value for s in fams["servelens_inter_token_latency_by_isl_seconds"]
+           if s.labels["isl_bucket"] == "513-1024" and not s.name.endswith("_bucket")}
+    assert itl["servelens_inter_token_latency_by_isl_seconds_count"] == 2
+    assert itl["servelens_inter_token_latency_by_isl_seconds_sum"] == pytest.approx(0.002)
+
+
+def test_sidecar_mode_exports_only_by_isl() -> None:
+    reg = CollectorRegistry()
+    m = FrontendMetrics(registry=reg, prefix="dynamo_frontend", isl_buckets=BUCKETS, stock=False)
+    m.register_model("m")
+    names = set(families(reg))
+    assert names and all("_by_isl" in n or "isl_bucket_assignments" in n for n in names)
+    with pytest.raises(ValueError, match="needs ISL bucket boundaries"):
+        FrontendMetrics(stock=False)
+
+
+def test_bad_prefix_rejected() -> None:
+    with pytest.raises(ValueError, match="not a valid Prometheus name prefix"):
+        FrontendMetrics(prefix="9bad-prefix")
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian package prometheus) not installed")
+def test_exposition_passes_promtool_check_metrics() -> None:
+    reg = CollectorRegistry()
+    m = FrontendMetrics(registry=reg, prefix="dynamo_frontend", isl_buckets=BUCKETS)
+    m.register_model("m")
+    r = m.begin("m", "chat_completions", "stream", arrival_ns=0)
+    r.output(10 * MS)
+    r.output(20 * MS)
+    r.finish(30 * MS, "success", isl=900, osl=2, cached_tokens=0)
+    m.begin("x", "chat_completions", "stream", 0).finish(1, "error", "not_found")
+    proc = subprocess.run(["promtool", "check", "metrics"], input=generate_latest(reg), capture_output=True,
+                          timeout=30, check=False)
+    assert proc.returncode == 0, proc.stdout.decode() + proc.stderr.decode()
