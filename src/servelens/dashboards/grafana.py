@@ -1,0 +1,173 @@
+"""The Grafana dashboard (JSON model), generated from :mod:`servelens.prometheus.names`.
+
+Panels (each its own panel, one query per ISL bucket in numeric order, see
+:mod:`servelens.dashboards.queries`): TTFT mean, p50, p95, p99; ITL p50, p95; request rate;
+mean cached tokens; and the stock all-requests TTFT for contrast. Template variables:
+``datasource`` (any Prometheus-compatible data source) and ``model`` (multi-value, "All" = ``.*``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from servelens.core.buckets import IslBuckets
+from servelens.dashboards.queries import (
+    FIGURES,
+    GRAFANA_MODEL_MATCHER,
+    GRAFANA_WINDOW,
+    Figure,
+    bucket_queries,
+    count_expr,
+    mean_expr,
+    quantile_expr,
+)
+from servelens.prometheus.names import MetricNames
+
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+SCHEMA_VERSION = 39
+PANEL_W = 12
+PANEL_H = 8
+
+
+def _ref_id(i: int) -> str:
+    """Grafana refIds A..Z, then AA, AB, ... (at most 33 buckets + extras)."""
+    letters = ""
+    i += 1
+    while i:
+        i, r = divmod(i - 1, 26)
+        letters = chr(ord("A") + r) + letters
+    return letters
+
+
+def _panel(pid: int, title: str, unit: str, targets: list[tuple[str, str]], description: str) -> dict[str, Any]:
+    x = ((pid - 1) % 2) * PANEL_W
+    y = ((pid - 1) // 2) * PANEL_H
+    return {
+        "id": pid,
+        "type": "timeseries",
+        "title": title,
+        "description": description,
+        "datasource": DATASOURCE,
+        "gridPos": {"h": PANEL_H, "w": PANEL_W, "x": x, "y": y},
+        "fieldConfig": {
+            "defaults": {"unit": unit, "custom": {"lineWidth": 1, "fillOpacity": 0, "spanNulls": False}},
+            "overrides": [],
+        },
+        # legend and tooltip keep the query order (numeric bucket order); no sorting by name
+        "options": {
+            "legend": {"displayMode": "table", "placement": "right", "showLegend": True, "calcs": ["lastNotNull"]},
+            "tooltip": {"mode": "multi", "sort": "none"},
+        },
+        "targets": [
+            {
+                "refId": _ref_id(i),
+                "datasource": DATASOURCE,
+                "expr": expr,
+                "legendFormat": legend,
+                "range": True,
+                "instant": False,
+            }
+            for i, (legend, expr) in enumerate(targets)
+        ],
+    }
+
+
+def _figure_panel(pid: int, figure: Figure, names: MetricNames, buckets: IslBuckets) -> dict[str, Any]:
+    qs = bucket_queries(figure, names, buckets, GRAFANA_WINDOW, GRAFANA_MODEL_MATCHER)
+    desc = (
+        f"{figure.title}: one query per ISL bucket (isl_bucket label), in numeric order. "
+        "Bucket = usage.prompt_tokens range in tokens."
+    )
+    return _panel(pid, figure.title, figure.unit, [(q.bucket, q.expr) for q in qs], desc)
+
+
+def grafana_dashboard(
+    names: MetricNames, buckets: IslBuckets, title: str | None = None, uid: str | None = None
+) -> dict[str, Any]:
+    """The dashboard as a JSON-serialisable dict (Grafana dashboard model, schemaVersion 39).
+
+    Args:
+        names: metric names (``MetricNames("dynamo_frontend")`` for Dynamo-style names).
+        buckets: the ISL buckets the server exports (``--isl-buckets``); one query per bucket.
+        title, uid: dashboard title and uid (defaults derive from the prefix).
+    """
+    panels = [_figure_panel(i + 1, f, names, buckets) for i, f in enumerate(FIGURES)]
+    m = GRAFANA_MODEL_MATCHER
+    w = GRAFANA_WINDOW
+    stock = [
+        ("mean", mean_expr(names.ttft, None, w, m)),
+        ("p50", quantile_expr(names.ttft, 0.5, None, w, m)),
+        ("p95", quantile_expr(names.ttft, 0.95, None, w, m)),
+        ("p99", quantile_expr(names.ttft, 0.99, None, w, m)),
+    ]
+    panels.append(_panel(
+        len(panels) + 1, "TTFT, all requests (stock histogram, for contrast)", "s", stock,
+        "The stock TTFT histogram over every input length: the figure a p95 move shows up in "
+        "without saying which prompt sizes moved it.",
+    ))
+    panels.append(_panel(
+        len(panels) + 1, "Request rate, all requests", "reqps",
+        [("all", count_expr(names.duration, None, w, m, "rate"))],
+        "Every finished request (stock request duration histogram).",
+    ))
+    return {
+        "title": title or f"servelens: latency by input length ({names.prefix})",
+        "uid": uid or f"servelens-isl-{names.prefix}"[:40],
+        "tags": ["servelens", "llm", "latency"],
+        "timezone": "browser",
+        "schemaVersion": SCHEMA_VERSION,
+        "version": 1,
+        "editable": True,
+        "graphTooltip": 1,
+        "refresh": "10s",
+        "time": {"from": "now-1h", "to": "now"},
+        "templating": {
+            "list": [
+                {
+                    "name": "datasource",
+                    "label": "Data source",
+                    "type": "datasource",
+                    "query": "prometheus",
+                    "current": {},
+                    "hide": 0,
+                    "refresh": 1,
+                },
+                {
+                    "name": "model",
+                    "label": "Model",
+                    "type": "query",
+                    "datasource": DATASOURCE,
+                    "definition": f"label_values({names.duration_by_isl}_count, model)",
+                    "query": {
+                        "query": f"label_values({names.duration_by_isl}_count, model)",
+                        "refId": "model",
+                    },
+                    "includeAll": True,
+                    "multi": True,
+                    "allValue": ".*",
+                    "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+                    "refresh": 2,
+                    "sort": 1,
+                    "hide": 0,
+                },
+            ]
+        },
+        "annotations": {"list": []},
+        "panels": panels,
+        "description": f"ISL buckets: {buckets.spec} (tokens). Generated by servelens dashboard.",
+    }
+
+
+def panel_queries(dashboard: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """Every ``(panel title, legend, expr)`` of a dashboard dict, in panel and target order."""
+    return [
+        (p["title"], t.get("legendFormat", ""), t["expr"])
+        for p in dashboard.get("panels", [])
+        for t in p.get("targets", [])
+    ]
+
+
+def substitute_variables(expr: str, window: str = "5m", model_regex: str = ".*") -> str:
+    """A dashboard query with Grafana's variables filled in, ready to run on Prometheus
+    (``$__rate_interval`` -> ``window``, ``$model`` -> ``model_regex``)."""
+    return expr.replace("$__rate_interval", window).replace("$model", model_regex)
