@@ -1,0 +1,211 @@
+"""Conformance with NVIDIA Dynamo 1.6.1's released frontend (issue 7), against the real thing.
+
+Runs only with ``-m dynamo`` and only inside a private network namespace with loopback alone
+(Dynamo's mocker binds sockets on 0.0.0.0), as ``.ci/run`` does::
+
+    python scripts/dynamo_harness.py install
+    unshare -rn bash -c 'ip link set lo up && python -m pytest -q -m dynamo tests/engines'
+
+Each test starts its own mocker + frontend (about a second) with a fresh discovery folder and
+stops it with SIGTERM, so histogram values start at zero.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from servelens.core.status import ERROR_TYPES, UNKNOWN_MODEL
+from servelens.prometheus import FrontendMetrics
+from servelens.prometheus.collector import format_le
+from servelens.prometheus.names import DYNAMO_PREFIX, MetricNames
+
+pytestmark = pytest.mark.dynamo
+
+REPO = Path(__file__).resolve().parents[2]
+ISL_BUCKETS = "512,1024,2048,4096,8192,16384"
+
+
+def _load_harness() -> ModuleType:
+    name = "dynamo_harness"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / "dynamo_harness.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+harness = _load_harness()
+
+
+# ----------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def dyn_install() -> tuple[Path, Path]:
+    """(venv, model_dir): Dynamo 1.6.1 installed and the tiny model built; refuses outside a netns."""
+    if not harness.in_private_netns():
+        pytest.fail(
+            "the Dynamo conformance tests must run inside a private network namespace with only "
+            f"loopback (interfaces seen: {harness.network_interfaces()}). {harness.NETNS_HINT}",
+            pytrace=False,
+        )
+    try:
+        venv = harness.install()
+        model_dir = harness.build_tiny_model()
+    except harness.HarnessError as e:
+        pytest.fail(f"could not install Dynamo {harness.DYNAMO_VERSION}: {e}", pytrace=False)
+    return venv, model_dir
+
+
+@pytest.fixture
+def dyn_stack(dyn_install: tuple[Path, Path]) -> Iterator[Any]:
+    """A fresh Dynamo mocker + frontend (model ``tiny``), stopped with SIGTERM afterwards."""
+    venv, model_dir = dyn_install
+    with harness.serve(venv, model_dir) as stack:
+        yield stack
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _post(url: str, body: dict[str, Any], timeout_s: float = 30.0) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def _chat(base: str, model: str = "tiny", max_tokens: int = 4, content: str = "hello world") -> tuple[int, bytes]:
+    return _post(f"{base}/v1/chat/completions", {
+        "model": model, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
+        "stream": True, "stream_options": {"include_usage": True},
+    })
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return str(resp.read().decode())
+
+
+def _families(text: str) -> dict[str, Any]:
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def _histogram_shape(fam: Any) -> tuple[str, list[str], list[str]]:
+    """(type, sorted label names without le, le strings in order of the first series)."""
+    buckets = [s for s in fam.samples if s.name.endswith("_bucket")]
+    assert buckets, f"{fam.name} has no _bucket samples"
+    first = {k: v for k, v in buckets[0].labels.items() if k != "le"}
+    les = [s.labels["le"] for s in buckets if {k: v for k, v in s.labels.items() if k != "le"} == first]
+    return fam.type, sorted(k for k in buckets[0].labels if k != "le"), les
+
+
+def _requests_total(fam: Any) -> dict[tuple[tuple[str, str], ...], float]:
+    return {tuple(sorted(s.labels.items())): s.value for s in fam.samples if s.name.endswith("_total")}
+
+
+# ----------------------------------------------------------------------------- names and shapes
+
+
+def test_refuses_outside_private_netns_message() -> None:
+    """The guard names the command to use (and we are inside a namespace here)."""
+    assert harness.in_private_netns(), harness.network_interfaces()
+    assert "unshare -rn" in harness.NETNS_HINT
+
+
+def test_stock_histograms_match_dynamo(dyn_stack: Any) -> None:
+    """Each of the six stock histograms: same name, type, label names and ``le`` strings as Dynamo."""
+    status, body = _chat(dyn_stack.frontend_url)
+    assert status == 200 and b"[DONE]" in body
+    dyn = _families(_get(f"{dyn_stack.frontend_url}/metrics"))
+
+    ours = FrontendMetrics(prefix=DYNAMO_PREFIX, isl_buckets=ISL_BUCKETS)
+    ours.register_model("tiny")
+    mine = _families(ours.exposition().decode())
+
+    names = MetricNames(DYNAMO_PREFIX)
+    for name in names.stock_histograms():
+        assert name in dyn, f"Dynamo 1.6.1 exports no {name}; it has {sorted(dyn)}"
+        assert name in mine
+        assert _histogram_shape(mine[name]) == _histogram_shape(dyn[name]), name
+        assert _histogram_shape(dyn[name])[1] == ["model"]
+    # the edges servelens ships are Dynamo's, written the way Dynamo writes them
+    edges = ours.state.edges
+    for name, e in zip(names.stock_histograms(), (edges.ttft_s, edges.itl_s, edges.duration_s, edges.isl_tokens,
+                                                  edges.osl_tokens, edges.cached_tokens), strict=True):
+        assert [format_le(x) for x in e] + ["+Inf"] == _histogram_shape(dyn[name])[2], name
+
+
+def test_counters_and_gauges_match_dynamo(dyn_stack: Any) -> None:
+    """requests_total, inflight_requests, output_tokens_total, disconnected_clients: type and label names."""
+    assert _chat(dyn_stack.frontend_url)[0] == 200
+    dyn = _families(_get(f"{dyn_stack.frontend_url}/metrics"))
+    ours = FrontendMetrics(prefix=DYNAMO_PREFIX, isl_buckets=ISL_BUCKETS)
+    ours.register_model("tiny")
+    req = ours.begin("tiny", "chat_completions", "stream")
+    req.output(time.perf_counter_ns())
+    req.finish(time.perf_counter_ns(), "success", isl=20, osl=1, cached_tokens=0)
+    mine = _families(ours.exposition().decode())
+    n = MetricNames(DYNAMO_PREFIX)
+    # prometheus_client strips the _total suffix from counter family names
+    for full in (n.requests, n.inflight, n.output_tokens, n.disconnected):
+        fam_name = full.removesuffix("_total")
+        assert fam_name in dyn, f"Dynamo 1.6.1 exports no {full}"
+        d, m = dyn[fam_name], mine[fam_name]
+        assert d.type == m.type, f"{full}: Dynamo {d.type}, servelens {m.type}"
+        d_labels = {tuple(sorted(s.labels)) for s in d.samples}
+        m_labels = {tuple(sorted(s.labels)) for s in m.samples}
+        assert d_labels == m_labels, f"{full}: Dynamo labels {d_labels}, servelens {m_labels}"
+
+
+def test_requests_total_vocabulary_matches_dynamo(dyn_install: tuple[Path, Path]) -> None:
+    """success, unknown model and upstream unavailable produce the same label sets in Dynamo and servelens.
+
+    Dynamo's "unavailable" is a request to a model whose only worker died without deregistering
+    (SIGKILL); servelens's is an upstream it cannot reach. Both count ``status="error",
+    error_type="unavailable"`` under the requested model.
+    """
+    venv, model_dir = dyn_install
+    with harness.serve(venv, model_dir) as st:
+        url = st.frontend_url
+        assert _chat(url)[0] == 200
+        assert _chat(url, model="no-such-model")[0] == 404
+        os.kill(st.mocker_pid, signal.SIGKILL)
+        status, body = _chat(url)
+        assert status == 503, body
+        dyn = _requests_total(_families(_get(f"{url}/metrics"))["dynamo_frontend_requests"])
+
+    ours = FrontendMetrics(prefix=DYNAMO_PREFIX, isl_buckets=ISL_BUCKETS)
+    ours.register_model("tiny")
+    ok = ours.begin("tiny", "chat_completions", "stream")
+    ok.output(time.perf_counter_ns())
+    ok.finish(time.perf_counter_ns(), "success", isl=20, osl=4, cached_tokens=0)
+    ours.state.count_unknown_model("chat_completions", "stream")
+    ours.begin("tiny", "chat_completions", "stream").finish(time.perf_counter_ns(), "error", "unavailable")
+    mine = _requests_total(_families(ours.exposition().decode())["dynamo_frontend_requests"])
+
+    assert set(dyn) == set(mine), f"Dynamo: {sorted(dyn)}\nservelens: {sorted(mine)}"
+    for labels in dyn:
+        d = dict(labels)
+        assert d["error_type"] in ("", *ERROR_TYPES)
+        assert dyn[labels] == mine[labels] == 1
+    assert any(dict(k)["model"] == UNKNOWN_MODEL and dict(k)["error_type"] == "not_found" for k in dyn)
