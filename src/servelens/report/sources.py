@@ -1,0 +1,268 @@
+"""Where ``servelens report`` gets its figures: a bench results file (exact percentiles), a
+``/metrics`` scrape or saved text (since-start counts, or the difference of two scrapes), or a
+Prometheus-compatible HTTP API (the dashboard's per-bucket queries).
+
+Every source gives a :class:`Report`: the per-bucket rows in numeric bucket order, then "all";
+and, when the source has time, the p95 TTFT per bucket over time.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from servelens.core.buckets import IslBuckets, label_sort_key
+from servelens.core.quantiles import percentile
+from servelens.core.summary import ALL_LABEL, BucketRow, rows_from_histograms, rows_from_samples
+from servelens.dashboards.queries import FIGURE_BY_KEY, count_expr, model_matcher
+from servelens.prometheus.names import MetricNames
+from servelens.report.metrics_text import Scrape, bucket_histograms, parse_scrape
+from servelens.report.promapi import PromClient, parse_duration_s
+from servelens.report.results import TimedSample, load_timed_samples
+
+
+@dataclass(frozen=True)
+class TimeSeries:
+    """p95 TTFT of one ISL bucket over time.
+
+    Attributes:
+        bucket: bucket label.
+        times_s: unix times (s) of the points (bin starts for a results file).
+        ttft_p95_s: p95 TTFT (s) at each time; None where the bucket had no requests.
+    """
+
+    bucket: str
+    times_s: tuple[float, ...]
+    ttft_p95_s: tuple[float | None, ...]
+
+
+@dataclass(frozen=True)
+class Report:
+    """Rows (numeric bucket order, then "all"), optional time series, and a source description."""
+
+    rows: tuple[BucketRow, ...]
+    timeseries: tuple[TimeSeries, ...] = ()
+    source: str = ""
+
+
+# ---------------------------------------------------------------- results file (exact)
+
+
+def p95_over_time(
+    samples: Sequence[TimedSample], buckets: IslBuckets, bins: int = 30, min_bin_s: float = 1.0
+) -> tuple[TimeSeries, ...]:
+    """Bin requests by wall-clock send time and take the exact p95 TTFT of each bucket per bin.
+
+    ``bins`` equal bins over the span of send times, at least ``min_bin_s`` wide. Samples without a
+    send time or an ISL are skipped; empty when no sample has a send time.
+    """
+    timed = [s for s in samples if s.send_time_s is not None and s.sample.isl is not None]
+    if not timed:
+        return ()
+    t0 = min(s.send_time_s for s in timed if s.send_time_s is not None)
+    t1 = max(s.send_time_s for s in timed if s.send_time_s is not None)
+    width = max((t1 - t0) / bins, min_bin_s)
+    n = int((t1 - t0) // width) + 1
+    per: dict[str, list[list[float]]] = {label: [[] for _ in range(n)] for label in buckets.labels}
+    for s in timed:
+        assert s.send_time_s is not None and s.sample.isl is not None
+        if not s.sample.ok or s.sample.ttft_s is None:
+            continue
+        i = min(int((s.send_time_s - t0) // width), n - 1)
+        per[buckets.label(s.sample.isl)][i].append(s.sample.ttft_s)
+    times = tuple(t0 + i * width for i in range(n))
+    out = []
+    for label in buckets.labels:
+        vals = tuple(percentile(v, 95) if v else None for v in per[label])
+        if any(v is not None for v in vals):
+            out.append(TimeSeries(label, times, vals))
+    return tuple(out)
+
+
+def report_from_results(path: str | Path, buckets: IslBuckets) -> Report:
+    """Exact per-bucket percentiles from a bench results file, and p95 TTFT over send time.
+
+    Raises ValueError for a missing or malformed file.
+    """
+    timed = load_timed_samples(path)
+    rows = rows_from_samples([t.sample for t in timed], buckets)
+    return Report(tuple(rows), p95_over_time(timed, buckets), f"results file {path}")
+
+
+# ---------------------------------------------------------------- /metrics text
+
+
+def read_metrics_text(source: str, timeout_s: float = 10.0) -> str:
+    """The exposition text of a ``/metrics`` URL (http/https) or a saved file.
+
+    Raises ValueError when the URL cannot be fetched or the file cannot be read.
+    """
+    if source.startswith(("http://", "https://")):
+        try:
+            with urllib.request.urlopen(source, timeout=timeout_s) as resp:
+                data: bytes = resp.read()
+                return data.decode("utf-8", errors="replace")
+        except urllib.error.HTTPError as exc:
+            raise ValueError(f"cannot fetch {source}: HTTP {exc.code}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise ValueError(f"cannot fetch {source}: {getattr(exc, 'reason', exc)}") from None
+    try:
+        return Path(source).read_text()
+    except OSError as exc:
+        raise ValueError(f"cannot read metrics file {source}: {exc.strerror or exc}") from None
+
+
+def _scrape(source: str) -> Scrape:
+    try:
+        return parse_scrape(read_metrics_text(source))
+    except ValueError as exc:
+        raise ValueError(f"{source}: {exc}") from None
+
+
+def report_from_metrics(
+    source: str,
+    names: MetricNames,
+    before: str | None = None,
+    model: str | None = None,
+    buckets: IslBuckets | None = None,
+) -> Report:
+    """Rows from a scrape (since-start counts) or from ``source - before`` (two scrapes), with
+    ``histogram_quantile`` interpolation. ``buckets`` (optional) lists buckets the server may not
+    have exported yet, as empty rows.
+
+    Raises ValueError when a source cannot be read or parsed, or has no by-ISL families of
+    ``names`` (wrong ``--metrics-prefix``, or bucketing off).
+    """
+    after = _scrape(source)
+    earlier = _scrape(before) if before else None
+    per_bucket, all_h = bucket_histograms(after, names, earlier, model)
+    if not per_bucket:
+        raise ValueError(
+            f"{source} has no {names.ttft_by_isl} series"
+            + (f" for model {model!r}" if model else "")
+            + " (check --metrics-prefix and that the server exports ISL buckets)"
+        )
+    rows = rows_from_histograms(per_bucket, all_h)
+    if buckets is not None:
+        rows = _with_empty_buckets(rows, buckets)
+    desc = f"/metrics {source}" + (f" minus {before}" if before else " (since start)")
+    return Report(tuple(rows), (), desc)
+
+
+def _empty_row(label: str) -> BucketRow:
+    return BucketRow(label, 0, None, None, None, None, None, None, None, None, exact=False)
+
+
+def _with_empty_buckets(rows: list[BucketRow], buckets: IslBuckets) -> list[BucketRow]:
+    have = {r.bucket: r for r in rows}
+    labels = sorted(set(buckets.labels) | {r.bucket for r in rows if r.bucket != ALL_LABEL}, key=label_sort_key)
+    out = [have.get(label) or _empty_row(label) for label in labels]
+    if ALL_LABEL in have:
+        out.append(have[ALL_LABEL])
+    return out
+
+
+# ---------------------------------------------------------------- Prometheus HTTP API
+
+
+def discover_buckets(client: PromClient, names: MetricNames, model: str | None = None) -> list[str]:
+    """The ``isl_bucket`` values present on the server, in numeric order (not string order)."""
+    sel = model_matcher(model)
+    got = client.query(f"count by (isl_bucket) ({names.duration_by_isl}_count{{{sel}}})")
+    labels = {s.labels["isl_bucket"] for s in got if "isl_bucket" in s.labels}
+    return sorted(labels, key=label_sort_key)
+
+
+def _prom_row(
+    client: PromClient, names: MetricNames, bucket: str | None, window: str, model: str, at_s: float
+) -> BucketRow:
+    def fig(key: str) -> float | None:
+        return client.scalar(FIGURE_BY_KEY[key].expr(names, bucket, window, model), at_s)
+
+    hist = names.duration_by_isl if bucket is not None else names.duration
+    requests = client.scalar(count_expr(hist, bucket, window, model, "increase"), at_s)
+    return BucketRow(
+        bucket=bucket if bucket is not None else ALL_LABEL,
+        requests=round(requests) if requests is not None else 0,
+        errors=None,
+        ttft_p50_s=fig("ttft_p50"),
+        ttft_p95_s=fig("ttft_p95"),
+        ttft_p99_s=fig("ttft_p99"),
+        itl_p50_s=fig("itl_p50"),
+        itl_p95_s=fig("itl_p95"),
+        mean_cached_tokens=fig("cached_mean"),
+        ttft_mean_s=fig("ttft_mean"),
+        exact=False,
+    )
+
+
+def report_from_prometheus(
+    url: str,
+    names: MetricNames,
+    window: str = "5m",
+    buckets: IslBuckets | Sequence[str] | None = None,
+    model: str | None = None,
+    end_s: float | None = None,
+    range_s: float | None = 3600.0,
+    timeout_s: float = 10.0,
+) -> Report:
+    """Rows from a Prometheus-compatible API over the last ``window`` before ``end_s`` (unix s,
+    default now), using the dashboard's per-bucket queries (one query per bucket and figure); the
+    "all" row uses the stock histograms. ``requests`` is ``increase`` of the by-ISL duration count
+    over the window (Prometheus extrapolates it to the window edges, so it can be fractional and is
+    rounded). With ``range_s``, also p95 TTFT per bucket over ``[end_s - range_s, end_s]``
+    (``query_range``).
+
+    ``buckets`` None: discover the bucket labels on the server (ordered numerically).
+    Raises ValueError (a bad URL or window, an unreachable server, a rejected query).
+    """
+    window_s = parse_duration_s(window)
+    client = PromClient(url, timeout_s)
+    at = time.time() if end_s is None else end_s
+    m = model_matcher(model)
+    if buckets is None:
+        labels: Sequence[str] = discover_buckets(client, names, model)
+        if not labels:
+            raise ValueError(
+                f"{url} has no {names.duration_by_isl}_count series"
+                + (f" for model {model!r}" if model else "")
+                + " (check --metrics-prefix and the scrape config)"
+            )
+    else:
+        labels = buckets.labels if isinstance(buckets, IslBuckets) else tuple(buckets)
+    rows = [_prom_row(client, names, label, window, m, at) for label in labels]
+    rows.append(_prom_row(client, names, None, window, m, at))
+    series: tuple[TimeSeries, ...] = ()
+    if range_s:
+        step = max(range_s / 240, 1.0, window_s / 10)
+        series = prometheus_p95_over_time(client, names, labels, window, m, at - range_s, at, step)
+    return Report(tuple(rows), series, f"Prometheus API {url}, window {window}")
+
+
+def prometheus_p95_over_time(
+    client: PromClient,
+    names: MetricNames,
+    labels: Sequence[str],
+    window: str,
+    model: str,
+    start_s: float,
+    end_s: float,
+    step_s: float,
+) -> tuple[TimeSeries, ...]:
+    """p95 TTFT per bucket over time with ``query_range`` (the dashboard's p95 panel queries)."""
+    fig = FIGURE_BY_KEY["ttft_p95"]
+    out = []
+    for label in labels:
+        got = client.query_range(fig.expr(names, label, window, model), start_s, end_s, step_s)
+        if not got:
+            continue
+        pts = got[0].points
+        out.append(TimeSeries(
+            label, tuple(t for t, _ in pts), tuple(None if math.isnan(v) else v for _, v in pts)
+        ))
+    return tuple(out)
