@@ -127,3 +127,19 @@ def test_bad_status_and_error_type_rejected() -> None:
 def test_custom_edges_validated() -> None:
     with pytest.raises(ValueError, match="strictly increasing"):
         MetricEdges(ttft_s=(1.0, 0.5))
+
+
+def test_hot_path_append_equals_output_calls() -> None:
+    st = make()
+    a = st.begin("m", "chat_completions", "stream", 0)
+    b = st.begin("m", "chat_completions", "stream", 0)
+    a.output(10 * MS)
+    b.output(10 * MS)
+    append = b.chunk_times_ns.append
+    for i in range(2, 60):
+        a.output(i * 10 * MS)
+        append(i * 10 * MS)
+    ra = a.finish(700 * MS, "success", isl=1, osl=59)
+    rb = b.finish(700 * MS, "success", isl=1, osl=59)
+    assert ra.itl.counts == rb.itl.counts and ra.itl.sum == pytest.approx(rb.itl.sum)
+    assert ra.itl.count == 58

@@ -65,3 +65,16 @@ def test_record_is_immutable() -> None:
     rec = RequestTimer(0, EDGES).finish(1, "success")
     with pytest.raises(AttributeError):
         rec.ttft_s = 1.0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("n", [10, 47, 48, 200])
+def test_vectorised_and_loop_paths_agree(n: int) -> None:
+    from servelens.core.timing import itl_histogram
+
+    times = [i * 7 * MS + (i * 7919) % (3 * MS) for i in range(n)]
+    tokens = {3: 2, n - 1: 4}
+    loop, _ = itl_histogram(times, tokens, EDGES, keep_values=False)
+    vec, values = itl_histogram(times, tokens, EDGES, keep_values=True)  # keep_values forces numpy
+    assert loop.counts == vec.counts
+    assert loop.sum == pytest.approx(vec.sum)
+    assert len(values) == loop.count == (n - 1) + 1 + 3

@@ -231,6 +231,14 @@ class LiveRequest:
         return self._state.isl_buckets.label(self.isl)
 
     @property
+    def chunk_times_ns(self) -> list[int]:
+        """The request's output-chunk timestamps (int ns). Hot-path callers may bind
+        ``chunk_times_ns.append`` once and call it for single-token chunks after the first one
+        (the first must go through :meth:`output`, which observes TTFT); multi-token chunks
+        go through :meth:`output` with their token count."""
+        return self.timer.times_ns
+
+    @property
     def finished(self) -> bool:
         """True once :meth:`finish` ran."""
         return self._record is not None
