@@ -239,6 +239,11 @@ class LiveRequest:
         return self.timer.times_ns
 
     @property
+    def isl_source(self) -> str:
+        """How the ISL bucket was assigned (see :data:`ISL_SOURCES`); ``unknown`` until it is."""
+        return self._isl_source
+
+    @property
     def finished(self) -> bool:
         """True once :meth:`finish` ran."""
         return self._record is not None
