@@ -1,0 +1,99 @@
+"""``servelens sim``: run the simulated OpenAI-compatible engine."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from typing import Any
+
+from servelens.sim.faults import FAULT_MODES, parse_modes
+from servelens.sim.model import ModelParams
+from servelens.sim.presets import DEFAULT_PRESET, PRESETS
+from servelens.sim.server import SimConfig, start_server
+
+_PARAM_HELP = {
+    "step_overhead_s": "fixed cost of every step (s)",
+    "prefill_s_per_token": "linear prefill cost per uncached prompt token (s)",
+    "prefill_attn_s_per_token_pair": "quadratic attention cost per (query, context) token pair (s)",
+    "decode_base_s": "cost of a step with any decoding sequence (s)",
+    "decode_s_per_seq": "decode cost per sequence in the batch (s)",
+    "decode_s_per_kv_token": "decode cost per KV token held by decoding sequences (s)",
+    "max_num_seqs": "most sequences running at once",
+    "max_num_batched_tokens": "token budget of one step (decode + chunked prefill)",
+    "kv_capacity_tokens": "KV cache size in tokens (admission reserves prompt + max_tokens)",
+    "block_size": "prefix-cache block size in tokens",
+    "prefix_cache_blocks": "prefix-cache LRU capacity in blocks (0: off)",
+}
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``servelens sim``."""
+    presets = "; ".join(f"{p.name}: {p.description}" for p in PRESETS.values())
+    p = subparsers.add_parser(
+        "sim", help="run the simulated OpenAI-compatible engine",
+        description="A simulated continuous-batching LLM engine with an OpenAI-compatible API, "
+        "vLLM-named /metrics, ground-truth records and fault injection. Presets: " + presets,
+    )
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (0: pick a free one; default 8000)")
+    p.add_argument("--model", "--served-model-name", dest="model", default="sim-model",
+                   help="served model name (default sim-model)")
+    p.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS),
+                   help=f"timing preset (default {DEFAULT_PRESET})")
+    p.add_argument("--speedup", type=float, default=1.0, help="divide every simulated time by this (default 1)")
+    p.add_argument("--seed", type=int, default=0, help="generation and fault seed (default 0)")
+    p.add_argument("--default-max-tokens", type=int, default=128)
+    p.add_argument("--eos-min-tokens", type=int, default=64, help="natural EOS point range, low end")
+    p.add_argument("--eos-max-tokens", type=int, default=2048, help="natural EOS point range, high end")
+    p.add_argument("--max-model-len", type=int, default=131072)
+    p.add_argument("--truth-log", metavar="PATH", help="append one JSON line per finished request")
+    p.add_argument("--debug", action="store_true", help="enable GET /debug/requests and /debug/stats")
+    p.add_argument("--fault-rate", type=float, default=0.0, help="probability of a global fault per request")
+    p.add_argument("--fault-modes", default="", help="comma-separated modes drawn from: " + ",".join(FAULT_MODES))
+    p.add_argument("--spin-us", type=int, default=1000, help="yield-spin window before each step deadline")
+    g = p.add_argument_group("timing model (override the preset)")
+    for name, text in _PARAM_HELP.items():
+        typ = float if name.endswith("_s") or "_s_per_" in name else int
+        g.add_argument("--" + name.replace("_", "-"), type=typ, default=None, help=text)
+    p.set_defaults(func=run)
+
+
+def config_from_args(args: argparse.Namespace) -> SimConfig:
+    """The :class:`SimConfig` for parsed arguments. Raises ValueError for bad values."""
+    model_kw = {name: getattr(args, name) for name in ModelParams.__dataclass_fields__}
+    return SimConfig.build(
+        host=args.host, port=args.port, model=args.model, preset=args.preset, speedup=args.speedup,
+        seed=args.seed, default_max_tokens=args.default_max_tokens, eos_min_tokens=args.eos_min_tokens,
+        eos_max_tokens=args.eos_max_tokens, max_model_len=args.max_model_len, truth_log=args.truth_log,
+        debug=args.debug, fault_rate=args.fault_rate, fault_modes=tuple(sorted(parse_modes(args.fault_modes))),
+        spin_us=args.spin_us, **model_kw,
+    )
+
+
+async def _serve(config: SimConfig) -> None:
+    server = await start_server(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"servelens sim listening on {server.url}", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await server.stop()
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run until SIGINT/SIGTERM. Returns 0."""
+    config = config_from_args(args)
+    try:
+        import uvloop  # optional speed-up
+
+        runner: Any = uvloop.run
+    except ImportError:
+        runner = asyncio.run
+    runner(_serve(config))
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,351 @@
+"""Continuous-batching scheduler of the simulated engine: a pure step planner plus one asyncio
+step loop, with the clock injected.
+
+:class:`Engine` is pure (no clock reads, no asyncio): :meth:`Engine.plan` picks the next step's
+batch and its simulated cost, :meth:`Engine.complete` applies it at a given time. Scheduling
+follows vLLM v1: running requests first (each decoding request takes one token of the step's
+``max_num_batched_tokens`` budget, unfinished prefills take chunks of what is left), then waiting
+requests are admitted in FIFO order while there are fewer than ``max_num_seqs`` running, budget
+is left, and the KV cache can hold the prompt plus ``max_tokens`` (reserved at admission; no
+preemption). On admission the prefix cache is looked up; cached tokens are never prefilled.
+
+:class:`StepLoop` is the only task that advances time: it plans a step, sleeps until the step's
+modelled end (``cost_s / speedup`` after its start), completes it (stamping every token emitted by
+the step with the clock's time) and wakes the requests' handlers through their ``notify``
+callbacks. One task serves every request; handlers never sleep per token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from servelens.sim.model import ModelParams, step_s
+from servelens.sim.prefix_cache import PrefixCache
+
+
+class Clock(Protocol):
+    """Time source of the step loop (int ns)."""
+
+    def now_ns(self) -> int:
+        """Current time in ns."""
+        ...
+
+    async def sleep_until(self, deadline_ns: int) -> None:
+        """Return at (or just after) ``deadline_ns``."""
+        ...
+
+
+class MonotonicClock:
+    """``time.perf_counter_ns()``; sleeps with asyncio, then yields to the loop (``sleep(0)``) for
+    the last ``spin_ns`` so that a step ends within well under a millisecond of its deadline even
+    though asyncio timers have millisecond granularity. ``spin_ns=0`` never spins."""
+
+    __slots__ = ("spin_ns",)
+
+    def __init__(self, spin_ns: int = 1_000_000) -> None:
+        self.spin_ns = spin_ns
+
+    def now_ns(self) -> int:
+        """``time.perf_counter_ns()``."""
+        return time.perf_counter_ns()
+
+    async def sleep_until(self, deadline_ns: int) -> None:
+        """Sleep until ``deadline_ns`` (perf_counter ns)."""
+        now = time.perf_counter_ns()
+        rest = deadline_ns - now - self.spin_ns
+        if rest > 0:
+            await asyncio.sleep(rest / 1e9)
+        while time.perf_counter_ns() < deadline_ns:
+            await asyncio.sleep(0)
+
+
+class VirtualClock:
+    """A clock that jumps to each deadline at once (for deterministic tests of the step loop)."""
+
+    __slots__ = ("now",)
+
+    def __init__(self, start_ns: int = 0) -> None:
+        self.now = start_ns
+
+    def now_ns(self) -> int:
+        """The virtual time."""
+        return self.now
+
+    async def sleep_until(self, deadline_ns: int) -> None:
+        """Advance to ``deadline_ns`` and yield once."""
+        self.now = max(self.now, deadline_ns)
+        await asyncio.sleep(0)
+
+
+@dataclass(eq=False)
+class SimRequest:
+    """One request inside the engine (mutable; owned by the engine once submitted).
+
+    Args:
+        request_id: the id joining the response to its truth record.
+        block_hashes: prefix-cache block hashes of the prompt.
+        isl: prompt tokens.
+        osl_target: tokens to generate before finishing (``max_tokens`` or the natural EOS point).
+        arrival_ns: when the request arrived (clock ns).
+        tokens_per_step: tokens emitted per decode step (1; more with the ``multi_token`` fault).
+        notify: called (no arguments) after every step that changed this request.
+    """
+
+    request_id: str
+    block_hashes: Sequence[int]
+    isl: int
+    osl_target: int
+    arrival_ns: int
+    tokens_per_step: int = 1
+    notify: Callable[[], None] | None = None
+    cached_tokens: int = 0
+    prefilled: int = 0
+    generated: int = 0
+    token_times_ns: list[int] = field(default_factory=list)
+    admitted_ns: int | None = None
+    finished: bool = False
+    cancelled: bool = False
+    cancel_ns: int | None = None
+    tokens_at_cancel: int | None = None
+
+    @property
+    def kv_reserved(self) -> int:
+        """KV tokens reserved for this request (prompt + all tokens it may generate)."""
+        return self.isl + self.osl_target
+
+
+@dataclass(frozen=True)
+class Step:
+    """A planned step: prefill chunks ``(request, tokens)``, decoding requests and the cost."""
+
+    prefill: tuple[tuple[SimRequest, int], ...]
+    decode: tuple[SimRequest, ...]
+    cost_s: float
+
+
+class Engine:
+    """Pure step planner (see the module docstring).
+
+    Raises ValueError from :meth:`submit` when a request can never fit in the KV cache.
+    """
+
+    def __init__(self, params: ModelParams) -> None:
+        self.params = params
+        self.cache = PrefixCache(params.block_size, params.prefix_cache_blocks)
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []
+        self.kv_reserved = 0
+        self.steps = 0
+        self.tokens_emitted = 0
+        self.prompt_tokens = 0
+
+    def has_work(self) -> bool:
+        """Whether any request is waiting or running."""
+        return bool(self.waiting or self.running)
+
+    def submit(self, req: SimRequest) -> None:
+        """Queue a request. Raises ValueError if ``isl + osl_target`` exceeds the KV capacity."""
+        if req.kv_reserved > self.params.kv_capacity_tokens:
+            raise ValueError(
+                f"prompt ({req.isl} tokens) plus max_tokens ({req.osl_target}) exceeds the KV cache "
+                f"capacity of {self.params.kv_capacity_tokens} tokens"
+            )
+        self.waiting.append(req)
+
+    def cancel(self, req: SimRequest, now_ns: int) -> None:
+        """Stop generating for ``req`` (it leaves the batch at the next :meth:`plan`)."""
+        if not req.cancelled and not req.finished:
+            req.cancelled = True
+            req.cancel_ns = now_ns
+            req.tokens_at_cancel = req.generated
+
+    def _drop_cancelled(self) -> None:
+        if any(r.cancelled for r in self.waiting):
+            self.waiting = deque(r for r in self.waiting if not r.cancelled)
+        if any(r.cancelled for r in self.running):
+            keep: list[SimRequest] = []
+            for r in self.running:
+                if r.cancelled:
+                    self.kv_reserved -= r.kv_reserved
+                    r.finished = True
+                else:
+                    keep.append(r)
+            self.running = keep
+
+    def plan(self) -> Step | None:
+        """The next step, or None when nothing can run (idle)."""
+        self._drop_cancelled()
+        p = self.params
+        budget = p.max_num_batched_tokens
+        decode: list[SimRequest] = []
+        prefill: list[tuple[SimRequest, int]] = []
+        for r in self.running:
+            if r.prefilled >= r.isl:
+                decode.append(r)
+                budget -= 1
+        for r in self.running:
+            if r.prefilled < r.isl and budget > 0:
+                c = min(r.isl - r.prefilled, budget)
+                prefill.append((r, c))
+                budget -= c
+        waiting = self.waiting
+        while waiting and budget > 0 and len(self.running) < p.max_num_seqs:
+            r = waiting[0]
+            if self.kv_reserved + r.kv_reserved > p.kv_capacity_tokens:
+                break
+            waiting.popleft()
+            r.cached_tokens = self.cache.match(r.block_hashes, r.isl)
+            r.prefilled = r.cached_tokens
+            self.prompt_tokens += r.isl
+            self.running.append(r)
+            self.kv_reserved += r.kv_reserved
+            c = min(r.isl - r.prefilled, budget)
+            prefill.append((r, c))
+            budget -= c
+        if not decode and not prefill:
+            return None
+        kv = sum(r.prefilled + r.generated for r in decode)
+        cost = step_s(p, ((c, r.prefilled) for r, c in prefill), len(decode), kv)
+        return Step(tuple(prefill), tuple(decode), cost)
+
+    def admit_times(self, step: Step, now_ns: int) -> None:
+        """Stamp the admission time of requests whose first prefill chunk is in ``step``."""
+        for r, _ in step.prefill:
+            if r.admitted_ns is None:
+                r.admitted_ns = now_ns
+
+    def complete(self, step: Step, now_ns: int) -> None:
+        """Apply ``step`` at ``now_ns``: advance prefills, emit tokens, finish requests, notify."""
+        self.steps += 1
+        emitted = 0
+        done = False
+        for r, c in step.prefill:
+            if r.cancelled:
+                continue
+            r.prefilled += c
+            if r.prefilled >= r.isl:
+                self.cache.insert(r.block_hashes)
+                r.generated += 1
+                r.token_times_ns.append(now_ns)
+                emitted += 1
+                done = done or r.generated >= r.osl_target
+        for r in step.decode:
+            if r.cancelled:
+                continue
+            k = min(r.tokens_per_step, r.osl_target - r.generated)
+            r.generated += k
+            r.token_times_ns.extend([now_ns] * k)
+            emitted += k
+            done = done or r.generated >= r.osl_target
+        self.tokens_emitted += emitted
+        if done:
+            keep: list[SimRequest] = []
+            for r in self.running:
+                if r.generated >= r.osl_target:
+                    r.finished = True
+                    self.kv_reserved -= r.kv_reserved
+                else:
+                    keep.append(r)
+            self.running = keep
+        for r, _ in step.prefill:
+            if r.notify is not None:
+                r.notify()
+        for r in step.decode:
+            if r.notify is not None:
+                r.notify()
+
+
+@dataclass
+class LoopStats:
+    """Step-loop timing: lateness of each step's end against the model (ns), bounded history."""
+
+    steps: int = 0
+    late_ns: deque[int] = field(default_factory=lambda: deque(maxlen=200_000))
+    busy_ns: int = 0
+
+    def summary(self) -> dict[str, float]:
+        """p50/p99/max lateness in ms and the step count."""
+        xs = sorted(self.late_ns)
+        if not xs:
+            return {"steps": self.steps, "late_p50_ms": 0.0, "late_p99_ms": 0.0, "late_max_ms": 0.0}
+        return {
+            "steps": self.steps,
+            "late_p50_ms": xs[len(xs) // 2] / 1e6,
+            "late_p99_ms": xs[min(len(xs) - 1, int(len(xs) * 0.99))] / 1e6,
+            "late_max_ms": xs[-1] / 1e6,
+        }
+
+
+class StepLoop:
+    """The asyncio task that runs :class:`Engine` steps in (scaled) time.
+
+    Args:
+        engine: the planner.
+        clock: time source (:class:`MonotonicClock` in the server, :class:`VirtualClock` in tests).
+        speedup: simulated seconds per wall second; wall step = ``cost_s / speedup``.
+        catchup_ns: if a step ends at most this late, the next step starts at the modelled end
+            (lateness does not accumulate); later than that, it starts now (the engine slows down,
+            as a real one would on a busy host).
+    """
+
+    def __init__(self, engine: Engine, clock: Clock, speedup: float = 1.0, catchup_ns: int = 2_000_000) -> None:
+        if not speedup > 0:
+            raise ValueError(f"speedup must be > 0, got {speedup!r}")
+        self.engine = engine
+        self.clock = clock
+        self.speedup = speedup
+        self.catchup_ns = catchup_ns
+        self.stats = LoopStats()
+        self._work = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def submit(self, req: SimRequest) -> None:
+        """Queue a request and wake the loop. Raises ValueError (see :meth:`Engine.submit`)."""
+        self.engine.submit(req)
+        self._work.set()
+
+    def cancel(self, req: SimRequest) -> None:
+        """Stop ``req`` within one step."""
+        self.engine.cancel(req, self.clock.now_ns())
+        self._work.set()
+
+    def start(self) -> None:
+        """Start the loop task in the running event loop."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self.run(), name="servelens-sim-steps")
+
+    async def stop(self) -> None:
+        """Cancel the loop task and wait for it."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def run(self) -> None:
+        """Plan, sleep, complete; forever (until cancelled)."""
+        engine, clock, stats = self.engine, self.clock, self.stats
+        start = clock.now_ns()
+        while True:
+            step = engine.plan()
+            if step is None:
+                self._work.clear()
+                await self._work.wait()
+                start = clock.now_ns()
+                continue
+            engine.admit_times(step, start)
+            deadline = start + int(step.cost_s * 1e9 / self.speedup)
+            await clock.sleep_until(deadline)
+            now = clock.now_ns()
+            late = now - deadline
+            stats.steps += 1
+            stats.late_ns.append(late)
+            stats.busy_ns += now - start
+            engine.complete(step, now)
+            start = deadline if late <= self.catchup_ns else now
