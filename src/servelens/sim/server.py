@@ -2,7 +2,7 @@
 completions, streaming and not, driven by one :class:`~servelens.sim.scheduler.StepLoop`.
 
 Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
-``GET /health``, ``POST /tokenize``, ``GET /metrics`` (vLLM names, see :mod:`servelens.sim.metrics`),
+``GET /health``, ``POST /tokenize``, ``GET /metrics`` (vLLM names, see :mod:`servelens.prometheus.sim_engine`),
 and, only with ``debug=True``, ``GET /debug/requests`` (truth records) and ``GET /debug/stats``.
 
 Request semantics (vLLM-like):
@@ -44,9 +44,9 @@ import msgspec
 from aiohttp import web
 
 from servelens.core.openai import error_body
+from servelens.prometheus.sim_engine import SimMetrics
 from servelens.sim import faults as F
 from servelens.sim.faults import FaultInjector, FaultPlan
-from servelens.sim.metrics import SimMetrics
 from servelens.sim.model import ModelParams
 from servelens.sim.prefix_cache import block_hashes
 from servelens.sim.presets import DEFAULT_PRESET, get_preset

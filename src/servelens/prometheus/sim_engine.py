@@ -1,4 +1,4 @@
-"""Engine-side metrics of the simulated engine, named like vLLM's (label ``model_name``).
+"""Engine-side metrics of the simulated engine (``servelens sim``), named like vLLM's (label ``model_name``).
 
 Names and bucket edges follow vLLM v1 (``vllm/v1/metrics/loggers.py``, v0.10): histograms
 ``vllm:time_to_first_token_seconds``, ``vllm:inter_token_latency_seconds``,
@@ -13,8 +13,8 @@ Times are wall seconds measured by the sim (its arrival to its first token / eac
 i.e. what the engine itself would report; with ``--speedup X`` they are the scaled times.
 Observations happen once per finished request (never per token on the hot path).
 
-This module uses ``prometheus_client`` directly (a registry per sim app) instead of the
-``servelens.prometheus`` package: it exports another program's metric names, not ours.
+Lives in ``servelens.prometheus`` (the only package importing ``prometheus_client``); used by
+``servelens.sim.server`` with one registry per sim app.
 """
 
 from __future__ import annotations
