@@ -1,0 +1,207 @@
+"""The streaming client: one request in, one :class:`BenchRecord` out.
+
+Hot path per read: one ``time.perf_counter_ns()`` stamp when the bytes arrive, the shared SSE decoder
+(:class:`servelens.core.sse.SSEDecoder`), :func:`servelens.core.openai.parse_chunk` per event, and two
+list appends per output chunk. Everything else (ITL, percentiles) happens after the run.
+
+Tokens per chunk come from cumulative ``usage.completion_tokens`` when the server sends continuous
+usage (the difference from the previous value, at least 1), else one per chunk (design notes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from servelens.bench.results import BenchRecord
+from servelens.core.openai import parse_chunk, parse_response
+from servelens.core.sse import SSEDecoder
+
+ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+_ERR_BODY_LIMIT = 4096
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One request of the workload.
+
+    Attributes:
+        index: position in the workload.
+        scheduled_ns: due time as an offset from the run start (ns; 0 in a closed loop).
+        isl_target, osl_target: intended prompt and output lengths (tokens).
+        body: the encoded JSON request body.
+    """
+
+    index: int
+    scheduled_ns: int
+    isl_target: int
+    osl_target: int
+    body: bytes
+
+
+def build_body(
+    endpoint: str,
+    model: str,
+    prompt: str,
+    osl_tokens: int,
+    *,
+    continuous_usage: bool = True,
+    ignore_eos: bool = True,
+    extra: dict[str, Any] | None = None,
+) -> bytes:
+    """The JSON body of a streaming request asking for usage (continuous where accepted).
+
+    ``ignore_eos``/``min_tokens`` (vLLM, SGLang, Dynamo and the sim accept them) make the output length
+    equal ``osl_tokens``. Raises ValueError for an unknown endpoint.
+    """
+    body: dict[str, Any] = {"model": model, "max_tokens": osl_tokens, "stream": True}
+    if endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": prompt}]
+    elif endpoint == "completions":
+        body["prompt"] = prompt
+    else:
+        raise ValueError(f"unknown endpoint {endpoint!r}; expected chat or completions")
+    so: dict[str, Any] = {"include_usage": True}
+    if continuous_usage:
+        so["continuous_usage_stats"] = True
+    body["stream_options"] = so
+    if ignore_eos:
+        body["ignore_eos"] = True
+        body["min_tokens"] = osl_tokens
+    if extra:
+        body.update(extra)
+    return msgspec.json.encode(body)
+
+
+def _error_type_for_status(code: int) -> str:
+    if code in (400, 413, 422):
+        return "validation"
+    if code == 404:
+        return "not_found"
+    if code in (429, 503):
+        return "overload"
+    if code == 504:
+        return "response_timeout"
+    return "backend_error"
+
+
+def _error_message(body: bytes) -> str:
+    info = parse_response(body)
+    if info.error:
+        return info.error
+    return body[:300].decode("utf-8", errors="replace").strip()
+
+
+async def send_request(
+    session: aiohttp.ClientSession,
+    url: str,
+    spec: RequestSpec,
+    headers: dict[str, str] | None = None,
+) -> BenchRecord:
+    """Send ``spec`` to ``url`` (the full endpoint URL) and measure it. Never raises for
+    request failures (they become error records); cancellation propagates."""
+    clock = time.perf_counter_ns
+    chunk_ns: list[int] = []
+    chunk_tok: list[int] = []
+    request_id: str | None = None
+    http_status: int | None = None
+    usage_pt: int | None = None
+    usage_ct: int | None = None
+    cached: int | None = None
+    tokens_from_usage = False
+    error = ""
+    error_type = ""
+    wall = time.time_ns()
+    send = clock()
+    try:
+        async with session.post(url, data=spec.body, headers=headers) as resp:
+            http_status = resp.status
+            request_id = resp.headers.get("x-request-id")
+            if resp.status != 200:
+                body = await resp.content.read(_ERR_BODY_LIMIT)
+                error_type = _error_type_for_status(resp.status)
+                error = f"HTTP {resp.status}: {_error_message(body)}"
+            else:
+                decoder = SSEDecoder()
+                done = False
+                finished = False
+                last_ct = 0
+                append_t = chunk_ns.append
+                append_k = chunk_tok.append
+                async for data in resp.content.iter_any():
+                    t = clock()
+                    for blk in decoder.decode(data):
+                        d = blk.data
+                        if d is None:
+                            continue
+                        info = parse_chunk(d)
+                        if info.done:
+                            done = True
+                            continue
+                        if info.error is not None:
+                            error_type, error = "backend_error", f"error in stream: {info.error}"
+                            continue
+                        if info.malformed:
+                            if not error:
+                                error_type, error = "backend_error", f"malformed chunk: {d[:120]!r}"
+                            continue
+                        u = info.usage
+                        if u is not None:
+                            if u.prompt_tokens is not None:
+                                usage_pt = u.prompt_tokens
+                            if u.cached_tokens is not None:
+                                cached = u.cached_tokens
+                            if u.completion_tokens is not None:
+                                usage_ct = u.completion_tokens
+                        if info.has_output:
+                            if u is not None and u.completion_tokens is not None:
+                                tokens_from_usage = True
+                                k = u.completion_tokens - last_ct
+                                last_ct = u.completion_tokens
+                                append_k(k if k > 0 else 1)
+                            else:
+                                append_k(1)
+                            append_t(t - send)
+                        if info.finish_reason is not None:
+                            finished = True
+                if not error and not done and not finished:
+                    error_type, error = "truncated_stream", "stream ended with neither finish_reason nor [DONE]"
+    except asyncio.CancelledError:
+        raise
+    except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+        error_type, error = "response_timeout", f"timeout: {exc or type(exc).__name__}"
+    except aiohttp.ClientPayloadError as exc:
+        error_type, error = "truncated_stream", f"connection broke mid-stream: {exc}"
+    except aiohttp.ClientConnectionError as exc:
+        error_type = "truncated_stream" if chunk_ns else "unavailable"
+        error = f"connection error: {exc}"
+    except aiohttp.ClientError as exc:
+        error_type, error = "unavailable", f"client error: {exc}"
+    end = clock()
+    counted = sum(chunk_tok)
+    return BenchRecord(
+        index=spec.index,
+        request_id=request_id,
+        scheduled_ns=spec.scheduled_ns,
+        send_ns=send,
+        wall_send_ns=wall,
+        first_output_ns=(send + chunk_ns[0]) if chunk_ns else None,
+        end_ns=end,
+        chunk_offsets_ns=tuple(chunk_ns),
+        chunk_tokens=tuple(chunk_tok),
+        tokens_from_usage=tokens_from_usage,
+        isl_target=spec.isl_target,
+        isl_server=usage_pt,
+        osl_target=spec.osl_target,
+        osl=usage_ct if usage_ct is not None else (counted if chunk_ns else None),
+        cached_tokens=cached,
+        status="error" if error else "success",
+        error_type=error_type,
+        error=error,
+        http_status=http_status,
+    )

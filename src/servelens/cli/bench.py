@@ -1,0 +1,118 @@
+"""``servelens bench``: load an OpenAI-compatible endpoint and print the per-ISL-bucket latency table."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from servelens.bench.runner import BenchConfig, print_result, run_bench_sync
+from servelens.bench.traces import PACKAGED_TRACES, TRACE_FORMATS, packaged_trace
+from servelens.core.buckets import DEFAULT_ISL_BOUNDARIES
+
+EPILOG = """\
+examples:
+  servelens bench --url http://127.0.0.1:8000 --isl 300:0.6,12000:0.4 --osl 128 --concurrency 16 --num-requests 200
+  servelens bench --url http://127.0.0.1:8000 --trace mooncake_conversation_400.jsonl --time-scale 0.5 \\
+      --max-context 32768 --long-requests clip --metrics-url http://127.0.0.1:9000/metrics
+
+length specs: 300 | uniform:A-B | lognormal:MEAN,SD | 300:0.6,12000:0.4
+packaged traces (give the bare name to --trace): """ + ", ".join(PACKAGED_TRACES)
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Register ``bench``."""
+    p = subparsers.add_parser(
+        "bench",
+        help="load test an OpenAI-compatible endpoint; per-ISL-bucket TTFT/ITL table",
+        description="Replay a synthetic workload or a real trace against an OpenAI-compatible endpoint and "
+        "print TTFT/ITL percentiles per input-length bucket, from the client and (with --metrics-url) "
+        "from the server's /metrics.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    g = p.add_argument_group("endpoint")
+    g.add_argument("--url", required=True, help="endpoint base URL, e.g. http://127.0.0.1:8000 (/v1/... is appended)")
+    g.add_argument("--model", help="model name (default: the first model GET /v1/models lists)")
+    g.add_argument("--endpoint", choices=("chat", "completions"), default="chat")
+    g.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
+                   help="bearer token (default: $OPENAI_API_KEY)")
+    w = p.add_argument_group("workload")
+    w.add_argument("--trace", help="Mooncake JSONL or Azure CSV trace (a path or a packaged trace's name)")
+    w.add_argument("--trace-format", choices=TRACE_FORMATS, help="trace format (default: detected)")
+    w.add_argument("--time-scale", type=float, default=1.0,
+                   help="multiply trace timestamps by F (0.1 replays ten times faster)")
+    w.add_argument("--isl", default="512", help="synthetic input length spec (tokens)")
+    w.add_argument("--osl", default="128", help="synthetic output length spec (tokens)")
+    w.add_argument("--num-requests", type=int, default=100, help="synthetic workload size")
+    w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--max-requests", type=int, help="send at most N requests")
+    w.add_argument("--duration", type=float, help="stop starting requests after S seconds")
+    w.add_argument("--tokenizer", help="tokenizer.json of a real engine (default: the sim's tokenizer)")
+    w.add_argument("--max-context", type=int,
+                   help="context length in tokens (default: max_model_len from /v1/models, if reported)")
+    w.add_argument("--long-requests", choices=("drop", "clip"), default="drop",
+                   help="what to do with requests whose ISL+OSL exceeds the context (default: drop)")
+    a = p.add_argument_group("arrivals")
+    a.add_argument("--concurrency", type=int,
+                   help="closed loop with N workers; with --rate or --trace: cap on requests in flight")
+    a.add_argument("--rate", type=float, help="open loop at R requests/s")
+    a.add_argument("--arrival", choices=("poisson", "constant"), default="poisson")
+    m = p.add_argument_group("measurement and output")
+    m.add_argument("--isl-buckets", default=",".join(str(b) for b in DEFAULT_ISL_BOUNDARIES),
+                   help="ISL bucket boundaries (tokens)")
+    m.add_argument("--metrics-url", help="a gateway's or engine's /metrics, scraped before and after the run")
+    m.add_argument("--metrics-prefix", default="servelens", help="metric-name prefix at --metrics-url")
+    m.add_argument("--output-dir", default="bench-results", help="where results.jsonl and summary.json go")
+    m.add_argument("--request-timeout", type=float, default=600.0, help="per-read timeout (s)")
+    m.add_argument("--max-loop-lag-ms", type=float, default=10.0,
+                   help="client event-loop lag p99 above which client figures are marked untrustworthy")
+    m.add_argument("--no-continuous-usage", action="store_true", help="do not ask for continuous_usage_stats")
+    m.add_argument("--no-ignore-eos", action="store_true", help="do not send ignore_eos/min_tokens")
+    m.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    """Build the frozen config (raises ValueError for bad values)."""
+    trace = args.trace
+    if trace and not os.path.exists(trace) and trace in PACKAGED_TRACES:
+        trace = str(packaged_trace(trace))
+    if trace and not os.path.exists(trace):
+        raise ValueError(f"trace file not found: {trace}")
+    return BenchConfig(
+        url=args.url,
+        model=args.model,
+        endpoint=args.endpoint,
+        trace=trace,
+        trace_format=args.trace_format,
+        time_scale=args.time_scale,
+        isl=args.isl,
+        osl=args.osl,
+        num_requests=args.num_requests,
+        seed=args.seed,
+        max_requests=args.max_requests,
+        duration_s=args.duration,
+        concurrency=args.concurrency,
+        rate=args.rate,
+        arrival=args.arrival,
+        tokenizer=args.tokenizer,
+        max_context=args.max_context,
+        long_requests=args.long_requests,
+        isl_buckets=args.isl_buckets,  # type: ignore[arg-type]  # parsed in __post_init__
+        metrics_url=args.metrics_url,
+        metrics_prefix=args.metrics_prefix,
+        output_dir=args.output_dir or None,
+        request_timeout_s=args.request_timeout,
+        lag_threshold_ms=args.max_loop_lag_ms,
+        continuous_usage=False if args.no_continuous_usage else None,
+        ignore_eos=not args.no_ignore_eos,
+        api_key=args.api_key,
+        progress=not args.no_progress,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the bench and print the table; exit 0 (1 when every request failed)."""
+    result = run_bench_sync(config_from_args(args))
+    print_result(result)
+    return 1 if result.records and result.errors == len(result.records) else 0

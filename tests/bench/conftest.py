@@ -1,0 +1,106 @@
+"""A tiny OpenAI-compatible streaming upstream for the bench client's tests (no sim needed)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+
+@dataclass
+class Upstream:
+    """Knobs and a log of what the tiny upstream received."""
+
+    url: str = ""
+    model: str = "tiny"
+    continuous_usage_ok: bool = True
+    gap_s: float = 0.0
+    fail_status: int | None = None  # every request answers this status
+    truncate_after: int | None = None  # end the stream after N output chunks, without [DONE]
+    tokens_per_chunk: int = 1
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _words(body: dict[str, Any]) -> int:
+    if "messages" in body:
+        return sum(len(str(m.get("content", "")).split()) for m in body["messages"])
+    return len(str(body.get("prompt", "")).split())
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[Upstream]:
+    up = Upstream()
+    ids = itertools.count()
+
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": up.model, "object": "model",
+                                                              "max_model_len": 4096}]})
+
+    async def complete(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        so = body.get("stream_options") or {}
+        if so.get("continuous_usage_stats") and not up.continuous_usage_ok:
+            return web.json_response({"error": {"message": "continuous_usage_stats not supported",
+                                                "type": "invalid_request_error", "param": None, "code": 400}},
+                                     status=400)
+        up.bodies.append(body)
+        rid = f"req-{next(ids)}"
+        if up.fail_status is not None:
+            return web.json_response({"error": {"message": "no capacity", "type": "overloaded", "param": None,
+                                                "code": up.fail_status}}, status=up.fail_status,
+                                     headers={"x-request-id": rid})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "x-request-id": rid})
+        await resp.prepare(request)
+        chat = "messages" in body
+        pt = _words(body)
+        n = int(body.get("max_tokens", 4))
+        cont = bool(so.get("continuous_usage_stats"))
+
+        def usage(ct: int) -> dict[str, Any]:
+            return {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct,
+                    "prompt_tokens_details": {"cached_tokens": 0}}
+
+        async def send(obj: dict[str, Any]) -> None:
+            await resp.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
+
+        if chat:
+            await send({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}], "usage": None})
+        done = 0
+        chunks = 0
+        while done < n:
+            k = min(up.tokens_per_chunk, n - done)
+            done += k
+            chunks += 1
+            if up.gap_s:
+                await asyncio.sleep(up.gap_s)
+            text = " w" * k
+            choice = {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
+            if done == n:
+                choice["finish_reason"] = "length"
+            await send({"choices": [choice], "usage": usage(done) if cont else None})
+            if up.truncate_after is not None and chunks >= up.truncate_after:
+                return resp  # no [DONE], no finish_reason
+        await send({"choices": [], "usage": usage(n)})
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/chat/completions", complete)
+    app.router.add_post("/v1/completions", complete)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    up.url = f"http://127.0.0.1:{port}"
+    try:
+        yield up
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,98 @@
+"""The client and runner against a tiny in-test upstream (conftest.Upstream)."""
+
+import json
+from pathlib import Path
+from typing import Any as Upstream  # the fixture type lives in conftest.py
+
+import pytest
+
+from servelens.bench.results import load_results
+from servelens.bench.runner import BenchConfig, run_bench
+from servelens.bench.traces import packaged_trace
+
+
+async def test_closed_loop_records_and_files(upstream: Upstream, tmp_path: Path) -> None:
+    upstream.tokens_per_chunk = 2
+    cfg = BenchConfig(url=upstream.url, isl="300:0.5,700:0.5", osl="5", num_requests=20, concurrency=4,
+                      seed=3, output_dir=str(tmp_path))
+    res = await run_bench(cfg)
+    assert res.model == "tiny" and res.continuous_usage
+    assert len(res.records) == 20 and res.errors == 0
+    assert sorted(r.index for r in res.records) == list(range(20))
+    r = res.records[0]
+    assert r.request_id is not None and r.request_id.startswith("req-")
+    # 5 tokens in chunks of 2,2,1 -> tokens from cumulative usage
+    assert r.chunk_tokens == (2, 2, 1) and r.tokens_from_usage and r.osl == 5
+    assert r.isl_server == r.isl_target  # sim tokenizer words == upstream's word count
+    assert r.cached_tokens == 0
+    assert list(r.chunk_offsets_ns) == sorted(r.chunk_offsets_ns)  # stamped per read: equal when one read
+    assert r.first_output_ns == r.send_ns + r.chunk_offsets_ns[0]
+    by = {row.bucket: row for row in res.client_rows}
+    assert by["0-512"].requests + by["513-1024"].requests == 20 == by["all"].requests
+    assert res.prompt_deviation.exact == 20
+    assert load_results(tmp_path / "results.jsonl") == list(res.records)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["requests"] == 20 and summary["errors"] == 0
+    assert "api_key" not in summary["config"]
+    body = upstream.bodies[-1]
+    assert body["stream"] is True and body["max_tokens"] == 5 and body["min_tokens"] == 5
+    assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+
+
+async def test_falls_back_without_continuous_usage(upstream: Upstream) -> None:
+    upstream.continuous_usage_ok = False
+    upstream.tokens_per_chunk = 3
+    res = await run_bench(BenchConfig(url=upstream.url, isl="10", osl="6", num_requests=3, endpoint="completions"))
+    assert not res.continuous_usage and res.errors == 0
+    r = res.records[0]
+    assert r.chunk_tokens == (1, 1) and not r.tokens_from_usage and r.osl == 6  # OSL from the final usage
+    assert "prompt" in upstream.bodies[-1]
+
+
+async def test_errors_are_recorded_per_bucket(upstream: Upstream) -> None:
+    res0 = await run_bench(BenchConfig(url=upstream.url, isl="10", osl="2", num_requests=1))
+    assert res0.errors == 0
+    upstream.fail_status = 429
+    res = await run_bench(BenchConfig(url=upstream.url, isl="10", osl="2", num_requests=3, continuous_usage=True))
+    assert res.errors == 3
+    r = res.records[0]
+    assert r.status == "error" and r.error_type == "overload" and r.http_status == 429
+    assert "no capacity" in r.error and r.first_output_ns is None
+    assert res.client_rows[0].errors == 3
+
+
+async def test_truncated_stream_is_an_error(upstream: Upstream) -> None:
+    upstream.truncate_after = 2
+    res = await run_bench(BenchConfig(url=upstream.url, isl="10", osl="8", num_requests=2, continuous_usage=True))
+    assert {r.error_type for r in res.records} == {"truncated_stream"}
+    assert all(len(r.chunk_offsets_ns) == 2 for r in res.records)
+
+
+async def test_trace_replay_drops_over_context(upstream: Upstream) -> None:
+    # /v1/models reports max_model_len 4096: Mooncake rows with ISL+OSL above it are dropped
+    cfg = BenchConfig(url=upstream.url, trace=str(packaged_trace()), time_scale=0.0, max_requests=5)
+    res = await run_bench(cfg)
+    assert res.dropped > 0 and res.clipped == 0
+    assert all(r.isl_target + r.osl_target <= 4096 for r in res.records)
+    assert len(res.records) == 5
+    clip = await run_bench(BenchConfig(url=upstream.url, trace=str(packaged_trace()), time_scale=0.0,
+                                       max_requests=4, long_requests="clip", max_context=2000))
+    assert clip.clipped == 4 and all(r.isl_target + r.osl_target <= 2000 for r in clip.records)
+
+
+async def test_rate_schedule_is_followed(upstream: Upstream) -> None:
+    res = await run_bench(BenchConfig(url=upstream.url, isl="5", osl="2", num_requests=6, rate=100.0,
+                                      arrival="constant"))
+    recs = sorted(res.records, key=lambda r: r.index)
+    assert [r.scheduled_ns for r in recs] == [i * 10_000_000 for i in range(6)]
+    sends = [r.send_ns - recs[0].send_ns for r in recs]
+    assert sends[-1] >= 50_000_000  # not sent before due
+
+
+async def test_user_errors(upstream: Upstream) -> None:
+    with pytest.raises(ValueError, match="cannot reach"):
+        await run_bench(BenchConfig(url="http://127.0.0.1:9", num_requests=1))
+    with pytest.raises(ValueError, match="chat or completions"):
+        BenchConfig(url=upstream.url, endpoint="embeddings")
+    with pytest.raises(ValueError, match="uniform"):
+        BenchConfig(url=upstream.url, isl="uniform:3")
