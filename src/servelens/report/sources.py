@@ -221,7 +221,7 @@ def report_from_prometheus(
     ``buckets`` None: discover the bucket labels on the server (ordered numerically).
     Raises ValueError (a bad URL or window, an unreachable server, a rejected query).
     """
-    window_s = parse_duration_s(window)
+    parse_duration_s(window)  # a bad window is a one-line error before any query
     client = PromClient(url, timeout_s)
     at = time.time() if end_s is None else end_s
     m = model_matcher(model)
@@ -239,7 +239,7 @@ def report_from_prometheus(
     rows.append(_prom_row(client, names, None, window, m, at))
     series: tuple[TimeSeries, ...] = ()
     if range_s:
-        step = max(range_s / 240, 1.0, window_s / 10)
+        step = max(range_s / 240, 1.0)
         series = prometheus_p95_over_time(client, names, labels, window, m, at - range_s, at, step)
     return Report(tuple(rows), series, f"Prometheus API {url}, window {window}")
 

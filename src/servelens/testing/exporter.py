@@ -1,0 +1,89 @@
+"""A ``/metrics`` endpoint for tests: a :class:`~servelens.prometheus.frontend.FrontendMetrics`
+served over HTTP on 127.0.0.1, fed with synthetic requests whose exact values are known."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+
+from servelens.core.buckets import IslBuckets
+from servelens.core.summary import RequestSample
+from servelens.core.timing import NS_PER_S
+from servelens.prometheus.frontend import FrontendMetrics
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+@contextmanager
+def serve_metrics(metrics: FrontendMetrics) -> Iterator[str]:
+    """Serve ``metrics.exposition()`` at ``http://127.0.0.1:PORT/metrics`` (free port) until exit.
+
+    Yields the metrics URL; the server thread is shut down on exit.
+    """
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path.split("?")[0] != "/metrics":
+                self.send_error(404)
+                return
+            body = metrics.exposition()
+            self.send_response(200)
+            self.send_header("Content-Type", CONTENT_TYPE)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:  # quiet
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, name="servelens-test-exporter", daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+def synthetic_samples(
+    n: int, buckets: IslBuckets, seed: int = 0, tokens: int = 8, ttft_per_token_s: float = 40e-6
+) -> list[RequestSample]:
+    """``n`` successful requests spread over every bucket: TTFT grows with ISL (about
+    ``ttft_per_token_s`` per prompt token, log-normal noise), ``tokens`` output tokens with
+    log-normal ITL around 20 ms, cached tokens half the ISL."""
+    rng = np.random.default_rng(seed)
+    upper = [*buckets.boundaries, buckets.boundaries[-1] * 2]
+    lower = [1, *(b + 1 for b in buckets.boundaries)]
+    out = []
+    for i in range(n):
+        k = i % len(upper)
+        isl = int(rng.integers(lower[k], upper[k] + 1))
+        ttft = float(isl * ttft_per_token_s * rng.lognormal(0.0, 0.35)) + 0.002
+        itl = tuple(float(x) for x in 0.02 * rng.lognormal(0.0, 0.3, size=tokens - 1))
+        out.append(RequestSample(isl=isl, ok=True, ttft_s=ttft, itl_s=itl, cached_tokens=isl // 2))
+    return out
+
+
+def feed(metrics: FrontendMetrics, samples: Sequence[RequestSample], model: str = "test-model") -> None:
+    """Record each sample as a streamed request (one token per chunk) on ``metrics``, with
+    synthetic integer timestamps (no clock reads), so the exported histograms hold exactly
+    these TTFT, ITL and cached-token values."""
+    t = 0
+    for s in samples:
+        req = metrics.begin(model, "chat_completions", "stream", arrival_ns=t)
+        assert s.ttft_s is not None
+        now = t + round(s.ttft_s * NS_PER_S)
+        req.output(now, 1)
+        for gap in s.itl_s:
+            now += round(gap * NS_PER_S)
+            req.output(now, 1)
+        req.finish(now + 1000, "success" if s.ok else "error", "" if s.ok else "internal",
+                   isl=s.isl, osl=1 + len(s.itl_s), cached_tokens=s.cached_tokens)
+        t = now + NS_PER_S // 100
