@@ -15,11 +15,13 @@ The truth clock is ``time.perf_counter_ns()`` of this process, so timestamps tak
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from servelens.core.sse import SSEBlock, SSEDecoder
 from servelens.sim.scheduler import Engine, StepLoop
 from servelens.sim.server import RunningServer, SimConfig, start_server
 from servelens.sim.truth import TruthRecord
@@ -92,3 +94,56 @@ async def run_sim(**overrides: Any) -> AsyncIterator[SimHandle]:
         yield SimHandle(server.url, config.model, config, server)
     finally:
         await server.stop()
+
+
+@dataclass(frozen=True)
+class StreamCapture:
+    """A whole HTTP response as the client received it.
+
+    Attributes:
+        status: HTTP status.
+        headers: response headers (lower-case names).
+        reads: the body as delivered to the client, one entry per read (dechunked).
+        blocks: the SSE blocks of the body (decoded with :class:`~servelens.core.sse.SSEDecoder`).
+        headers_ns, read_ns: ``perf_counter_ns`` when the headers and each read arrived.
+    """
+
+    status: int
+    headers: dict[str, str]
+    reads: tuple[bytes, ...]
+    blocks: tuple[SSEBlock, ...]
+    headers_ns: int
+    read_ns: tuple[int, ...]
+
+    @property
+    def body(self) -> bytes:
+        """All reads joined."""
+        return b"".join(self.reads)
+
+    @property
+    def data(self) -> list[str]:
+        """The ``data`` of every block that has one."""
+        return [b.data for b in self.blocks if b.data is not None]
+
+
+async def capture(url: str, body: dict[str, Any], headers: dict[str, str] | None = None,
+                  timeout: float = 10.0) -> StreamCapture:
+    """POST ``body`` as JSON to ``url`` and record the response read by read (bounded by ``timeout``)."""
+    import aiohttp
+
+    reads: list[bytes] = []
+    read_ns: list[int] = []
+    dec = SSEDecoder()
+    blocks: list[SSEBlock] = []
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s,
+        s.post(url, json=body, headers=headers or {}) as r,
+    ):
+        headers_ns = time.perf_counter_ns()
+        async for data in r.content.iter_any():
+            read_ns.append(time.perf_counter_ns())
+            reads.append(data)
+            blocks.extend(dec.decode(data))
+        blocks.extend(dec.flush())
+        return StreamCapture(r.status, {k.lower(): v for k, v in r.headers.items()}, tuple(reads),
+                             tuple(blocks), headers_ns, tuple(read_ns))
