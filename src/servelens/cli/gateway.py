@@ -1,0 +1,80 @@
+"""``servelens gateway``: the measuring reverse proxy in front of an OpenAI-compatible engine."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from servelens.gateway.config import CONTINUOUS_USAGE_MODES, GatewayConfig, load_config_file
+from servelens.gateway.server import run as run_server
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``servelens gateway``."""
+    p = subparsers.add_parser(
+        "gateway", help="run the measuring OpenAI-compatible proxy",
+        description="A streaming reverse proxy for OpenAI-compatible servers (vLLM, SGLang, Dynamo, TGI, "
+        "llama.cpp, the sim) that records TTFT/ITL/duration/ISL/OSL/cached tokens per model and ISL bucket "
+        "and serves them at /metrics. Flags given here override the --config file.",
+    )
+    p.add_argument("--upstream", metavar="URL", help="the engine's base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--config", metavar="FILE", help="YAML file (models -> upstreams and any setting below)")
+    p.add_argument("--model", action="append", metavar="NAME", dest="models",
+                   help="a model served by --upstream (repeatable; default: what its /v1/models lists)")
+    p.add_argument("--host", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (0: pick a free one; default 8080)")
+    p.add_argument("--isl-buckets", metavar="B1,B2,...",
+                   help="ISL bucket upper bounds in tokens (default 512,1024,2048,4096,8192,16384; 'off' disables)")
+    p.add_argument("--metrics-prefix", metavar="P", help="metric name prefix (default servelens; "
+                   "dynamo_frontend gives Dynamo's names)")
+    p.add_argument("--by-isl-only", action="store_true", default=None,
+                   help="export only the by-ISL families and the assignment counter (sidecar mode)")
+    p.add_argument("--continuous-usage", choices=CONTINUOUS_USAGE_MODES,
+                   help="add stream_options.continuous_usage_stats for exact tokens per chunk: auto (default: "
+                   "add it, and stop for an upstream that rejects it), on, off")
+    p.add_argument("--no-usage-injection", dest="inject_usage", action="store_false", default=None,
+                   help="never add stream_options.include_usage to client streams")
+    p.add_argument("--tokenizer", metavar="PATH", help="tokenizer.json to count prompt tokens at arrival")
+    p.add_argument("--request-log", metavar="PATH", help="append one JSON line per measured request")
+    p.add_argument("--max-body-bytes", type=int, help="request body limit (default 16 MiB; 413 above)")
+    p.add_argument("--connect-timeout", type=float, dest="connect_timeout_s", metavar="S",
+                   help="upstream connect timeout (default 10 s)")
+    p.add_argument("--response-timeout", type=float, dest="response_timeout_s", metavar="S",
+                   help="wait for the upstream's response headers / unary body (default 600 s; 504 after)")
+    p.add_argument("--read-timeout", type=float, dest="read_timeout_s", metavar="S",
+                   help="longest silence inside a stream (default 600 s)")
+    p.add_argument("--models-refresh", type=float, dest="models_refresh_s", metavar="S",
+                   help="re-poll the upstream's /v1/models every S seconds (default 30; 0: never)")
+    p.add_argument("--no-uvloop", action="store_true", help="use the default asyncio loop")
+    p.set_defaults(func=run)
+
+
+_FLAGS = (
+    "upstream", "host", "port", "isl_buckets", "metrics_prefix", "by_isl_only", "continuous_usage",
+    "inject_usage", "tokenizer", "request_log", "max_body_bytes", "connect_timeout_s", "response_timeout_s",
+    "read_timeout_s", "models_refresh_s",
+)
+
+
+def config_from_args(args: argparse.Namespace) -> GatewayConfig:
+    """The :class:`GatewayConfig` for parsed arguments (flags override the file). Raises ValueError."""
+    values: dict[str, Any] = load_config_file(args.config) if args.config else {}
+    values.setdefault("port", 8080)
+    for name in _FLAGS:
+        v = getattr(args, name)
+        if v is not None:
+            values[name] = v
+    if args.models:
+        if not values.get("upstream"):
+            raise ValueError("--model needs --upstream")
+        values["models"] = list(args.models)
+    if not values.get("upstream") and not values.get("models"):
+        raise ValueError("give --upstream URL (or a --config file that maps models to upstreams)")
+    return GatewayConfig.from_mapping(values)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run until SIGINT/SIGTERM. Returns 0."""
+    config = config_from_args(args)
+    run_server(config, use_uvloop=not args.no_uvloop)
+    return 0

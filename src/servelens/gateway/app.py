@@ -1,0 +1,630 @@
+"""The gateway: an aiohttp reverse proxy for OpenAI-compatible servers that measures every request.
+
+Routes:
+
+* ``POST /v1/chat/completions``, ``POST /v1/completions``: relayed and measured (streaming and
+  unary). Streams are written to the client chunk by chunk as they arrive, byte for byte;
+  the only change is the removal of usage the gateway injected (:mod:`servelens.gateway.usage`).
+* ``GET /v1/models``: the upstream's list (merged over upstreams when models are mapped to
+  several); other ``/v1/*`` paths: passed through unmeasured.
+* ``GET /metrics`` (Prometheus text), ``GET /health`` (the gateway), ``GET /ready`` (every
+  upstream answers ``/v1/models`` with a status below 500).
+
+Request and response headers are forwarded except hop-by-hop ones; ``Authorization`` passes
+through and is never logged. Measured requests ask the upstream for an uncompressed body.
+
+Outcomes, counted once each in ``requests_total`` (Dynamo's ``error_type`` vocabulary):
+invalid JSON or a missing ``model`` -> 400 ``validation``; body over ``max_body_bytes`` -> 413
+``validation``; unknown model -> 404 ``not_found`` under ``model="unknown_model"`` (502
+``unavailable`` there when the upstream's model list cannot be fetched); upstream unreachable ->
+502 ``unavailable``; no response headers (or body, for unary) within ``response_timeout_s``, or
+silence over ``read_timeout_s`` -> 504 ``response_timeout``; upstream 400/4xx -> ``validation``,
+404 -> ``not_found``, 429 and 503 -> ``overload``, other 5xx -> ``backend_error`` (the upstream's
+status and body are relayed); an ``error`` object or malformed chunk inside a 200 stream ->
+``backend_error``; a stream ending with neither ``finish_reason`` nor ``[DONE]``, or cut by the
+upstream -> ``truncated_stream`` (a cut is passed on: the client connection is closed without the
+final chunk); the client going away -> ``cancelled`` (the upstream request is closed at once, so
+the engine stops generating); a bug of ours -> 500 ``internal``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import msgspec
+from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from servelens.core.openai import error_body, parse_response
+from servelens.core.state import LiveRequest
+from servelens.gateway.config import GatewayConfig
+from servelens.gateway.models import ModelRouter
+from servelens.gateway.prompt import PromptCounter
+from servelens.gateway.relay import StreamMeter
+from servelens.gateway.requestlog import RequestLog, RequestLogEntry
+from servelens.gateway.usage import (
+    STRIP_CONTINUOUS,
+    STRIP_CONTINUOUS_NULL,
+    STRIP_NONE,
+    Injection,
+    plan_injection,
+)
+from servelens.prometheus import FrontendMetrics
+
+log = logging.getLogger("servelens.gateway")
+
+_now = time.perf_counter_ns
+_decode_json = msgspec.json.Decoder().decode
+
+HOP_BY_HOP = frozenset(
+    {
+        "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
+        "te", "trailer", "trailers", "transfer-encoding", "upgrade",
+    }
+)
+_REQ_DROP = HOP_BY_HOP | {"host", "content-length", "expect"}
+_RESP_DROP = HOP_BY_HOP | {"content-length"}
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("servelens_gateway")
+
+
+def _dropped(headers: CIMultiDictProxy[str], base: frozenset[str]) -> frozenset[str]:
+    conn = headers.get("Connection")
+    if not conn:
+        return base
+    return base | {t.strip().lower() for t in conn.split(",") if t.strip()}
+
+
+def forward_request_headers(headers: CIMultiDictProxy[str], measured: bool) -> CIMultiDict[str]:
+    """Client request headers to send upstream: hop-by-hop, Host and Content-Length removed.
+
+    ``measured``: also ask for an uncompressed body (the gateway reads the stream).
+    """
+    drop = _dropped(headers, _REQ_DROP)
+    out: CIMultiDict[str] = CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in drop)
+    if measured:
+        out["Accept-Encoding"] = "identity"
+        if "Content-Type" not in out:
+            out["Content-Type"] = "application/json"
+    return out
+
+
+def forward_response_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
+    """Upstream response headers to send to the client: hop-by-hop and Content-Length removed."""
+    drop = _dropped(headers, _RESP_DROP)
+    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in drop)
+
+
+def openai_error(status: int, message: str, type_: str, code: str | int | None = None) -> web.Response:
+    """An OpenAI-format error response ``{"error": {"message", "type", "param", "code"}}``."""
+    return web.Response(
+        status=status, body=error_body(message, type_, code), content_type="application/json"
+    )
+
+
+def error_type_for_status(status: int) -> str:
+    """Dynamo ``error_type`` for an upstream HTTP error status."""
+    if status == 404:
+        return "not_found"
+    if status in (429, 503):
+        return "overload"
+    if status in (408, 504):
+        return "response_timeout"
+    if status >= 500:
+        return "backend_error"
+    return "validation"
+
+
+@dataclass
+class _Outcome:
+    """Mutable result of one measured request, filled in as it goes."""
+
+    status: str = "error"
+    error_type: str = "internal"
+    http_status: int = 500
+    upstream_request_id: str | None = None
+    osl: int | None = None
+    osl_source: str = "usage"
+    cached_tokens: int | None = None
+    isl_source: str = "unknown"
+
+    def fail(self, error_type: str, http_status: int) -> None:
+        self.status = "error"
+        self.error_type = error_type
+        self.http_status = http_status
+
+
+class _UpstreamFailed(Exception):
+    """The upstream could not be reached or did not answer in time (before any response)."""
+
+    def __init__(self, error_type: str, message: str) -> None:
+        super().__init__(message)
+        self.error_type = error_type
+
+
+class Gateway:
+    """Gateway state and handlers; :attr:`app` is the aiohttp application.
+
+    Args:
+        config: the configuration.
+        metrics: metrics to record into (default: built from ``config``: prefix, buckets,
+            ``max_models``, stock families unless ``by_isl_only``).
+
+    Raises ValueError for a tokenizer that cannot be loaded; OSError for a request log that
+    cannot be opened.
+    """
+
+    def __init__(self, config: GatewayConfig, metrics: FrontendMetrics | None = None) -> None:
+        self.config = config
+        self.metrics = metrics or FrontendMetrics(
+            prefix=config.metrics_prefix,
+            isl_buckets=config.isl_buckets,
+            max_models=config.max_models,
+            stock=not config.by_isl_only,
+        )
+        self.router = ModelRouter(config, self.metrics)
+        self.prompt_counter = PromptCounter(config.tokenizer) if config.tokenizer else None
+        self.request_log = RequestLog(config.request_log) if config.request_log else None
+        # per upstream, learned in "auto" mode: may stream_options / continuous_usage_stats be sent
+        self.stream_options_ok: dict[str, bool] = {}
+        self.continuous_ok: dict[str, bool] = {}
+        # per upstream: sends "usage": null on chunks of an include_usage stream (None: not known yet)
+        self.usage_null: dict[str, bool] = {}
+        self._session: aiohttp.ClientSession | None = None
+        self.finished_total = 0
+        """Measured requests finished (each counted once in requests_total)."""
+        self._finished_event: asyncio.Event | None = None
+        self.app = self._build_app()
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def _build_app(self) -> web.Application:
+        app = web.Application(client_max_size=self.config.max_body_bytes)
+        app[GATEWAY_KEY] = self
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_get("/v1/models", self.list_models)
+        app.router.add_get("/metrics", self.metrics_handler)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/ready", self.ready)
+        app.router.add_route("*", "/v1/{tail:.*}", self.passthrough)
+        app.cleanup_ctx.append(self._lifecycle)
+        return app
+
+    async def _lifecycle(self, app: web.Application) -> AsyncIterator[None]:
+        cfg = self.config
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0, ttl_dns_cache=300)
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=None, connect=cfg.connect_timeout_s, sock_read=cfg.read_timeout_s),
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent", "Accept-Encoding"),
+        )
+        result = await self.router.poll(self._session)
+        if result is not None and not result.ok:
+            log.warning("cannot list models at %s yet: %s (will retry)", cfg.upstream, result.error)
+        refresher = asyncio.create_task(self.router.refresh_forever(self._session))
+        try:
+            yield
+        finally:
+            refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await refresher
+            await self._session.close()
+            if self.request_log is not None:
+                self.request_log.close()
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """The upstream client session (exists while the app runs)."""
+        if self._session is None:
+            raise RuntimeError("gateway is not running")
+        return self._session
+
+    # -- plain endpoints -------------------------------------------------------------------
+    async def health(self, request: web.Request) -> web.Response:
+        """``GET /health``: the gateway itself is up."""
+        return web.json_response({"status": "ok"})
+
+    async def ready(self, request: web.Request) -> web.Response:
+        """``GET /ready``: 200 when every upstream answers ``/v1/models`` below 500, else 503."""
+
+        async def probe(url: str) -> str:
+            try:
+                async with asyncio.timeout(2.0), self.session.get(f"{url}/v1/models") as resp:
+                    await resp.read()
+                    return "ok" if resp.status < 500 else f"HTTP {resp.status}"
+            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                return f"unreachable: {type(exc).__name__}"
+
+        ups = self.config.upstreams
+        states = await asyncio.gather(*(probe(u) for u in ups))
+        ok = all(s == "ok" for s in states)
+        return web.json_response(
+            {"status": "ready" if ok else "not ready", "upstreams": dict(zip(ups, states, strict=True))},
+            status=200 if ok else 503,
+        )
+
+    async def metrics_handler(self, request: web.Request) -> web.Response:
+        """``GET /metrics``: Prometheus text exposition of the gateway's metrics."""
+        return web.Response(body=self.metrics.exposition(), headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+    async def list_models(self, request: web.Request) -> web.StreamResponse:
+        """``GET /v1/models``: passed through (one upstream) or merged (models on several)."""
+        if len(self.config.upstreams) == 1:
+            return await self.passthrough(request)
+        data: list[dict[str, Any]] = []
+        seen: set[str] = set()
+        headers = forward_request_headers(request.headers, measured=False)
+        for url in self.config.upstreams:
+            try:
+                async with asyncio.timeout(5.0), self.session.get(f"{url}/v1/models", headers=headers) as resp:
+                    obj = _decode_json(await resp.read()) if resp.status == 200 else {}
+            except (aiohttp.ClientError, OSError, TimeoutError, msgspec.DecodeError):
+                obj = {}
+            entries = obj.get("data") if isinstance(obj, dict) else None
+            for e in entries if isinstance(entries, list) else []:
+                mid = e.get("id") if isinstance(e, dict) else None
+                if isinstance(mid, str) and self.router.lookup(mid) == url and mid not in seen:
+                    seen.add(mid)
+                    data.append(e)
+        for name in self.router.routes:
+            if name not in seen:
+                data.append({"id": name, "object": "model", "owned_by": "servelens"})
+        return web.json_response({"object": "list", "data": data})
+
+    async def passthrough(self, request: web.Request) -> web.StreamResponse:
+        """Any other ``/v1/*`` request: forwarded unmeasured (routed by ``model`` when mapped)."""
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return self._too_large()
+        upstream = self.config.upstream or self.config.upstreams[0]
+        if body and len(self.config.upstreams) > 1:
+            with contextlib.suppress(msgspec.DecodeError):
+                obj = _decode_json(body)
+                if isinstance(obj, dict) and isinstance(obj.get("model"), str):
+                    upstream = self.router.lookup(obj["model"]) or upstream
+        headers = forward_request_headers(request.headers, measured=False)
+        try:
+            async with asyncio.timeout(self.config.response_timeout_s):
+                up = await self.session.request(
+                    request.method, f"{upstream}{request.rel_url}", data=body or None, headers=headers
+                )
+        except TimeoutError:
+            return openai_error(504, "upstream did not answer in time", "server_error", "upstream_timeout")
+        except (aiohttp.ClientError, OSError) as exc:
+            return openai_error(502, f"upstream unreachable: {type(exc).__name__}", "server_error",
+                                "upstream_unavailable")
+        try:
+            resp = web.StreamResponse(status=up.status, reason=up.reason, headers=forward_response_headers(up.headers))
+            await resp.prepare(request)
+            while True:
+                try:
+                    data = await up.content.readany()
+                except (aiohttp.ClientError, OSError, TimeoutError):
+                    request_gone(request)
+                    return resp
+                if not data:
+                    break
+                await resp.write(data)
+            await resp.write_eof()
+            return resp
+        finally:
+            up.close()
+
+    # -- measured endpoints ----------------------------------------------------------------
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        """``POST /v1/chat/completions`` (measured)."""
+        return await self._measured(request, "chat_completions")
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        """``POST /v1/completions`` (measured)."""
+        return await self._measured(request, "completions")
+
+    def _too_large(self) -> web.Response:
+        return openai_error(
+            413, f"request body is larger than {self.config.max_body_bytes} bytes", "invalid_request_error",
+            "request_too_large",
+        )
+
+    async def _measured(self, request: web.Request, endpoint: str) -> web.StreamResponse:
+        arrival_ns = _now()
+        state = self.metrics.state
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            state.count_unknown_model(endpoint, "unary", "validation")
+            return self._too_large()
+        try:
+            obj = _decode_json(body)
+        except msgspec.DecodeError:
+            obj = None
+        if not isinstance(obj, dict):
+            state.count_unknown_model(endpoint, "unary", "validation")
+            return openai_error(400, "request body must be a JSON object", "invalid_request_error", "invalid_json")
+        stream = obj.get("stream") is True
+        request_type = "stream" if stream else "unary"
+        model = obj.get("model")
+        if not isinstance(model, str) or not model:
+            state.count_unknown_model(endpoint, request_type, "validation")
+            return openai_error(400, "'model' is required (a string)", "invalid_request_error", "missing_model")
+        upstream = await self.router.resolve(model, self.session)
+        if upstream is None:
+            if self.router.upstream_down:
+                state.count_unknown_model(endpoint, request_type, "unavailable")
+                return openai_error(502, "upstream unreachable: cannot list its models", "server_error",
+                                    "upstream_unavailable")
+            state.count_unknown_model(endpoint, request_type, "not_found")
+            return openai_error(404, f"The model '{model}' does not exist.", "invalid_request_error",
+                                "model_not_found")
+        live = self.metrics.begin(model, endpoint, request_type, arrival_ns)
+        out = _Outcome()
+        if self.prompt_counter is not None:
+            self._count_prompt(obj, live)
+        try:
+            url = f"{upstream}{request.path}"
+            if stream:
+                return await self._stream(request, live, out, obj, body, upstream, url)
+            return await self._unary(request, live, out, body, url)
+        except asyncio.CancelledError:
+            out.fail("cancelled", 499)
+            state.client_disconnected()
+            raise
+        except _UpstreamFailed as exc:
+            if exc.error_type == "response_timeout":
+                out.fail("response_timeout", 504)
+                return openai_error(504, str(exc), "server_error", "upstream_timeout")
+            out.fail("unavailable", 502)
+            return openai_error(502, str(exc), "server_error", "upstream_unavailable")
+        except Exception:
+            log.exception("internal error relaying %s request", endpoint)
+            out.fail("internal", 500)
+            return openai_error(500, "internal error in the servelens gateway", "server_error", "internal")
+        finally:
+            self._finish(live, out)
+
+    def _count_prompt(self, obj: dict[str, Any], live: LiveRequest) -> None:
+        counter = self.prompt_counter
+        assert counter is not None
+        fut = asyncio.get_running_loop().run_in_executor(None, counter.count, obj)
+
+        def done(f: asyncio.Future[int | None]) -> None:
+            if f.cancelled() or f.exception() is not None:
+                return
+            n = f.result()
+            if n is not None and not live.finished:
+                live.set_isl(n, "tokenizer")
+
+        fut.add_done_callback(done)
+
+    async def wait_finished(self, n: int, timeout: float = 5.0) -> None:
+        """Wait until at least ``n`` measured requests have finished. Raises TimeoutError."""
+        async with asyncio.timeout(timeout):
+            while self.finished_total < n:
+                if self._finished_event is None:
+                    self._finished_event = asyncio.Event()
+                await self._finished_event.wait()
+
+    def _finish(self, live: LiveRequest, out: _Outcome) -> None:
+        rec = live.finish(
+            _now(), out.status, "" if out.status == "success" else out.error_type,
+            osl=out.osl, cached_tokens=out.cached_tokens, isl_source=out.isl_source,
+        )
+        self.finished_total += 1
+        ev = self._finished_event
+        if ev is not None:
+            self._finished_event = None
+            ev.set()
+        if self.request_log is not None:
+            src = live.isl_source
+            self.request_log.write(RequestLogEntry(
+                upstream_request_id=out.upstream_request_id,
+                model=live.model,
+                endpoint=live.endpoint,
+                request_type=live.request_type,
+                isl=rec.isl,
+                isl_source=src,
+                bucket=live.bucket_label,
+                ttft_s=rec.ttft_s,
+                duration_s=rec.duration_s,
+                osl=rec.osl,
+                osl_source=out.osl_source if rec.osl is not None else "unknown",
+                cached_tokens=rec.cached_tokens,
+                output_chunks=rec.output_chunks,
+                status=rec.status,
+                error_type=rec.error_type,
+                http_status=out.http_status,
+            ))
+
+    async def _send(self, url: str, body: bytes, headers: CIMultiDict[str]) -> aiohttp.ClientResponse:
+        """POST upstream and wait for the response headers (``response_timeout_s``)."""
+        try:
+            async with asyncio.timeout(self.config.response_timeout_s):
+                return await self.session.post(url, data=body, headers=headers)
+        except TimeoutError:
+            raise _UpstreamFailed("response_timeout", "upstream did not answer in time") from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise _UpstreamFailed("unavailable", f"upstream unreachable: {type(exc).__name__}") from None
+
+    async def _error_reply(self, up: aiohttp.ClientResponse, out: _Outcome) -> web.Response:
+        """Relay an upstream error response (status, headers, body) unchanged."""
+        try:
+            async with asyncio.timeout(self.config.response_timeout_s):
+                body = await up.read()
+        except TimeoutError:
+            raise _UpstreamFailed("response_timeout", "upstream did not answer in time") from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise _UpstreamFailed("unavailable", f"upstream failed: {type(exc).__name__}") from None
+        out.fail(error_type_for_status(up.status), up.status)
+        return web.Response(status=up.status, reason=up.reason, body=body,
+                            headers=forward_response_headers(up.headers))
+
+    def _plan(self, obj: dict[str, Any], body: bytes, upstream: str) -> tuple[Injection, bool]:
+        """What to add to a stream request, and whether this request teaches ``usage_null``."""
+        cfg = self.config
+        inject = cfg.inject_usage and self.stream_options_ok.get(upstream, True)
+        continuous = cfg.continuous_usage == "on" or (
+            cfg.continuous_usage == "auto" and self.continuous_ok.get(upstream, True)
+        )
+        null = self.usage_null.get(upstream)
+        inj = plan_injection(obj, body, inject_usage=inject, continuous=continuous, null_usage=bool(null))
+        if null is None and inj.strip in (STRIP_CONTINUOUS, STRIP_CONTINUOUS_NULL):
+            # the client wants include_usage only: learn how this upstream marks "no usage here"
+            # from this one request, sent without continuous_usage_stats
+            return plan_injection(obj, body, inject_usage=inject, continuous=False), True
+        return inj, False
+
+    async def _unary(
+        self, request: web.Request, live: LiveRequest, out: _Outcome, body: bytes, url: str
+    ) -> web.StreamResponse:
+        headers = forward_request_headers(request.headers, measured=True)
+        up = await self._send(url, body, headers)
+        try:
+            out.upstream_request_id = up.headers.get("x-request-id")
+            if up.status != 200:
+                return await self._error_reply(up, out)
+            try:
+                async with asyncio.timeout(self.config.response_timeout_s):
+                    data = await up.read()
+            except TimeoutError:
+                raise _UpstreamFailed("response_timeout", "upstream did not answer in time") from None
+            except (aiohttp.ClientError, OSError) as exc:
+                raise _UpstreamFailed("unavailable", f"upstream failed: {type(exc).__name__}") from None
+            info = parse_response(data)
+            if info.error is not None or info.malformed:
+                out.fail("backend_error", 200)
+            else:
+                out.status, out.error_type, out.http_status = "success", "", 200
+                usage = info.usage
+                if usage is not None:
+                    if usage.prompt_tokens is not None:
+                        live.set_isl(usage.prompt_tokens, "final_usage")
+                    out.osl = usage.completion_tokens
+                    out.cached_tokens = usage.cached_tokens
+            return web.Response(status=up.status, reason=up.reason, body=data,
+                                headers=forward_response_headers(up.headers))
+        finally:
+            up.close()
+
+    async def _stream(
+        self, request: web.Request, live: LiveRequest, out: _Outcome, obj: dict[str, Any], body: bytes,
+        upstream: str, url: str,
+    ) -> web.StreamResponse:
+        headers = forward_request_headers(request.headers, measured=True)
+        inj, learn = self._plan(obj, body, upstream)
+        up = await self._send(url, inj.body, headers)
+        if up.status == 400 and inj.body is not body and self.config.continuous_usage != "on":
+            inj, learn, up = await self._retry_without_injection(obj, body, upstream, url, headers, inj, learn, up)
+        try:
+            out.upstream_request_id = up.headers.get("x-request-id")
+            if up.status != 200:
+                return await self._error_reply(up, out)
+            meter = StreamMeter(live, inj.strip)
+            resp = await self._relay(request, out, up, meter)
+            if learn and out.status == "success" and meter.usage_key_on_chunks is not None:
+                self.usage_null[upstream] = meter.usage_key_on_chunks
+            return resp
+        finally:
+            up.close()
+
+    async def _retry_without_injection(
+        self, obj: dict[str, Any], body: bytes, upstream: str, url: str, headers: CIMultiDict[str],
+        inj: Injection, learn: bool, up: aiohttp.ClientResponse,
+    ) -> tuple[Injection, bool, aiohttp.ClientResponse]:
+        """An upstream rejected what we added (400 naming the field): learn it and resend once."""
+        try:
+            async with asyncio.timeout(self.config.response_timeout_s):
+                text = await up.read()
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            return inj, learn, up
+        if inj.continuous and b"continuous_usage_stats" in text:
+            self.continuous_ok[upstream] = False
+            log.info("upstream %s rejects continuous_usage_stats; not sending it again", upstream)
+        elif b"stream_options" in text or b"include_usage" in text:
+            self.stream_options_ok[upstream] = False
+            log.info("upstream %s rejects stream_options; token counts only when clients ask", upstream)
+        else:
+            return inj, learn, up  # a genuine client error: relay it (body already read, still readable)
+        up.close()
+        inj, learn = self._plan(obj, body, upstream)
+        return inj, learn, await self._send(url, inj.body, headers)
+
+    async def _relay(
+        self, request: web.Request, out: _Outcome, up: aiohttp.ClientResponse, meter: StreamMeter
+    ) -> web.StreamResponse:
+        """Relay a 200 stream chunk by chunk, measuring it on the way."""
+        resp = web.StreamResponse(status=up.status, reason=up.reason, headers=forward_response_headers(up.headers))
+        strip = meter.strip != STRIP_NONE
+        out.fail("cancelled", 499)  # until the stream ends one way or the other
+        try:
+            await resp.prepare(request)
+        except ConnectionError:
+            request_gone(request)
+            return resp
+        write = resp.write
+        feed = meter.feed
+        readany = up.content.readany
+        cut: str | None = None
+        try:
+            while True:
+                try:
+                    data = await readany()
+                except TimeoutError:
+                    cut = "response_timeout"
+                    break
+                except (aiohttp.ClientError, OSError):
+                    cut = "truncated_stream"
+                    break
+                t = _now()
+                if not data:
+                    tail = meter.end(t)
+                    if tail:
+                        await write(tail)
+                    break
+                if strip:
+                    chunk = feed(t, data)
+                    if chunk:
+                        await write(chunk)
+                else:
+                    await write(data)
+                    feed(t, data)
+        except ConnectionError:  # the client went away (a write failed)
+            self.metrics.state.client_disconnected()
+            return resp
+        except Exception:  # a bug of ours after the headers went out: cut the stream
+            log.exception("internal error relaying a stream")
+            out.fail("internal", 200)
+            request_gone(request)
+            return resp
+        out.osl = meter.osl
+        out.osl_source = "usage" if meter.osl_from_usage else "chunks"
+        out.cached_tokens = meter.cached_tokens
+        if cut is not None:
+            meter.end(_now())
+            out.fail(cut, 200)
+            request_gone(request)  # pass the cut on: no final chunk
+            return resp
+        out.status, out.error_type = meter.outcome()
+        out.http_status = 200
+        with contextlib.suppress(ConnectionError):
+            await resp.write_eof()
+        return resp
+
+
+def request_gone(request: web.Request) -> None:
+    """Close what is left of a client connection that failed."""
+    if request.transport is not None:
+        request.transport.close()
+
+
+def build_app(config: GatewayConfig, metrics: FrontendMetrics | None = None) -> web.Application:
+    """The aiohttp application of a new :class:`Gateway` (its :data:`GATEWAY_KEY` holds the gateway)."""
+    return Gateway(config, metrics).app

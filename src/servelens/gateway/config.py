@@ -1,0 +1,253 @@
+"""Gateway configuration: a frozen value built from CLI flags and/or a YAML file.
+
+YAML file shape (every key optional; CLI flags given explicitly override it)::
+
+    upstream: http://127.0.0.1:8000        # default upstream (its /v1/models is polled
+                                           # when no models are listed below)
+    models:                                # model name -> upstream base URL
+      llama-3-8b: http://127.0.0.1:8000
+      qwen-7b: {upstream: http://127.0.0.1:8001}
+    isl_buckets: 512,1024,2048,4096,8192,16384   # or a list; "" or off disables by-ISL series
+    metrics_prefix: servelens
+    continuous_usage: auto                 # auto | on | off
+    by_isl_only: false
+    tokenizer: /path/to/tokenizer.json
+    request_log: /tmp/requests.jsonl
+    max_body_bytes: 16777216
+    connect_timeout_s: 10
+    response_timeout_s: 600
+    read_timeout_s: 600
+    models_refresh_s: 30
+
+Upstream URLs are base URLs (``http://host:port``); a trailing ``/v1`` (the OpenAI SDK's
+``base_url`` habit) is accepted and removed, since the gateway forwards the client's ``/v1/...``
+path unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import yaml
+
+from servelens.core.buckets import DEFAULT_ISL_BOUNDARIES, IslBuckets
+from servelens.prometheus.names import DEFAULT_PREFIX, check_prefix
+
+ContinuousUsage = Literal["auto", "on", "off"]
+CONTINUOUS_USAGE_MODES: tuple[str, ...] = ("auto", "on", "off")
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+_OFF_WORDS = ("", "off", "none", "no", "false")
+
+
+def normalize_upstream(url: str) -> str:
+    """Validate an upstream base URL and return it without trailing ``/`` or ``/v1``.
+
+    Raises ValueError (one line) unless it is an ``http``/``https`` URL with a host.
+    """
+    text = str(url).strip()
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"upstream URL must look like http://host:port, got {url!r}")
+    if parts.query or parts.fragment:
+        raise ValueError(f"upstream URL must not have a query or fragment, got {url!r}")
+    try:
+        parts.port  # noqa: B018 - validates the port number
+    except ValueError:
+        raise ValueError(f"upstream URL has a bad port: {url!r}") from None
+    text = text.rstrip("/")
+    if text.endswith("/v1"):
+        text = text[: -len("/v1")]
+    return text
+
+
+def parse_isl_spec(spec: Any) -> str | None:
+    """ISL boundaries from a flag/YAML value: ``"512,1024"``, a list, or off-words -> None.
+
+    Returns the canonical comma-separated spec. Raises ValueError on bad boundaries.
+    """
+    if spec is None:
+        return None
+    if isinstance(spec, bool):
+        if spec:
+            return IslBuckets.default().spec
+        return None
+    if isinstance(spec, str) and spec.strip().lower() in _OFF_WORDS:
+        return None
+    if isinstance(spec, int):
+        spec = [spec]
+    return IslBuckets.parse(spec).spec
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """Everything the gateway needs; validated on construction (ValueError, one line).
+
+    Attributes:
+        upstream: default upstream base URL (None when every model is mapped in ``models``).
+        models: ``(model name, upstream base URL)`` pairs named explicitly; when empty the
+            default upstream's ``GET /v1/models`` is polled and its models are registered.
+        isl_buckets: ISL boundaries spec (``"512,1024,..."``), None disables by-ISL series.
+        metrics_prefix: metric name prefix (``dynamo_frontend`` gives Dynamo's names).
+        by_isl_only: export only the by-ISL families and the assignment counter (sidecar mode).
+        continuous_usage: inject ``stream_options.continuous_usage_stats`` (exact tokens per
+            chunk for ITL): ``on`` always, ``off`` never, ``auto`` try it and, when an upstream
+            rejects it with a 400 naming the field, retry once without it and remember.
+        inject_usage: add ``stream_options.include_usage`` to streams that did not ask for it
+            (and strip it from what the client receives). Off: token counts come from the
+            client's own request only.
+        tokenizer: path of a ``tokenizer.json`` to count prompt tokens at arrival.
+        request_log: path of a JSONL per-request debug log (None: no log).
+        host, port: where to listen (port 0 picks a free port).
+        max_body_bytes: request bodies above this get 413.
+        connect_timeout_s: TCP connect to the upstream.
+        response_timeout_s: until the upstream's response headers (stream) or whole body (unary).
+        read_timeout_s: longest silence between two reads of a streaming body.
+        models_refresh_s: period of ``/v1/models`` re-polls (0 disables periodic polls).
+        repoll_min_interval_s: an unknown model triggers a re-poll at most this often.
+        max_models: cardinality guard: at most this many model names are registered.
+    """
+
+    upstream: str | None = None
+    models: tuple[tuple[str, str], ...] = ()
+    isl_buckets: str | None = IslBuckets(DEFAULT_ISL_BOUNDARIES).spec
+    metrics_prefix: str = DEFAULT_PREFIX
+    by_isl_only: bool = False
+    continuous_usage: ContinuousUsage = "auto"
+    inject_usage: bool = True
+    tokenizer: str | None = None
+    request_log: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 0
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    connect_timeout_s: float = 10.0
+    response_timeout_s: float = 600.0
+    read_timeout_s: float = 600.0
+    models_refresh_s: float = 30.0
+    repoll_min_interval_s: float = 2.0
+    max_models: int = 64
+    _upstreams: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.upstream is not None:
+            object.__setattr__(self, "upstream", normalize_upstream(self.upstream))
+        models: list[tuple[str, str]] = []
+        seen: set[str] = set()
+        for name, url in self.models:
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"model names must be non-empty strings, got {name!r}")
+            if name in seen:
+                raise ValueError(f"model {name!r} is listed twice")
+            seen.add(name)
+            models.append((name, normalize_upstream(url)))
+        object.__setattr__(self, "models", tuple(models))
+        if self.upstream is None and not models:
+            raise ValueError("no upstream: give --upstream URL or map models to upstreams in the config file")
+        object.__setattr__(self, "isl_buckets", parse_isl_spec(self.isl_buckets))
+        check_prefix(self.metrics_prefix)
+        if self.by_isl_only and self.isl_buckets is None:
+            raise ValueError("--by-isl-only needs ISL bucket boundaries (--isl-buckets)")
+        if self.continuous_usage not in CONTINUOUS_USAGE_MODES:
+            raise ValueError(
+                f"continuous_usage must be one of {', '.join(CONTINUOUS_USAGE_MODES)}, got {self.continuous_usage!r}"
+            )
+        if not 0 <= int(self.port) <= 65535:
+            raise ValueError(f"port must be 0..65535, got {self.port}")
+        if self.max_body_bytes < 1024:
+            raise ValueError(f"max_body_bytes must be at least 1024, got {self.max_body_bytes}")
+        for name in ("connect_timeout_s", "response_timeout_s", "read_timeout_s"):
+            if not float(getattr(self, name)) > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
+        if self.models_refresh_s < 0 or self.repoll_min_interval_s < 0:
+            raise ValueError("models_refresh_s and repoll_min_interval_s must be >= 0")
+        if self.max_models < 1:
+            raise ValueError(f"max_models must be >= 1, got {self.max_models}")
+        if self.tokenizer is not None and not Path(self.tokenizer).is_file():
+            raise ValueError(f"tokenizer file not found: {self.tokenizer}")
+        ups = [u for _, u in models]
+        if self.upstream is not None:
+            ups.insert(0, self.upstream)
+        object.__setattr__(self, "_upstreams", tuple(dict.fromkeys(ups)))
+
+    @property
+    def upstreams(self) -> tuple[str, ...]:
+        """Every distinct upstream base URL, the default one first."""
+        return self._upstreams
+
+    @property
+    def discover(self) -> bool:
+        """True when models come from the default upstream's ``/v1/models`` (none were named)."""
+        return not self.models
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> GatewayConfig:
+        """Build from a mapping (YAML file or keyword arguments); unknown keys raise ValueError.
+
+        ``models`` may be a mapping ``name -> URL | {upstream: URL}``, a list of names (served by
+        ``upstream``), or a list of ``(name, URL)`` pairs.
+        """
+        allowed = {f.name for f in fields(cls) if f.init}
+        unknown = sorted(set(values) - allowed)
+        if unknown:
+            raise ValueError(f"unknown gateway setting(s): {', '.join(unknown)}")
+        kwargs = dict(values)
+        if "models" in kwargs:
+            kwargs["models"] = _parse_models(kwargs["models"], kwargs.get("upstream"))
+        return cls(**kwargs)
+
+
+def _parse_models(raw: Any, default_upstream: str | None) -> tuple[tuple[str, str], ...]:
+    if raw is None:
+        return ()
+    out: list[tuple[str, str]] = []
+    if isinstance(raw, Mapping):
+        for name, spec in raw.items():
+            if isinstance(spec, Mapping):
+                url = spec.get("upstream", default_upstream)
+            else:
+                url = spec if spec is not None else default_upstream
+            if url is None:
+                raise ValueError(f"model {name!r} has no upstream URL and there is no default upstream")
+            out.append((str(name), str(url)))
+        return tuple(out)
+    if isinstance(raw, list | tuple):
+        for item in raw:
+            if isinstance(item, str):
+                if default_upstream is None:
+                    raise ValueError(f"model {item!r} has no upstream URL and there is no default upstream")
+                out.append((item, default_upstream))
+            elif isinstance(item, list | tuple) and len(item) == 2:
+                out.append((str(item[0]), str(item[1])))
+            elif isinstance(item, Mapping) and "name" in item:
+                url = item.get("upstream", default_upstream)
+                if url is None:
+                    raise ValueError(f"model {item['name']!r} has no upstream URL")
+                out.append((str(item["name"]), str(url)))
+            else:
+                raise ValueError(f"bad models entry {item!r}: expected a name, (name, url) or {{name, upstream}}")
+        return tuple(out)
+    raise ValueError("models must be a mapping of name -> upstream URL, or a list")
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a gateway YAML file into a mapping for :meth:`GatewayConfig.from_mapping`.
+
+    Raises ValueError (one line) when it is missing, not YAML, or not a mapping.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"cannot read config file {p}: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"config file {p} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {p} must hold a mapping of settings")
+    return {str(k).replace("-", "_"): v for k, v in data.items()}

@@ -1,0 +1,191 @@
+"""Per-request stream measurement (and usage stripping) for the relay; no I/O.
+
+:class:`StreamMeter` is fed the upstream body exactly as it is read (``feed(t_ns, data)``) and
+drives a :class:`~servelens.core.state.LiveRequest`:
+
+* SSE blocks come from the core :class:`~servelens.core.sse.SSEDecoder` (splits across reads,
+  several events per read, ``\\r\\n``, comments, ``id:``/``retry:``-only blocks);
+  each ``data`` payload is read by :func:`~servelens.core.openai.parse_chunk`.
+* TTFT: the first chunk carrying output (content, reasoning, tool-call delta, completion text);
+  a role-only chunk is not output (definition in :mod:`servelens.core.timing`).
+* Tokens per chunk for ITL: the increase of the cumulative ``usage.completion_tokens`` when
+  every output chunk so far carried usage (``continuous_usage_stats``), else 1.
+* ISL: ``usage.prompt_tokens`` from the first chunk carrying usage. Source
+  ``first_chunk_usage`` when it arrives no later than the first output chunk, else
+  ``final_usage`` (the by-ISL TTFT is then observed at that moment).
+* OSL and cached tokens: the *last* cumulative usage seen (never summed); an absent
+  ``cached_tokens`` stays unknown. Without any usage, OSL is the counted output tokens and
+  :attr:`StreamMeter.osl_from_usage` is False.
+* Outcome (:meth:`StreamMeter.outcome`): an ``error`` object or a malformed ``data`` payload ->
+  ``backend_error``; a stream with neither ``finish_reason`` nor ``[DONE]`` ->
+  ``truncated_stream``; else success.
+
+When the gateway injected usage the client did not ask for (``strip`` is not
+:data:`~servelens.gateway.usage.STRIP_NONE`), ``feed`` returns the bytes to send instead:
+whole blocks only, with the injected usage removed (see :mod:`servelens.gateway.usage`).
+"""
+
+from __future__ import annotations
+
+from servelens.core.openai import parse_chunk
+from servelens.core.sse import SSEBlock, SSEDecoder
+from servelens.core.state import LiveRequest
+from servelens.gateway.usage import (
+    STRIP_ALL,
+    STRIP_CONTINUOUS_NULL,
+    STRIP_NONE,
+    is_usage_only,
+    null_usage,
+    remove_usage,
+)
+
+
+class StreamMeter:
+    """Measures one streaming response. Not thread-safe; one per request.
+
+    Args:
+        live: the request being measured.
+        strip: how to remove injected usage from what is returned by :meth:`feed`.
+    """
+
+    __slots__ = (
+        "_decoder",
+        "_prev_completion",
+        "_usage_per_chunk",
+        "blocks",
+        "cached_tokens",
+        "completion_tokens",
+        "done",
+        "error",
+        "finish_reason",
+        "live",
+        "malformed",
+        "prompt_tokens",
+        "strip",
+        "usage_key_on_chunks",
+    )
+
+    def __init__(self, live: LiveRequest, strip: int = STRIP_NONE) -> None:
+        self.live = live
+        self.strip = strip
+        self._decoder = SSEDecoder()
+        self._prev_completion = 0
+        self._usage_per_chunk = True  # every output chunk so far carried cumulative usage
+        self.blocks = 0
+        self.done = False
+        self.malformed = False
+        self.error: str | None = None
+        self.finish_reason: str | None = None
+        self.prompt_tokens: int | None = None
+        self.completion_tokens: int | None = None
+        self.cached_tokens: int | None = None
+        self.usage_key_on_chunks: bool | None = None
+        """Whether the first chunk with choices had ``"usage": null`` (None: no such chunk)."""
+
+    def feed(self, t_ns: int, data: bytes) -> bytes | None:
+        """Bytes read from the upstream at ``t_ns`` (int ns, the clock of ``live``).
+
+        Returns None when not stripping (send ``data`` as it is), else the bytes to send now
+        (possibly empty: an incomplete block is held until its end arrives).
+        """
+        blocks = self._decoder.decode(data)
+        if self.strip == STRIP_NONE:
+            for blk in blocks:
+                if blk.data is not None:
+                    self._measure(t_ns, blk)
+            return None
+        out: list[bytes] = []
+        for blk in blocks:
+            out.append(self._measure(t_ns, blk) if blk.data is not None else blk.raw)
+        return b"".join(out)
+
+    def end(self, t_ns: int) -> bytes | None:
+        """The upstream body ended; returns the held bytes when stripping (else None)."""
+        blocks = self._decoder.flush()
+        out: list[bytes] = []
+        for blk in blocks:
+            out.append(self._measure(t_ns, blk) if blk.data is not None else blk.raw)
+        return b"".join(out) if self.strip != STRIP_NONE else None
+
+    def _measure(self, t_ns: int, blk: SSEBlock) -> bytes:
+        """Read one data block; return the bytes to relay for it (when stripping)."""
+        self.blocks += 1
+        data = blk.data
+        assert data is not None
+        info = parse_chunk(data)
+        if info.done:
+            self.done = True
+            return blk.raw
+        if info.malformed:
+            self.malformed = True
+            return blk.raw
+        if info.error is not None:
+            if self.error is None:
+                self.error = info.error
+            return blk.raw
+        live = self.live
+        usage = info.usage
+        tokens = 1
+        has_output = info.has_output
+        if usage is not None:
+            pt = usage.prompt_tokens
+            if pt is not None:
+                self.prompt_tokens = pt
+                if live.isl is None:
+                    first = live.timer.first_output_ns is None
+                    live.set_isl(pt, "first_chunk_usage" if first else "final_usage")
+            ct = usage.completion_tokens
+            if ct is not None:
+                self.completion_tokens = ct
+                if has_output and self._usage_per_chunk:
+                    tokens = ct - self._prev_completion
+                self._prev_completion = ct
+            elif has_output:
+                self._usage_per_chunk = False
+            if usage.cached_tokens is not None:
+                self.cached_tokens = usage.cached_tokens
+        elif has_output:
+            # usage only on some chunks (e.g. the last one): deltas would not be per chunk
+            self._usage_per_chunk = False
+        if has_output:
+            live.output(t_ns, tokens if tokens > 0 else 1)
+        if info.finish_reason is not None and self.finish_reason is None:
+            self.finish_reason = info.finish_reason
+        obj = info.obj
+        if obj is None:
+            return blk.raw
+        has_usage_key = "usage" in obj
+        if self.usage_key_on_chunks is None and obj.get("choices"):
+            self.usage_key_on_chunks = has_usage_key and obj["usage"] is None
+        if self.strip == STRIP_NONE or not has_usage_key:
+            return blk.raw
+        if self.strip == STRIP_ALL:
+            if is_usage_only(obj):
+                return b""
+            return remove_usage(blk.raw)
+        # the client wants the final usage chunk, not usage on every chunk
+        if is_usage_only(obj):
+            return blk.raw
+        if self.strip == STRIP_CONTINUOUS_NULL:
+            return null_usage(blk.raw)
+        return remove_usage(blk.raw)
+
+    @property
+    def osl_from_usage(self) -> bool:
+        """True when OSL comes from ``usage.completion_tokens`` (else from counted chunks)."""
+        return self.completion_tokens is not None
+
+    @property
+    def osl(self) -> int:
+        """``usage.completion_tokens`` (last cumulative value), else output tokens counted."""
+        if self.completion_tokens is not None:
+            return self.completion_tokens
+        return self.live.timer.output_tokens
+
+    def outcome(self) -> tuple[str, str]:
+        """``(status, error_type)`` of a stream that ended (see the module docstring)."""
+        if self.error is not None or self.malformed:
+            return "error", "backend_error"
+        if self.finish_reason is None and not self.done:
+            return "error", "truncated_stream"
+        return "success", ""

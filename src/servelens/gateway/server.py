@@ -1,0 +1,92 @@
+"""Starting and stopping a gateway on a TCP port (used by the CLI and by :mod:`.testing`)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from servelens.gateway.app import Gateway
+from servelens.gateway.config import GatewayConfig
+from servelens.prometheus import FrontendMetrics
+
+
+@dataclass(frozen=True)
+class RunningGateway:
+    """A gateway listening on ``url`` (``http://host:port``); stop it with :meth:`close`."""
+
+    gateway: Gateway
+    runner: web.AppRunner
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        """Base URL of the gateway (``http://127.0.0.1:<port>``)."""
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def metrics(self) -> FrontendMetrics:
+        """The metrics the gateway records into."""
+        return self.gateway.metrics
+
+    async def close(self) -> None:
+        """Stop listening, end the app (closes the upstream session and the request log)."""
+        await self.runner.cleanup()
+
+
+async def start_gateway(config: GatewayConfig, metrics: FrontendMetrics | None = None) -> RunningGateway:
+    """Start a gateway in the running loop on ``config.host:config.port`` (0: a free port).
+
+    Returns once it listens and the first model discovery poll has ended. Handlers are
+    cancelled when their client disconnects (so the upstream request is closed at once).
+    Raises OSError when the address cannot be bound; ValueError for a bad tokenizer file.
+    """
+    gateway = Gateway(config, metrics)
+    runner = web.AppRunner(gateway.app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, config.host, config.port, backlog=1024)
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    server: Any = site._server  # aiohttp exposes the bound socket only here (asyncio or uvloop Server)
+    port = server.sockets[0].getsockname()[1]
+    host = config.host if config.host not in ("0.0.0.0", "") else "127.0.0.1"
+    return RunningGateway(gateway, runner, host, int(port))
+
+
+async def serve_forever(config: GatewayConfig) -> None:
+    """Run until SIGTERM/SIGINT; print ``servelens gateway listening on URL`` once ready."""
+    running = await start_gateway(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"servelens gateway listening on {running.url}", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await running.close()
+        sys.stdout.flush()
+
+
+def run(config: GatewayConfig, use_uvloop: bool = True) -> None:
+    """Blocking entry point for the CLI: uvloop when installed (and wanted), else asyncio."""
+    if use_uvloop:
+        try:
+            import uvloop
+        except ImportError:
+            uvloop = None  # type: ignore[assignment]
+        if uvloop is not None:
+            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                runner.run(serve_forever(config))
+            return
+    asyncio.run(serve_forever(config))

@@ -1,0 +1,229 @@
+"""Usage injection into streaming requests, and its exact removal from the relayed stream (pure).
+
+To learn token counts the gateway may add ``stream_options.include_usage`` (OpenAI: a final
+chunk with ``choices: []`` and ``usage``; every other chunk gets a ``usage`` key, null for
+OpenAI, absent for vLLM) and ``stream_options.continuous_usage_stats`` (vLLM/SGLang extension:
+cumulative ``usage`` on every chunk). What the client did not ask for is removed again:
+
+* :data:`STRIP_ALL` (the client asked for no usage): the ``usage`` member is cut out of every
+  chunk, and a chunk that exists only to carry usage (``choices`` empty) is dropped whole.
+* :data:`STRIP_CONTINUOUS` / :data:`STRIP_CONTINUOUS_NULL` (the client asked for
+  ``include_usage`` only): on chunks that carry choices the ``usage`` member is cut out (vLLM
+  sends no key there) or its value replaced by ``null`` (OpenAI and the sim send
+  ``"usage":null``); which one is learned per upstream from the first such request, which is
+  sent without ``continuous_usage_stats``. The final usage chunk is kept.
+
+Cutting is done on the bytes (the key, its value and one adjacent comma with its whitespace),
+so the rest of each event is byte for byte what the upstream sent; for an upstream that omits
+``usage`` when it was not requested (vLLM, OpenAI, the sim) the client gets exactly the bytes it
+would have got without the injection. (An upstream that sends ``"usage":null`` even when usage
+was not requested would lose that null member; clients read an absent and a null usage alike.)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+STRIP_NONE = 0
+STRIP_ALL = 1
+STRIP_CONTINUOUS = 2
+STRIP_CONTINUOUS_NULL = 3
+
+_encode = msgspec.json.encode
+_KEY = b'"usage"'
+_KEY_RE = re.compile(rb'"usage"\s*:')
+_WS = b" \t\r\n"
+
+
+@dataclass(frozen=True)
+class Injection:
+    """What was added to one request.
+
+    Attributes:
+        body: the request body to send upstream (the client's bytes when nothing was added).
+        strip: :data:`STRIP_NONE`, :data:`STRIP_ALL`, :data:`STRIP_CONTINUOUS` or
+            :data:`STRIP_CONTINUOUS_NULL`.
+        include_usage: ``include_usage`` was added.
+        continuous: ``continuous_usage_stats`` was added.
+        client_usage: the client asked for ``include_usage`` itself.
+        client_continuous: the client asked for ``continuous_usage_stats`` itself.
+    """
+
+    body: bytes
+    strip: int = STRIP_NONE
+    include_usage: bool = False
+    continuous: bool = False
+    client_usage: bool = False
+    client_continuous: bool = False
+
+
+def plan_injection(
+    obj: dict[str, Any], body: bytes, *, inject_usage: bool, continuous: bool, null_usage: bool = False
+) -> Injection:
+    """Decide what to add to a streaming request ``obj`` (already decoded from ``body``).
+
+    ``continuous``: whether ``continuous_usage_stats`` may be added for this upstream.
+    ``null_usage``: the upstream sends ``"usage": null`` on chunks of an ``include_usage``
+    stream (selects :data:`STRIP_CONTINUOUS_NULL` over :data:`STRIP_CONTINUOUS`).
+    Returns the original ``body`` unchanged when nothing is added, or when ``stream_options``
+    is present but not an object (the upstream will reject it, as it would without us).
+    """
+    so = obj.get("stream_options")
+    if so is not None and not isinstance(so, dict):
+        return Injection(body)
+    so = so or {}
+    client_usage = so.get("include_usage") is True
+    client_cont = client_usage and so.get("continuous_usage_stats") is True
+    if not inject_usage:
+        return Injection(body, client_usage=client_usage, client_continuous=client_cont)
+    add_usage = not client_usage
+    add_cont = continuous and not client_cont
+    if not add_usage and not add_cont:
+        return Injection(body, client_usage=client_usage, client_continuous=client_cont)
+    new_so = dict(so)
+    new_so["include_usage"] = True
+    if add_cont:
+        new_so["continuous_usage_stats"] = True
+    new_obj = dict(obj)
+    new_obj["stream_options"] = new_so
+    strip = STRIP_ALL if add_usage else (STRIP_CONTINUOUS_NULL if null_usage else STRIP_CONTINUOUS)
+    return Injection(
+        _encode(new_obj), strip, include_usage=add_usage, continuous=add_cont,
+        client_usage=client_usage, client_continuous=client_cont,
+    )
+
+
+def _skip_ws(buf: bytes, i: int) -> int:
+    n = len(buf)
+    while i < n and buf[i] in _WS:
+        i += 1
+    return i
+
+
+def _skip_string(buf: bytes, i: int) -> int:
+    """``buf[i]`` is an opening quote; return the index just past the closing quote."""
+    i += 1
+    while True:
+        j = buf.index(b'"', i)
+        k = j - 1
+        while buf[k] == 0x5C:  # count backslashes before the quote
+            k -= 1
+        if (j - 1 - k) % 2 == 0:
+            return j + 1
+        i = j + 1
+
+
+def _skip_value(buf: bytes, i: int) -> int:
+    """Index just past the JSON value starting at ``buf[i]`` (no whitespace before it)."""
+    c = buf[i]
+    if c == 0x22:  # "
+        return _skip_string(buf, i)
+    if c in b"{[":
+        depth = 0
+        n = len(buf)
+        while i < n:
+            c = buf[i]
+            if c == 0x22:
+                i = _skip_string(buf, i)
+                continue
+            if c in b"{[":
+                depth += 1
+            elif c in b"}]":
+                depth -= 1
+                if depth == 0:
+                    return i + 1
+            i += 1
+        raise ValueError("unterminated JSON value")
+    n = len(buf)
+    while i < n and buf[i] not in b",}] \t\r\n":
+        i += 1
+    return i
+
+
+def _top_level_key(buf: bytes) -> int:
+    """Start of the top-level ``"usage"`` key in a JSON object embedded in ``buf``, or -1."""
+    start = buf.find(b"{")
+    if start < 0:
+        return -1
+    i = start + 1
+    n = len(buf)
+    while i < n:
+        i = _skip_ws(buf, i)
+        if i >= n or buf[i] != 0x22:
+            return -1
+        key_start = i
+        i = _skip_string(buf, i)
+        if buf[key_start:i] == _KEY:
+            return key_start
+        i = _skip_ws(buf, i)
+        if i >= n or buf[i] != 0x3A:  # :
+            return -1
+        i = _skip_value(buf, _skip_ws(buf, i + 1))
+        i = _skip_ws(buf, i)
+        if i >= n or buf[i] != 0x2C:  # ,
+            return -1
+        i += 1
+    return -1
+
+
+def _usage_span(raw: bytes) -> tuple[int, int, int] | None:
+    """``(key start, value start, value end)`` of the top-level ``"usage"`` member, or None."""
+    first = _KEY_RE.search(raw)
+    if first is None:
+        return None
+    try:
+        # the only `"usage":` in the event is the key (a string value never has ':' after it)
+        key = first.start() if _KEY_RE.search(raw, first.end()) is None else _top_level_key(raw)
+        if key < 0:
+            return None
+        colon = raw.index(b":", key + len(_KEY))
+        value = _skip_ws(raw, colon + 1)
+        return key, value, _skip_value(raw, value)
+    except (ValueError, IndexError):
+        return None
+
+
+def remove_usage(raw: bytes) -> bytes:
+    """Cut the top-level ``"usage": <value>`` member (and one adjacent comma) out of ``raw``.
+
+    ``raw`` is one SSE block whose ``data`` is a JSON object on one line. Returns ``raw``
+    unchanged when there is no such member or the bytes are not as expected.
+    """
+    span = _usage_span(raw)
+    if span is None:
+        return raw
+    key, _, end = span
+    before = key - 1
+    while before >= 0 and raw[before] in _WS:
+        before -= 1
+    if before >= 0 and raw[before] == 0x2C:  # ', "usage": ...' -> cut from the comma
+        return raw[:before] + raw[end:]
+    after = _skip_ws(raw, end)
+    if after < len(raw) and raw[after] == 0x2C:  # '"usage": ..., ' -> cut through the comma
+        return raw[:key] + raw[_skip_ws(raw, after + 1):]
+    return raw[:key] + raw[end:]  # the only member
+
+
+def null_usage(raw: bytes) -> bytes:
+    """Replace the value of the top-level ``usage`` member of ``raw`` with ``null``.
+
+    For upstreams that send ``"usage": null`` on every chunk of an ``include_usage`` stream
+    (OpenAI, the sim). Returns ``raw`` unchanged when there is no such member.
+    """
+    span = _usage_span(raw)
+    if span is None:
+        return raw
+    _, value, end = span
+    return raw[:value] + b"null" + raw[end:]
+
+
+def is_usage_only(obj: dict[str, Any]) -> bool:
+    """A chunk that exists only to carry usage: ``usage`` set and ``choices`` empty or absent."""
+    if obj.get("usage") is None:
+        return False
+    choices = obj.get("choices")
+    return not choices

@@ -1,0 +1,198 @@
+"""StreamMeter on synthetic bytes and integer timestamps (no I/O, no clock)."""
+
+import json
+
+import pytest
+
+from servelens.gateway.relay import StreamMeter
+from servelens.gateway.usage import STRIP_ALL, STRIP_CONTINUOUS, STRIP_CONTINUOUS_NULL
+from servelens.prometheus import FrontendMetrics
+
+MS = 1_000_000
+
+
+def ev(obj: object, eol: str = "\n") -> bytes:
+    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}{eol}{eol}".encode()
+
+
+def delta(**d: object) -> dict:
+    return {"choices": [{"index": 0, "delta": d, "finish_reason": None}]}
+
+
+def fin(reason: str = "stop", **d: object) -> dict:
+    return {"choices": [{"index": 0, "delta": d, "finish_reason": reason}]}
+
+
+def usage(pt: int, ct: int, cached: object = "absent") -> dict:
+    u: dict = {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct}
+    if cached != "absent":
+        u["prompt_tokens_details"] = cached
+    return u
+
+
+def meter(strip: int = 0) -> tuple[FrontendMetrics, StreamMeter]:
+    m = FrontendMetrics(isl_buckets="512,1024")
+    m.register_model("m")
+    live = m.begin("m", "chat_completions", "stream", arrival_ns=0)
+    return m, StreamMeter(live, strip)
+
+
+def finish(mt: StreamMeter, t_ns: int):
+    mt.end(t_ns)
+    status, etype = mt.outcome()
+    return mt.live.finish(t_ns, status, etype, osl=mt.osl, cached_tokens=mt.cached_tokens), (status, etype)
+
+
+def test_role_only_first_chunk_is_not_the_first_token() -> None:
+    _, mt = meter()
+    mt.feed(5 * MS, ev(delta(role="assistant", content="")))
+    assert mt.live.timer.first_output_ns is None
+    mt.feed(20 * MS, ev(delta(content="Hi")))
+    mt.feed(30 * MS, ev(fin(content="!")) + b"data: [DONE]\n\n")
+    rec, outcome = finish(mt, 31 * MS)
+    assert rec.ttft_s == pytest.approx(0.020)
+    assert outcome == ("success", "")
+    assert rec.osl == 2 and not mt.osl_from_usage  # counted chunks, flagged
+
+
+def test_reasoning_and_tool_call_deltas_are_output() -> None:
+    _, mt = meter()
+    mt.feed(7 * MS, ev(delta(reasoning_content="think")))
+    assert mt.live.timer.first_output_ns == 7 * MS
+    mt.feed(9 * MS, ev(delta(tool_calls=[{"index": 0, "function": {"arguments": "{"}}])))
+    assert mt.live.timer.output_chunks == 2
+
+
+def test_multi_token_chunks_split_itl_from_cumulative_usage() -> None:
+    _, mt = meter()
+    mt.feed(1 * MS, ev({**delta(role="assistant", content=""), "usage": usage(600, 0)}))
+    mt.feed(10 * MS, ev({**delta(content="abcd"), "usage": usage(600, 4)}))
+    mt.feed(40 * MS, ev({**delta(content="efg"), "usage": usage(600, 7)}))
+    mt.feed(41 * MS, ev({**fin(), "usage": usage(600, 7)}) + b"data: [DONE]\n\n")
+    rec, _ = finish(mt, 42 * MS)
+    assert rec.itl.count == 3  # three tokens after a 30 ms gap: three ITL values of 10 ms
+    assert rec.itl.sum == pytest.approx(0.030)
+    assert rec.osl == 7 and rec.output_tokens == 7
+
+
+def test_usage_on_last_chunk_only_is_not_taken_as_tokens_per_chunk() -> None:
+    _, mt = meter()
+    mt.feed(10 * MS, ev(delta(content="a")))
+    mt.feed(20 * MS, ev(delta(content="b")))
+    mt.feed(30 * MS, ev({**fin(content="c"), "usage": usage(10, 3)}))
+    rec, _ = finish(mt, 31 * MS)
+    assert rec.itl.count == 2 and rec.osl == 3
+
+
+def test_last_cumulative_usage_wins_never_summed_and_isl_sources() -> None:
+    m, mt = meter()
+    mt.feed(1 * MS, ev({**delta(content="a"), "usage": usage(600, 1)}))
+    mt.feed(2 * MS, ev({**delta(content="b"), "usage": usage(600, 2)}))
+    mt.feed(3 * MS, ev({**fin(), "usage": usage(600, 2)}))
+    mt.feed(4 * MS, ev({"choices": [], "usage": usage(600, 2, {"cached_tokens": 512})}))
+    rec, _ = finish(mt, 5 * MS)
+    assert rec.osl == 2 and rec.isl == 600 and rec.cached_tokens == 512
+    assert mt.live.isl_source == "first_chunk_usage"
+    assert mt.live.bucket_label == "513-1024"
+    st = m.state.models["m"]
+    assert st.isl_sources == {"first_chunk_usage": 1, "final_usage": 0, "tokenizer": 0, "unknown": 0}
+    assert st.by_isl is not None and st.by_isl["513-1024"].ttft.count == 1
+
+
+def test_final_usage_assigns_bucket_at_the_end() -> None:
+    m, mt = meter()
+    mt.feed(8 * MS, ev(delta(content="a")))
+    st = m.state.models["m"]
+    assert st.stock.ttft.count == 1
+    assert st.by_isl is not None and sum(h.ttft.count for h in st.by_isl.values()) == 0
+    mt.feed(9 * MS, ev(fin(content="b")))
+    mt.feed(10 * MS, ev({"choices": [], "usage": usage(100, 2)}))
+    # TTFT measured at the first output chunk goes into the bucket as soon as the ISL is known
+    assert st.by_isl["0-512"].ttft.count == 1
+    assert st.by_isl["0-512"].ttft.sum == pytest.approx(0.008)
+    finish(mt, 11 * MS)
+    assert st.isl_sources is not None and st.isl_sources["final_usage"] == 1
+
+
+@pytest.mark.parametrize("details", [None, "absent", {"cached_tokens": None}, {}])
+def test_cached_tokens_null_or_absent_is_unknown(details: object) -> None:
+    m, mt = meter()
+    mt.feed(1 * MS, ev(fin(content="a")))
+    mt.feed(2 * MS, ev({"choices": [], "usage": usage(10, 1, details)}))
+    rec, _ = finish(mt, 3 * MS)
+    assert rec.cached_tokens is None
+    assert m.state.models["m"].stock.cached.count == 0
+
+
+def test_multibyte_split_and_event_split_and_coalesced() -> None:
+    _, mt = meter()
+    stream = ev(delta(content="é🙂")) + ev(delta(content="ü")) + ev(fin(content="x")) + b"data: [DONE]\n\n"
+    cut = stream.index("🙂".encode()) + 2  # inside the 4-byte character
+    mt.feed(1 * MS, stream[:cut])
+    mt.feed(2 * MS, stream[cut:])  # rest of event 1, events 2, 3 and [DONE] in one read
+    rec, outcome = finish(mt, 3 * MS)
+    assert rec.output_chunks == 3 and outcome == ("success", "")
+    assert rec.ttft_s == pytest.approx(0.002)  # the first event completed in the second read
+
+
+def test_comments_keepalive_id_retry_and_pings_are_not_output() -> None:
+    _, mt = meter()
+    mt.feed(1 * MS, b": ping\n\n: ping\n\n")
+    mt.feed(2 * MS, b"id: 7\n\nretry: 100\n\n: keep-alive\n\n")
+    assert mt.live.timer.first_output_ns is None
+    mt.feed(50 * MS, b"id: 8\n" + ev(fin(content="a")))
+    rec, _ = finish(mt, 51 * MS)
+    assert rec.ttft_s == pytest.approx(0.050)
+
+
+def test_crlf_line_endings() -> None:
+    _, mt = meter()
+    mt.feed(3 * MS, ev(delta(content="a"), eol="\r\n") + ev(fin(content="b"), eol="\r\n") + b"data: [DONE]\r\n\r\n")
+    rec, outcome = finish(mt, 4 * MS)
+    assert rec.output_chunks == 2 and outcome == ("success", "")
+
+
+def test_error_object_in_stream_is_backend_error() -> None:
+    _, mt = meter()
+    mt.feed(1 * MS, ev(delta(content="a")) + ev({"error": {"message": "boom", "type": "internal"}}))
+    _, outcome = finish(mt, 2 * MS)
+    assert outcome == ("error", "backend_error")
+
+
+def test_stream_without_finish_or_done_is_truncated_and_no_ttft_zero() -> None:
+    m, mt = meter()
+    mt.feed(1 * MS, ev(delta(role="assistant", content="")))
+    rec, outcome = finish(mt, 2 * MS)
+    assert outcome == ("error", "truncated_stream")
+    assert rec.ttft_s is None
+    assert m.state.models["m"].stock.ttft.count == 0
+
+
+def test_finish_reason_without_done_is_success_and_done_alone_too() -> None:
+    _, mt = meter()
+    mt.feed(1 * MS, ev(fin(content="a")))
+    assert finish(mt, 2 * MS)[1] == ("success", "")
+
+
+def test_malformed_chunk_is_backend_error() -> None:
+    _, mt = meter()
+    mt.feed(1 * MS, ev(delta(content="a")) + b"data: {not json\n\n" + ev(fin(content="b")))
+    assert finish(mt, 2 * MS)[1] == ("error", "backend_error")
+
+
+def test_strip_all_drops_usage_chunk_and_usage_members() -> None:
+    _, mt = meter(STRIP_ALL)
+    a = ev({**delta(content="a"), "usage": usage(5, 1)})
+    out = mt.feed(1 * MS, a[:10])
+    assert out == b""  # an incomplete block is held
+    out = mt.feed(2 * MS, a[10:] + b": ka\n\n" + ev({"choices": [], "usage": usage(5, 1)}) + b"data: [DONE]\n\n")
+    assert out == ev(delta(content="a")) + b": ka\n\ndata: [DONE]\n\n"
+    assert mt.prompt_tokens == 5 and mt.osl == 1
+
+
+def test_strip_continuous_keeps_final_usage_chunk() -> None:
+    for strip, member in ((STRIP_CONTINUOUS, ""), (STRIP_CONTINUOUS_NULL, ',"usage":null')):
+        _, mt = meter(strip)
+        final = ev({"choices": [], "usage": usage(5, 1)})
+        out = mt.feed(1 * MS, ev({**delta(content="a"), "usage": usage(5, 1)}) + final)
+        assert out == ev(delta(content="a"))[:-3] + member.encode() + b"}\n\n" + final

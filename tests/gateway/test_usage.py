@@ -1,0 +1,99 @@
+import json
+
+import msgspec
+import pytest
+
+from servelens.gateway.usage import (
+    STRIP_ALL,
+    STRIP_CONTINUOUS,
+    STRIP_CONTINUOUS_NULL,
+    STRIP_NONE,
+    is_usage_only,
+    null_usage,
+    plan_injection,
+    remove_usage,
+)
+
+U = '{"prompt_tokens":5,"total_tokens":6,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":0}}'
+
+
+@pytest.mark.parametrize(
+    ("with_usage", "without"),
+    [
+        # vLLM / sim: usage last, compact
+        ('data: {"id":"x","choices":[{"delta":{"content":"a"}}],"usage":' + U + "}\n\n",
+         'data: {"id":"x","choices":[{"delta":{"content":"a"}}]}\n\n'),
+        # usage first
+        ('data: {"usage":' + U + ',"id":"x","choices":[]}\n\n', 'data: {"id":"x","choices":[]}\n\n'),
+        # spaced JSON (Python json.dumps default)
+        ('data: {"id": "x", "usage": {"prompt_tokens": 5}, "choices": []}\r\n\r\n',
+         'data: {"id": "x", "choices": []}\r\n\r\n'),
+        # null usage (OpenAI style)
+        ('data: {"id":"x","choices":[],"usage":null}\n\n', 'data: {"id":"x","choices":[]}\n\n'),
+        # the only member
+        ('data: {"usage":null}\n\n', "data: {}\n\n"),
+        # "usage" as a string value and inside content must not confuse the cut
+        ('data: {"choices":[{"delta":{"content":"usage \\"usage\\": {}"}}],"v":"usage","usage":' + U + "}\n\n",
+         'data: {"choices":[{"delta":{"content":"usage \\"usage\\": {}"}}],"v":"usage"}\n\n'),
+        # a nested "usage" key (two matches: the top-level scanner decides)
+        ('data: {"choices":[{"usage":{"a":1},"delta":{}}],"usage":{"b":"}{"},"z":1}\n\n',
+         'data: {"choices":[{"usage":{"a":1},"delta":{}}],"z":1}\n\n'),
+    ],
+)
+def test_remove_usage_exact_bytes(with_usage: str, without: str) -> None:
+    assert remove_usage(with_usage.encode()) == without.encode()
+
+
+def test_remove_usage_leaves_other_bytes_alone() -> None:
+    raw = b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n'
+    assert remove_usage(raw) is raw
+    assert remove_usage(b"data: [DONE]\n\n") == b"data: [DONE]\n\n"
+
+
+def test_null_usage_replaces_value_only() -> None:
+    raw = ('data: {"id":"x","choices":[{"delta":{"content":"a"}}],"usage":' + U + "}\n\n").encode()
+    assert null_usage(raw) == b'data: {"id":"x","choices":[{"delta":{"content":"a"}}],"usage":null}\n\n'
+
+
+def test_is_usage_only() -> None:
+    assert is_usage_only({"choices": [], "usage": {"prompt_tokens": 1}})
+    assert not is_usage_only({"choices": [], "usage": None})
+    assert not is_usage_only({"choices": [{"delta": {}}], "usage": {"prompt_tokens": 1}})
+
+
+def _body(**extra: object) -> tuple[dict, bytes]:
+    obj = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}], **extra}
+    return obj, json.dumps(obj).encode()
+
+
+def test_plan_injection_client_asked_nothing() -> None:
+    obj, body = _body()
+    inj = plan_injection(obj, body, inject_usage=True, continuous=True)
+    assert inj.strip == STRIP_ALL and inj.include_usage and inj.continuous
+    sent = msgspec.json.decode(inj.body)
+    assert sent["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    assert {k: v for k, v in sent.items() if k != "stream_options"} == obj
+    inj = plan_injection(obj, body, inject_usage=True, continuous=False)
+    assert msgspec.json.decode(inj.body)["stream_options"] == {"include_usage": True}
+    assert inj.strip == STRIP_ALL
+
+
+def test_plan_injection_client_asked_usage_only() -> None:
+    obj, body = _body(stream_options={"include_usage": True})
+    inj = plan_injection(obj, body, inject_usage=True, continuous=True)
+    assert inj.strip == STRIP_CONTINUOUS and inj.continuous and not inj.include_usage and inj.client_usage
+    assert plan_injection(obj, body, inject_usage=True, continuous=True, null_usage=True).strip == \
+        STRIP_CONTINUOUS_NULL
+    # nothing to add without continuous: the client's bytes go out unchanged
+    inj = plan_injection(obj, body, inject_usage=True, continuous=False)
+    assert inj.body is body and inj.strip == STRIP_NONE
+
+
+def test_plan_injection_untouched_cases() -> None:
+    obj, body = _body(stream_options={"include_usage": True, "continuous_usage_stats": True})
+    assert plan_injection(obj, body, inject_usage=True, continuous=True).body is body
+    obj, body = _body(stream_options="bad")
+    assert plan_injection(obj, body, inject_usage=True, continuous=True).body is body
+    obj, body = _body()
+    inj = plan_injection(obj, body, inject_usage=False, continuous=True)
+    assert inj.body is body and inj.strip == STRIP_NONE
