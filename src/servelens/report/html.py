@@ -79,9 +79,9 @@ def _figures(
         return [float(by[label].requests) if label in by else None for label in labels]
 
     figs = [
-        _bars("TTFT by input length: p50 / p95 / p99", "TTFT (ms)", labels,
+        _bars("TTFT by input length: p50, p95, p99", "TTFT (ms)", labels,
               col("ttft_p50_s", True) + col("ttft_p95_s", True) + col("ttft_p99_s", True)),
-        _bars("ITL by input length: p50 / p95", "ITL (ms)", labels,
+        _bars("ITL by input length: p50, p95", "ITL (ms)", labels,
               col("itl_p50_s", True) + col("itl_p95_s", True)),
         _bars("Requests by input length", "requests", labels,
               [(src if compare_rows is not None else "requests", requests(by)) for src, by in sets]),

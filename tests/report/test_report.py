@@ -1,0 +1,217 @@
+"""servelens report from results files and /metrics text; the HTML writer."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import pytest
+
+from servelens.bench.results import BenchRecord, write_results
+from servelens.cli.main import main
+from servelens.core.buckets import IslBuckets
+from servelens.core.summary import rows_from_samples
+from servelens.prometheus.frontend import FrontendMetrics
+from servelens.prometheus.names import MetricNames
+from servelens.report.html import bucket_order, render_html, write_html
+from servelens.report.results import load_timed_samples
+from servelens.report.sources import (
+    TimeSeries,
+    p95_over_time,
+    report_from_metrics,
+    report_from_results,
+)
+from servelens.testing.exporter import feed, serve_metrics, synthetic_samples
+
+BUCKETS = IslBuckets.default()
+MS = 1_000_000
+WALL0 = 1_700_000_000 * 1_000_000_000
+
+
+def _record(i: int, isl: int, ttft_ms: int, gaps_ms: list[int], cached: int | None, ok: bool = True,
+            wall_s: float = 0.0) -> BenchRecord:
+    send = 10_000 * MS + i * MS
+    offs, t = [], ttft_ms * MS
+    for g in [0, *gaps_ms]:
+        t += g * MS
+        offs.append(t)
+    return BenchRecord(
+        index=i, request_id=None, scheduled_ns=i * MS, send_ns=send, wall_send_ns=WALL0 + int(wall_s * 1e9),
+        first_output_ns=send + ttft_ms * MS if ok else None, end_ns=send + offs[-1] + MS,
+        chunk_offsets_ns=tuple(offs) if ok else (), chunk_tokens=tuple(1 for _ in offs) if ok else (),
+        tokens_from_usage=False, isl_target=isl, isl_server=isl, osl_target=len(offs), osl=len(offs) if ok else None,
+        cached_tokens=cached, status="success" if ok else "error", error_type="" if ok else "internal",
+    )
+
+
+@pytest.fixture
+def results_file(tmp_path: Path) -> Path:
+    recs = []
+    for i in range(60):
+        isl = [300, 700, 1500, 20000][i % 4]
+        recs.append(_record(i, isl, ttft_ms=10 + isl // 100 + i % 7, gaps_ms=[20, 22, 25], cached=isl // 2,
+                            wall_s=i * 0.5))
+    recs.append(_record(60, 700, 0, [], None, ok=False, wall_s=30))
+    return write_results(tmp_path / "results.jsonl", recs)
+
+
+def test_results_file_gives_exact_rows_and_time_series(results_file: Path) -> None:
+    rep = report_from_results(results_file, BUCKETS)
+    rows = {r.bucket: r for r in rep.rows}
+    assert [r.bucket for r in rep.rows] == [*BUCKETS.labels, "all"]
+    assert rows["513-1024"].requests == 16 and rows["513-1024"].errors == 1
+    assert rows["2049-4096"].requests == 0 and rows["2049-4096"].ttft_p95_s is None
+    assert rows["all"].requests == 61
+    assert rows["0-512"].itl_p50_s == pytest.approx(0.022)
+    assert rows["16385+"].mean_cached_tokens == 10000
+    assert all(r.exact for r in rep.rows)
+    # the same as the core's exact rows of the bench's samples
+    samples = [t.sample for t in load_timed_samples(results_file)]
+    assert list(rep.rows) == rows_from_samples(samples, BUCKETS)
+    # over time: only buckets with traffic, numeric order, bins over 30 s of send times
+    assert [ts.bucket for ts in rep.timeseries] == ["0-512", "513-1024", "1025-2048", "16385+"]
+    ts = rep.timeseries[0]
+    assert ts.times_s[0] == pytest.approx(WALL0 / 1e9)
+    assert len(ts.times_s) == len(ts.ttft_p95_s) > 5
+
+
+def test_p95_over_time_bins_exactly() -> None:
+    from servelens.core.summary import RequestSample
+    from servelens.report.results import TimedSample
+
+    b = IslBuckets.parse("100")
+    samples = [TimedSample(RequestSample(50, True, float(k)), 1000.0 + k // 10) for k in range(40)]
+    series = p95_over_time(samples, b, bins=4)
+    assert len(series) == 1 and series[0].bucket == "0-100"
+    # bins: send times 1000..1003 -> width 1 s; each bin holds 10 TTFTs k..k+9
+    assert series[0].ttft_p95_s[0] == pytest.approx(8.55)
+    assert series[0].ttft_p95_s[3] == pytest.approx(38.55)
+
+
+def test_metrics_text_since_start_and_difference(tmp_path: Path) -> None:
+    b = IslBuckets.parse("512,1024,2048")
+    m = FrontendMetrics(isl_buckets=b)
+    m.register_model("a")
+    first = synthetic_samples(40, b, seed=1)
+    feed(m, first, "a")
+    before = tmp_path / "before.txt"
+    before.write_bytes(m.exposition())
+    second = synthetic_samples(80, b, seed=2, ttft_per_token_s=400e-6)  # ten times slower prefill
+    feed(m, second, "a")
+    after = tmp_path / "after.txt"
+    after.write_bytes(m.exposition())
+    names = MetricNames()
+    since_start = {r.bucket: r for r in report_from_metrics(str(after), names).rows}
+    diff = {r.bucket: r for r in report_from_metrics(str(after), names, before=str(before)).rows}
+    assert since_start["all"].requests == 120 and diff["all"].requests == 80
+    assert [*diff] == [*b.labels, "all"]
+    for label in b.labels:
+        assert diff[label].requests == 20
+        assert (diff[label].ttft_p50_s or 0) > (since_start[label].ttft_p50_s or 0)
+    exact = {r.bucket: r for r in rows_from_samples(second, b)}
+    assert diff["all"].mean_cached_tokens == pytest.approx(exact["all"].mean_cached_tokens)
+    assert diff["all"].ttft_mean_s == pytest.approx(exact["all"].ttft_mean_s, rel=1e-6)
+    # --model filters; buckets the server has not exported show as empty rows
+    with pytest.raises(ValueError, match="no servelens_time_to_first_token_by_isl_seconds series for model"):
+        report_from_metrics(str(after), names, model="other")
+    partial = tmp_path / "partial.txt"
+    partial.write_text("".join(line for line in after.read_text().splitlines(keepends=True)
+                               if 'isl_bucket="1025-2048"' not in line))
+    assert [r.bucket for r in report_from_metrics(str(partial), names).rows] == ["0-512", "513-1024", "2049+", "all"]
+    filled = report_from_metrics(str(partial), names, buckets=b).rows
+    assert [r.bucket for r in filled] == [*b.labels, "all"]
+    assert filled[2].requests == 0 and filled[2].ttft_p95_s is None
+
+
+def test_metrics_url_over_http() -> None:
+    b = IslBuckets.parse("1000")
+    m = FrontendMetrics(isl_buckets=b, prefix="dynamo_frontend")
+    m.register_model("a")
+    feed(m, synthetic_samples(10, b), "a")
+    with serve_metrics(m) as url:
+        rep = report_from_metrics(url, MetricNames("dynamo_frontend"))
+        with pytest.raises(ValueError, match="check --metrics-prefix"):
+            report_from_metrics(url, MetricNames())
+    assert {r.bucket: r.requests for r in rep.rows} == {"0-1000": 5, "1001+": 5, "all": 10}
+
+
+def test_html_is_self_contained_and_in_numeric_order(results_file: Path, tmp_path: Path) -> None:
+    rep = report_from_results(results_file, BUCKETS)
+    shuffled = list(reversed(rep.rows))
+    path = write_html(tmp_path / "sub" / "report.html", shuffled, rep.timeseries, title="T<1>")
+    text = path.read_text()
+    assert "T&lt;1&gt;" in text
+    assert text.count("<script") >= 5
+    assert not re.search(r"<script[^>]+src=", text)  # plotly inlined, no CDN
+    assert len(text) > 1_000_000  # plotly.js itself
+    for heading in ("TTFT by input length: p50, p95, p99", "ITL by input length: p50, p95",
+                    "Requests by input length", "Mean cached prompt tokens by input length",
+                    "p95 TTFT by input length over time"):
+        assert heading in text, heading
+    arrays = re.findall(r'"categoryarray":(\[[^\]]*\])', text)
+    assert arrays and all(json.loads(a) == list(BUCKETS.labels) for a in arrays)
+    # table rows in numeric order, "all" last
+    cells = re.findall(r"<tr[^>]*><td>([^<]+)</td>", text)
+    assert cells == [*BUCKETS.labels, "all"]
+    no_time = render_html(rep.rows, None)
+    assert "over time" not in no_time
+
+
+def test_html_side_by_side_for_the_demo(results_file: Path) -> None:
+    rows = report_from_results(results_file, BUCKETS).rows
+    text = render_html(rows, [TimeSeries("0-512", (1.0,), (None,))], compare_rows=rows, names=("client", "gateway"))
+    assert "p50 (client)" in text and "p50 (gateway)" in text
+    assert bucket_order(rows) == list(BUCKETS.labels)
+
+
+def _run(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        rc = main(argv)
+    return rc, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("fmt", ["table", "csv", "json", "markdown"])
+def test_cli_formats(results_file: Path, fmt: str) -> None:
+    rc, out, _ = _run(["report", "--results", str(results_file), "--format", fmt])
+    assert rc == 0
+    assert out.index("0-512") < out.index("513-1024") < out.index("1025-2048") < out.index("16385+")
+    if fmt == "json":
+        assert [r["bucket"] for r in json.loads(out)][-1] == "all"
+
+
+def test_cli_results_folder_and_html(results_file: Path, tmp_path: Path) -> None:
+    rc, out, err = _run(["report", "--results", str(results_file.parent), "--isl-buckets", "1000",
+                         "--html", str(tmp_path / "r.html")])
+    assert rc == 0 and "1001+" in out and "r.html" in err
+    assert (tmp_path / "r.html").stat().st_size > 1_000_000
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--results", "/nonexistent/results.jsonl"], "cannot read results file"),
+    (["--metrics", "/nonexistent.txt"], "cannot read metrics file"),
+    (["--metrics", "http://127.0.0.1:1/metrics"], "cannot fetch"),
+    (["--prometheus", "ftp://x"], "http(s)"),
+    (["--prometheus", "http://127.0.0.1:1", "--window", "5m"], "cannot reach"),
+    (["--results", "x", "--metrics-before", "y"], "--metrics-before needs --metrics"),
+    (["--results", "x", "--isl-buckets", "0"], "positive integer"),
+])
+def test_cli_errors_are_one_line(argv: list[str], message: str) -> None:
+    rc, _, err = _run(["report", *argv])
+    assert rc == 2, err
+    assert err.startswith("servelens: error:") and err.count("\n") == 1
+    assert message in err
+
+
+def test_cli_garbage_files(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"index": 1}\n')
+    rc, _, err = _run(["report", "--results", str(bad)])
+    assert rc == 2 and "bad.jsonl:1" in err and err.count("\n") == 1
+    txt = tmp_path / "m.txt"
+    txt.write_text("this is { not exposition\n")
+    rc, _, err = _run(["report", "--metrics", str(txt)])
+    assert rc == 2 and err.count("\n") == 1
