@@ -95,6 +95,8 @@ class SimRequest:
         arrival_ns: when the request arrived (clock ns).
         tokens_per_step: tokens emitted per decode step (1; more with the ``multi_token`` fault).
         notify: called (no arguments) after every step that changed this request.
+        on_done: called once when the engine lets go of the request (finished, or dropped after
+            :meth:`Engine.cancel`); may be set at any time before that.
     """
 
     request_id: str
@@ -113,6 +115,14 @@ class SimRequest:
     cancelled: bool = False
     cancel_ns: int | None = None
     tokens_at_cancel: int | None = None
+    submitted: bool = False
+    on_done: Callable[[], None] | None = None
+
+    def _finish(self) -> None:
+        self.finished = True
+        if self.on_done is not None:
+            cb, self.on_done = self.on_done, None
+            cb()
 
     @property
     def kv_reserved(self) -> int:
@@ -156,6 +166,7 @@ class Engine:
                 f"prompt ({req.isl} tokens) plus max_tokens ({req.osl_target}) exceeds the KV cache "
                 f"capacity of {self.params.kv_capacity_tokens} tokens"
             )
+        req.submitted = True
         self.waiting.append(req)
 
     def cancel(self, req: SimRequest, now_ns: int) -> None:
@@ -167,16 +178,28 @@ class Engine:
 
     def _drop_cancelled(self) -> None:
         if any(r.cancelled for r in self.waiting):
+            dropped = [r for r in self.waiting if r.cancelled]
             self.waiting = deque(r for r in self.waiting if not r.cancelled)
+            for r in dropped:
+                r._finish()
         if any(r.cancelled for r in self.running):
             keep: list[SimRequest] = []
             for r in self.running:
                 if r.cancelled:
                     self.kv_reserved -= r.kv_reserved
-                    r.finished = True
+                    r._finish()
                 else:
                     keep.append(r)
             self.running = keep
+
+    def drop_all(self) -> None:
+        """Let go of every request (engine shutdown); their ``on_done`` callbacks run."""
+        reqs = [*self.waiting, *self.running]
+        self.waiting.clear()
+        self.running = []
+        self.kv_reserved = 0
+        for r in reqs:
+            r._finish()
 
     def plan(self) -> Step | None:
         """The next step, or None when nothing can run (idle)."""
@@ -248,8 +271,8 @@ class Engine:
             keep: list[SimRequest] = []
             for r in self.running:
                 if r.generated >= r.osl_target:
-                    r.finished = True
                     self.kv_reserved -= r.kv_reserved
+                    r._finish()
                 else:
                     keep.append(r)
             self.running = keep
@@ -327,6 +350,7 @@ class StepLoop:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        self.engine.drop_all()
 
     async def run(self) -> None:
         """Plan, sleep, complete; forever (until cancelled)."""
@@ -339,7 +363,7 @@ class StepLoop:
                 await self._work.wait()
                 start = clock.now_ns()
                 continue
-            engine.admit_times(step, start)
+            engine.admit_times(step, clock.now_ns())
             deadline = start + int(step.cost_s * 1e9 / self.speedup)
             await clock.sleep_until(deadline)
             now = clock.now_ns()

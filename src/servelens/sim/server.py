@@ -457,23 +457,34 @@ async def _handle(request: web.Request, endpoint: str) -> web.StreamResponse:
         raise
     finally:
         end = time.perf_counter_ns()
-        if sreq is not None and not sreq.finished:
-            st.loop.cancel(sreq)
-        times = tuple(sreq.token_times_ns) if sreq is not None else ()
-        cached = sreq.cached_tokens if sreq is not None else 0
-        rec = TruthRecord(
-            request_id=rid, endpoint=endpoint, stream=stream, arrival_ns=arrival,
-            admitted_ns=sreq.admitted_ns if sreq is not None else None,
-            first_token_ns=times[0] if times else None, token_times_ns=times, end_ns=end, isl=isl,
-            cached_tokens=cached, osl=len(times), outcome=out.outcome,
-            finish_reason=out.finish if out.outcome == "ok" else None, http_status=out.status,
-            faults=tuple(sorted(plan.modes)),
-            cancel_ns=sreq.cancel_ns if sreq is not None else None,
-            tokens_at_cancel=sreq.tokens_at_cancel if sreq is not None else None,
-        )
-        st.truth.add(rec)
-        if sreq is not None and sreq.admitted_ns is not None:
-            st.metrics.observe_request(arrival, times, end, isl, cached, rec.finish_reason)
+        final_outcome = out
+        req = sreq
+
+        def record() -> None:
+            times = tuple(req.token_times_ns) if req is not None else ()
+            cached = req.cached_tokens if req is not None else 0
+            o = final_outcome
+            rec = TruthRecord(
+                request_id=rid, endpoint=endpoint, stream=stream, arrival_ns=arrival,
+                admitted_ns=req.admitted_ns if req is not None else None,
+                first_token_ns=times[0] if times else None, token_times_ns=times, end_ns=end, isl=isl,
+                cached_tokens=cached, osl=len(times), outcome=o.outcome,
+                finish_reason=o.finish if o.outcome == "ok" else None, http_status=o.status,
+                faults=tuple(sorted(plan.modes)),
+                cancel_ns=req.cancel_ns if req is not None else None,
+                tokens_at_cancel=req.tokens_at_cancel if req is not None else None,
+            )
+            st.truth.add(rec)
+            if req is not None and req.admitted_ns is not None:
+                st.metrics.observe_request(arrival, times, end, isl, cached, rec.finish_reason)
+
+        if req is not None and req.submitted and not req.finished:
+            # the record is written once the engine has dropped the request (at its next step), so
+            # it holds every token generated, including one from a step in flight at the cancel
+            req.on_done = record
+            st.loop.cancel(req)
+        else:
+            record()
 
 
 def _submit(st: SimState, sreq: SimRequest) -> None:

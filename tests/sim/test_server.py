@@ -1,0 +1,224 @@
+"""HTTP behaviour of the sim: formats, usage, errors, metrics, truth, timing, disconnect."""
+
+import asyncio
+import json
+from pathlib import Path
+
+import aiohttp
+import msgspec
+
+from servelens.core.openai import parse_chunk
+from servelens.sim.testing import capture, run_sim
+from servelens.sim.tokenizer import count_tokens, make_text
+
+
+def chat(content: str, **kw: object) -> dict[str, object]:
+    return {"model": "sim-model", "messages": [{"role": "user", "content": content}], **kw}
+
+
+async def test_streaming_chat_format_and_final_usage() -> None:
+    async with run_sim() as sim:
+        prompt = make_text(37, "p")
+        cap = await capture(sim.url + "/v1/chat/completions",
+                            chat(prompt, max_tokens=9, ignore_eos=True, stream=True,
+                                 stream_options={"include_usage": True}))
+        assert cap.status == 200 and cap.headers["content-type"].startswith("text/event-stream")
+        rid = cap.headers["x-request-id"]
+        data = cap.data
+        assert data[-1] == "[DONE]"
+        chunks = [json.loads(d) for d in data[:-1]]
+        assert all(c["usage"] is None for c in chunks[:-1])
+        assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+        assert not parse_chunk(data[0]).has_output
+        tokens = chunks[1:-1]
+        assert len(tokens) == 9 and all(c["object"] == "chat.completion.chunk" and c["id"] == rid for c in tokens)
+        assert [c["choices"][0]["finish_reason"] for c in tokens] == [None] * 8 + ["length"]
+        text = "".join(c["choices"][0]["delta"]["content"] for c in tokens)
+        assert count_tokens(text) == 9
+        final = chunks[-1]
+        assert final["choices"] == []
+        assert final["usage"] == {"prompt_tokens": 37, "completion_tokens": 9, "total_tokens": 46,
+                                  "prompt_tokens_details": {"cached_tokens": 0}}
+        rec = await sim.wait_truth(rid)
+        assert (rec.isl, rec.osl, rec.outcome, rec.finish_reason) == (37, 9, "ok", "length")
+        assert rec.arrival_ns < rec.first_token_ns <= cap.read_ns[-1]
+        assert len(rec.token_times_ns) == 9 and list(rec.token_times_ns) == sorted(rec.token_times_ns)
+
+
+async def test_streaming_completions_continuous_usage_and_no_usage_key() -> None:
+    async with run_sim() as sim:
+        cap = await capture(sim.url + "/v1/completions",
+                            {"prompt": "one two three", "max_tokens": 5, "ignore_eos": True, "stream": True,
+                             "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+        chunks = [json.loads(d) for d in cap.data[:-1]]
+        assert [c["usage"]["completion_tokens"] for c in chunks[:-1]] == [1, 2, 3, 4, 5]
+        assert all(c["object"] == "text_completion" and "text" in c["choices"][0] for c in chunks[:-1])
+        assert chunks[-1]["usage"]["prompt_tokens"] == 3
+        plain = await capture(sim.url + "/v1/completions",
+                              {"prompt": "one two", "max_tokens": 3, "ignore_eos": True, "stream": True})
+        assert all("usage" not in json.loads(d) for d in plain.data[:-1])
+        assert plain.data[-1] == "[DONE]"
+
+
+async def test_non_streaming_token_id_prompt_determinism_and_request_id_reuse() -> None:
+    async with run_sim(seed=7) as sim, aiohttp.ClientSession() as s:
+        body = {"prompt": [5, 6, 7, 8], "max_tokens": 12, "ignore_eos": True}
+        texts = []
+        for rid in ("mine-1", "mine-2"):
+            async with s.post(sim.url + "/v1/completions", json=body, headers={"x-request-id": rid}) as r:
+                assert r.status == 200 and r.headers["x-request-id"] == rid
+                obj = await r.json()
+                texts.append(obj["choices"][0]["text"])
+                assert obj["usage"]["prompt_tokens"] == 4 and obj["usage"]["completion_tokens"] == 12
+        assert texts[0] == texts[1] and count_tokens(texts[0]) == 12
+        async with s.post(sim.url + "/v1/completions", json={**body, "seed": 8}) as r:
+            assert (await r.json())["choices"][0]["text"] != texts[0]
+        async with s.post(sim.url + "/v1/chat/completions", json=chat("hi", max_tokens=3, ignore_eos=True)) as r:
+            obj = await r.json()
+            assert obj["object"] == "chat.completion"
+            assert obj["choices"][0]["message"]["role"] == "assistant"
+            assert obj["choices"][0]["finish_reason"] == "length"
+
+
+async def test_eos_min_tokens_and_stop_reason() -> None:
+    async with run_sim(eos_min_tokens=3, eos_max_tokens=3) as sim, aiohttp.ClientSession() as s:
+        async with s.post(sim.url + "/v1/completions", json={"prompt": "a b", "max_tokens": 10}) as r:
+            obj = await r.json()
+            assert obj["usage"]["completion_tokens"] == 3 and obj["choices"][0]["finish_reason"] == "stop"
+        async with s.post(sim.url + "/v1/completions",
+                          json={"prompt": "a b", "max_tokens": 10, "min_tokens": 6}) as r:
+            assert (await r.json())["usage"]["completion_tokens"] == 6
+        async with s.post(sim.url + "/v1/completions",
+                          json={"prompt": "a b", "max_completion_tokens": 2}) as r:
+            obj = await r.json()
+            assert obj["usage"]["completion_tokens"] == 2 and obj["choices"][0]["finish_reason"] == "length"
+
+
+async def test_bad_requests_get_openai_errors() -> None:
+    async with run_sim() as sim, aiohttp.ClientSession() as s:
+        cases = [
+            (chat("x", n=2), 400, "n"),
+            ({"model": "other", "messages": [{"role": "user", "content": "x"}]}, 404, "model"),
+            ({"messages": []}, 400, "messages"),
+            (chat("x", max_tokens=0), 400, "max_tokens"),
+            (chat("x", stream_options={"include_usage": True}), 400, "stream_options"),
+            (chat("x", max_tokens=200_000), 400, "max_tokens"),
+        ]
+        for body, status, param in cases:
+            async with s.post(sim.url + "/v1/chat/completions", json=body) as r:
+                assert r.status == status, body
+                err = (await r.json())["error"]
+                assert set(err) == {"message", "type", "param", "code"} and err["param"] == param
+                assert r.headers["x-request-id"]
+        async with s.post(sim.url + "/v1/completions", data=b"{not json") as r:
+            assert r.status == 400 and "JSON" in (await r.json())["error"]["message"]
+        async with s.post(sim.url + "/v1/completions", json={"prompt": "x"},
+                          headers={"x-servelens-fault": "bogus"}) as r:
+            assert r.status == 400 and "bogus" in (await r.json())["error"]["message"]
+        assert all(t.outcome == "invalid" for t in sim.truth())
+
+
+async def test_models_health_tokenize_metrics_and_debug_off() -> None:
+    async with run_sim(model="m1") as sim, aiohttp.ClientSession() as s:
+        async with s.get(sim.url + "/v1/models") as r:
+            assert [m["id"] for m in (await r.json())["data"]] == ["m1"]
+        async with s.get(sim.url + "/health") as r:
+            assert r.status == 200
+        async with s.post(sim.url + "/tokenize", json={"prompt": "Hello, world!"}) as r:
+            obj = await r.json()
+            assert obj["count"] == 4 and len(obj["tokens"]) == 4
+        async with s.post(sim.url + "/tokenize", json={"messages": [{"role": "user", "content": "a b"}]}) as r:
+            assert (await r.json())["count"] == 2
+        async with s.post(sim.url + "/v1/completions",
+                          json={"model": "m1", "prompt": make_text(40, 1), "max_tokens": 4, "ignore_eos": True}) as r:
+            rid = r.headers["x-request-id"]
+            await r.read()
+        await sim.wait_truth(rid)
+        async with s.get(sim.url + "/metrics") as r:
+            text = await r.text()
+        for name in ("vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_count",
+                     "vllm:e2e_request_latency_seconds_sum", "vllm:request_prompt_tokens_sum",
+                     "vllm:request_generation_tokens_sum", "vllm:num_requests_running",
+                     "vllm:num_requests_waiting", "vllm:prompt_tokens_cached_total"):
+            assert name in text, name
+        assert 'vllm:request_prompt_tokens_sum{model_name="m1"} 40.0' in text
+        assert 'vllm:inter_token_latency_seconds_count{model_name="m1"} 3.0' in text
+        async with s.get(sim.url + "/debug/requests") as r:
+            assert r.status == 404
+
+
+async def test_debug_endpoints_and_truth_log_file(tmp_path: Path) -> None:
+    log = tmp_path / "truth.jsonl"
+    async with run_sim(debug=True, truth_log=str(log)) as sim, aiohttp.ClientSession() as s:
+        async with s.post(sim.url + "/v1/completions", json={"prompt": "a", "max_tokens": 3}) as r:
+            rid = r.headers["x-request-id"]
+            await r.read()
+        rec = await sim.wait_truth(rid)
+        async with s.get(sim.url + "/debug/requests") as r:
+            data = (await r.json())["data"]
+        assert data[-1]["request_id"] == rid and data[-1]["token_times_ns"] == list(rec.token_times_ns)
+        async with s.get(sim.url + "/debug/stats") as r:
+            assert (await r.json())["steps"] >= 3
+    lines = log.read_bytes().splitlines()
+    assert msgspec.json.decode(lines[-1])["request_id"] == rid
+
+
+async def test_ttft_grows_with_uncached_isl_over_http() -> None:
+    async with run_sim(speedup=10) as sim, aiohttp.ClientSession() as s:
+        ttfts = []
+        for isl in (200, 3000, 12000):
+            body = {"prompt": make_text(isl, ("isl", isl)), "max_tokens": 2, "ignore_eos": True}
+            async with s.post(sim.url + "/v1/completions", json=body) as r:
+                rid = r.headers["x-request-id"]
+                assert (await r.json())["usage"]["prompt_tokens"] == isl
+            rec = await sim.wait_truth(rid)
+            assert rec.ttft_ns is not None
+            ttfts.append(rec.ttft_ns)
+        assert ttfts == sorted(ttfts) and ttfts[2] > 5 * ttfts[0]
+
+
+async def test_repeated_long_prompt_reports_cached_tokens_and_lower_ttft() -> None:
+    async with run_sim(speedup=10) as sim, aiohttp.ClientSession() as s:
+        body = chat(make_text(8000, "shared"), max_tokens=2, ignore_eos=True, stream=True,
+                    stream_options={"include_usage": True})
+        recs = []
+        for _ in range(2):
+            cap = await capture(sim.url + "/v1/chat/completions", body)
+            usage = json.loads(cap.data[-2])["usage"]
+            recs.append((usage["prompt_tokens_details"]["cached_tokens"],
+                         await sim.wait_truth(cap.headers["x-request-id"])))
+        (c1, r1), (c2, r2) = recs
+        assert c1 == 0 and c2 == (8000 - 1) // 16 * 16 and r2.cached_tokens == c2
+        assert r2.ttft_ns is not None and r1.ttft_ns is not None and r2.ttft_ns < r1.ttft_ns / 2
+        del s
+
+
+async def test_queueing_appears_beyond_max_num_seqs() -> None:
+    async with run_sim(speedup=20, max_num_seqs=2) as sim:
+        body = {"prompt": "x y z", "max_tokens": 30, "ignore_eos": True, "stream": True}
+        caps = await asyncio.gather(*[
+            capture(sim.url + "/v1/completions", body, {"x-request-id": f"q{i}"}) for i in range(4)])
+        assert all(c.status == 200 for c in caps)
+        recs = sorted([await sim.wait_truth(f"q{i}") for i in range(4)], key=lambda r: r.admitted_ns or 0)
+        first_end = min(r.token_times_ns[-1] for r in recs[:2])
+        assert all((r.admitted_ns or 0) >= first_end for r in recs[2:])
+        assert max(r.ttft_ns or 0 for r in recs[2:]) > 10 * max(r.ttft_ns or 0 for r in recs[:2])
+
+
+async def test_disconnect_stops_generation_within_one_step() -> None:
+    async with run_sim(speedup=10) as sim, aiohttp.ClientSession() as s:
+        body = {"prompt": "go", "max_tokens": 5000, "ignore_eos": True, "stream": True}
+        r = await s.post(sim.url + "/v1/completions", json=body)
+        rid = r.headers["x-request-id"]
+        got = 0
+        async for line in r.content:
+            if line.startswith(b"data: {"):
+                got += 1
+                if got == 5:
+                    break
+        r.close()  # drop the connection
+        rec = await sim.wait_truth(rid, timeout=5)
+        assert rec.outcome == "cancelled" and rec.cancel_ns is not None
+        assert 5 <= rec.osl < 5000
+        assert sum(1 for t in rec.token_times_ns if t > rec.cancel_ns) <= 1
+        assert not sim.engine.running and not sim.engine.waiting
