@@ -1,0 +1,240 @@
+#!/usr/bin/env python3
+"""Gateway vs NVIDIA Dynamo 1.6.1's own frontend metrics, driven by ``servelens bench`` (issue 7).
+
+One measured pass (:func:`measure`): a fresh Dynamo mocker + frontend (``dynamo_harness.serve``), a
+``servelens gateway --metrics-prefix dynamo_frontend`` in front of it (child process, request log
+on), and ``servelens bench`` (child process) replaying the first requests of the packaged Mooncake
+conversation cut (shared 512-token prefix blocks, so the mocker's prefix cache hits) through the
+gateway at a fixed concurrency. Afterwards both ``/metrics`` pages are scraped and the bench's
+results file and the gateway's request log are read back.
+
+Three clocks see each request: Dynamo's frontend (arrival at Dynamo to its first output token),
+the gateway (arrival at the gateway to the first output-bearing chunk it relays) and the bench
+(send to first output-bearing chunk received). The conformance test (tests/engines/
+test_dynamo_conformance.py) checks the sums; run as a script this prints the TTFT gaps per
+concurrency for docs/benchmarks.md. Must run inside a private network namespace::
+
+    python scripts/dynamo_harness.py run-in-netns -- python scripts/dynamo_gap.py --concurrency 1,8,32
+
+Timings are noisy on a shared 2-core machine; compare the gaps, not the absolute TTFTs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import dynamo_harness as harness
+
+from servelens.bench.results import BenchRecord, load_results
+from servelens.process import ServerProcess
+from servelens.prometheus.names import DYNAMO_PREFIX, MetricNames
+
+TRACE = "mooncake_conversation_400.jsonl"
+ISL_BUCKETS = "512,1024,2048,4096,8192,16384"
+NAMES = MetricNames(DYNAMO_PREFIX)
+STOCK = {"ttft": NAMES.ttft, "itl": NAMES.itl, "duration": NAMES.duration, "isl": NAMES.isl,
+         "osl": NAMES.osl, "cached": NAMES.cached}
+
+
+@dataclass(frozen=True)
+class HistSums:
+    """``_sum`` and ``_count`` of the six stock histograms for one model (seconds or tokens)."""
+
+    sums: dict[str, float]
+    counts: dict[str, float]
+
+
+@dataclass(frozen=True)
+class Pass:
+    """What one measured pass saw.
+
+    Attributes:
+        concurrency: bench workers.
+        dynamo, gateway: stock histogram sums/counts from each ``/metrics`` (all requests the
+            gateway relayed, including the bench's one-token probe if it sent one).
+        gateway_by_isl_text: the gateway's full exposition (for by-ISL checks).
+        records: the bench's per-request records (trace requests only).
+        gateway_log: the gateway's request log entries (every relayed request).
+        wall_s: bench wall time.
+    """
+
+    concurrency: int
+    dynamo: HistSums
+    gateway: HistSums
+    gateway_text: str
+    dynamo_text: str
+    records: tuple[BenchRecord, ...]
+    gateway_log: tuple[dict[str, Any], ...]
+    wall_s: float
+
+    def bench_ttfts_s(self) -> list[float]:
+        """TTFT per successful bench request (s)."""
+        return [r.ttft_s for r in self.records if r.ok and r.ttft_s is not None]
+
+    def paired_ttft_s(self) -> list[tuple[float, float]]:
+        """(bench TTFT, gateway TTFT) per trace request, joined on (ISL, OSL) and TTFT rank.
+
+        Dynamo sends no ``x-request-id``, so requests are matched by their prompt and output
+        lengths; equal keys are paired in TTFT order.
+        """
+        by_key: dict[tuple[int, int], list[float]] = defaultdict(list)
+        for e in self.gateway_log:
+            if e.get("status") == "success" and e.get("ttft_s") is not None:
+                by_key[(int(e["isl"]), int(e["osl"]))].append(float(e["ttft_s"]))
+        bench: dict[tuple[int, int], list[float]] = defaultdict(list)
+        for r in self.records:
+            if r.ok and r.ttft_s is not None and r.isl_server is not None and r.osl is not None:
+                bench[(r.isl_server, r.osl)].append(r.ttft_s)
+        pairs = []
+        for key, b in bench.items():
+            g = sorted(by_key.get(key, []))
+            for bt, gt in zip(sorted(b), g, strict=False):
+                pairs.append((bt, gt))
+        return pairs
+
+
+def scrape(url: str) -> str:
+    """GET ``url`` (a /metrics page) as text."""
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return str(resp.read().decode())
+
+
+def hist_sums(text: str, model: str) -> HistSums:
+    """The six stock histograms' ``_sum``/``_count`` for ``model`` from an exposition text."""
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    wanted = {v: k for k, v in STOCK.items()}
+    for fam in text_string_to_metric_families(text):
+        key = wanted.get(fam.name)
+        if key is None:
+            continue
+        for s in fam.samples:
+            if s.labels.get("model") != model:
+                continue
+            if s.name.endswith("_sum"):
+                sums[key] = s.value
+            elif s.name.endswith("_count"):
+                counts[key] = s.value
+    return HistSums(sums, counts)
+
+
+def measure(
+    stack: Any,
+    concurrency: int,
+    max_requests: int,
+    out_dir: Path,
+    by_isl_only: bool = False,
+    timeout_s: float = 300.0,
+) -> Pass:
+    """Run gateway + bench against a running Dynamo ``stack`` (a ``dynamo_harness.DynamoStack``).
+
+    The bench replays the first ``max_requests`` rows of the packaged Mooncake cut (clipped to the
+    mocker's 32768-token context) with ``concurrency`` workers and ``--no-continuous-usage`` (the
+    mocker sends one token per chunk; this also skips the bench's probe request).
+    Raises RuntimeError when the bench fails (with its output).
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log = out_dir / "gateway-requests.jsonl"
+    gw_args = ["gateway", "--upstream", stack.frontend_url, "--metrics-prefix", DYNAMO_PREFIX,
+               "--isl-buckets", ISL_BUCKETS, "--request-log", str(log)]
+    if by_isl_only:
+        gw_args.append("--by-isl-only")
+    with ServerProcess(gw_args, log_path=out_dir / "gateway.log") as gw:
+        cmd = [sys.executable, "-m", "servelens", "bench", "--url", gw.url, "--trace", TRACE,
+               "--tokenizer", str(Path(stack.model_dir) / "tokenizer.json"),
+               "--max-requests", str(max_requests), "--concurrency", str(concurrency),
+               "--max-context", str(harness.DEFAULT_MAX_MODEL_LEN), "--long-requests", "clip",
+               "--no-continuous-usage", "--no-progress", "--output-dir", str(out_dir / "bench")]
+        t0 = time.monotonic()
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+        wall = time.monotonic() - t0
+        if proc.returncode != 0:
+            raise RuntimeError(
+                f"servelens bench exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        gw_text = scrape(f"{gw.url}/metrics")
+        dyn_text = scrape(f"{stack.frontend_url}/metrics")
+    records = tuple(load_results(out_dir / "bench" / "results.jsonl"))
+    entries = tuple(json.loads(line) for line in log.read_text().splitlines() if line.strip())
+    return Pass(concurrency, hist_sums(dyn_text, stack.model), hist_sums(gw_text, stack.model),
+                gw_text, dyn_text, records, entries, wall)
+
+
+@dataclass(frozen=True)
+class GapRow:
+    """Mean TTFT per request (ms) seen by Dynamo, the gateway and the bench, and their gaps."""
+
+    concurrency: int
+    requests: int
+    dynamo_ms: float
+    gateway_ms: float
+    bench_ms: float
+    gateway_minus_dynamo_ms: float
+    bench_minus_gateway_ms: float
+    bench_minus_dynamo_ms: float
+    paired_bench_minus_gateway_p50_ms: float
+    paired_bench_minus_gateway_max_ms: float
+    wall_s: float
+
+
+def gap_row(p: Pass) -> GapRow:
+    """Summarise one pass (means over the same requests: Dynamo and gateway sums include the same set)."""
+    n = p.dynamo.counts["ttft"]
+    dyn = p.dynamo.sums["ttft"] / n * 1e3
+    gwm = p.gateway.sums["ttft"] / p.gateway.counts["ttft"] * 1e3
+    bench = statistics.fmean(p.bench_ttfts_s()) * 1e3
+    diffs = sorted((b - g) * 1e3 for b, g in p.paired_ttft_s())
+    return GapRow(p.concurrency, len(p.records), round(dyn, 2), round(gwm, 2), round(bench, 2),
+                  round(gwm - dyn, 2), round(bench - gwm, 2), round(bench - dyn, 2),
+                  round(statistics.median(diffs), 2) if diffs else float("nan"),
+                  round(max(diffs), 2) if diffs else float("nan"), round(p.wall_s, 1))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI: one pass per concurrency, print a Markdown table and write JSON."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--concurrency", default="1,8,32", help="comma-separated concurrencies")
+    ap.add_argument("--requests", default="", help="requests per concurrency (comma list; default 4x conc, >= 12)")
+    ap.add_argument("--json", default="", help="write the rows here")
+    args = ap.parse_args(argv)
+    concs = [int(c) for c in args.concurrency.split(",")]
+    reqs = [int(r) for r in args.requests.split(",")] if args.requests else [max(12, 4 * c) for c in concs]
+    try:
+        venv = harness.install()
+        model_dir = harness.build_tiny_model()
+        rows = []
+        for c, n in zip(concs, reqs, strict=True):
+            with tempfile.TemporaryDirectory(prefix="servelens-dyngap-") as d, harness.serve(venv, model_dir) as st:
+                rows.append(gap_row(measure(st, c, n, Path(d))))
+                print(json.dumps(asdict(rows[-1])), file=sys.stderr, flush=True)
+    except (harness.HarnessError, RuntimeError) as e:
+        print(f"dynamo_gap: error: {e}", file=sys.stderr)
+        return 2
+    print("| concurrency | requests | Dynamo TTFT mean (ms) | gateway | bench | gateway - Dynamo | "
+          "bench - gateway | bench - Dynamo | bench - gateway per request p50 / max |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r.concurrency} | {r.requests} | {r.dynamo_ms:.1f} | {r.gateway_ms:.1f} | {r.bench_ms:.1f} | "
+              f"{r.gateway_minus_dynamo_ms:+.1f} | {r.bench_minus_gateway_ms:+.1f} | {r.bench_minus_dynamo_ms:+.1f} | "
+              f"{r.paired_bench_minus_gateway_p50_ms:+.1f} / {r.paired_bench_minus_gateway_max_ms:+.1f} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
