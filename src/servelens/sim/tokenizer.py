@@ -26,7 +26,6 @@ import random
 import re
 import zlib
 from collections.abc import Sequence
-from functools import lru_cache
 from typing import Any
 
 VOCAB_SIZE = 128_000
@@ -56,7 +55,10 @@ def split_tokens(text: str) -> list[str]:
     return _TOKEN_RE.findall(text)
 
 
-@lru_cache(maxsize=65536)
+_ID_CACHE: dict[str, int] = {}
+_ID_CACHE_MAX = 262_144
+
+
 def token_id(token: str) -> int:
     """The id of one token string: ``crc32(utf-8) % VOCAB_SIZE``."""
     return zlib.crc32(token.encode("utf-8")) % VOCAB_SIZE
@@ -64,7 +66,17 @@ def token_id(token: str) -> int:
 
 def tokenize(text: str) -> list[int]:
     """Token ids of ``text``; ``len(tokenize(t)) == count_tokens(t)``."""
-    return [token_id(t) for t in _TOKEN_RE.findall(text)]
+    toks = _TOKEN_RE.findall(text)
+    cache = _ID_CACHE
+    try:
+        return [cache[t] for t in toks]
+    except KeyError:
+        if len(cache) > _ID_CACHE_MAX:
+            cache.clear()
+        for t in toks:
+            if t not in cache:
+                cache[t] = token_id(t)
+        return [cache[t] for t in toks]
 
 
 def count_tokens(text: str) -> int:

@@ -1,0 +1,216 @@
+"""Each fault mode, produced exactly as specified (servelens.sim.faults)."""
+
+import asyncio
+import json
+
+import aiohttp
+import pytest
+
+from servelens.core.openai import parse_chunk
+from servelens.sim.faults import FAULT_MODES, FaultInjector, parse_modes
+from servelens.sim.testing import capture, run_sim
+
+CHAT = "/v1/chat/completions"
+COMP = "/v1/completions"
+
+
+def body(osl: int = 10, chat: bool = True, **kw: object) -> dict[str, object]:
+    base: dict[str, object] = {"max_tokens": osl, "ignore_eos": True, "stream": True, **kw}
+    if chat:
+        base["messages"] = [{"role": "user", "content": "tell me"}]
+    else:
+        base["prompt"] = "tell me"
+    return base
+
+
+def fault(mode: str, **extra: str) -> dict[str, str]:
+    return {"x-servelens-fault": mode, **extra}
+
+
+def token_chunks(data: list[str]) -> list[dict[str, object]]:
+    out = []
+    for d in data:
+        info = parse_chunk(d)
+        if info.has_output:
+            assert info.obj is not None
+            out.append(info.obj)
+    return out
+
+
+@pytest.mark.parametrize("mode,status", [("http_429", 429), ("http_500", 500), ("http_503", 503)])
+async def test_http_errors_before_any_chunk(mode: str, status: int) -> None:
+    async with run_sim() as sim:
+        cap = await capture(sim.url + CHAT, body(), fault(mode))
+        assert cap.status == status and cap.headers["content-type"].startswith("application/json")
+        err = json.loads(cap.body)["error"]
+        assert set(err) == {"message", "type", "param", "code"} and err["code"] == status
+        rec = await sim.wait_truth(cap.headers["x-request-id"])
+        assert (rec.outcome, rec.http_status, rec.osl) == ("error", status, 0)
+
+
+async def test_error_mid_stream() -> None:
+    async with run_sim() as sim:
+        cap = await capture(sim.url + CHAT, body(10), fault("error_mid_stream"))
+        assert cap.status == 200
+        infos = [parse_chunk(d) for d in cap.data]
+        assert infos[-1].error is not None and "[DONE]" not in cap.data
+        assert sum(i.has_output for i in infos) == 5
+        assert all(i.finish_reason is None for i in infos)
+        rec = await sim.wait_truth(cap.headers["x-request-id"])
+        assert rec.outcome == "error" and rec.osl <= 6
+
+
+async def test_reset_mid_stream_is_a_tcp_reset() -> None:
+    async with run_sim() as sim:
+        reader, writer = await asyncio.open_connection("127.0.0.1", sim.port)
+        payload = json.dumps(body(10, chat=False)).encode()
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"x-request-id: rst-1\r\nx-servelens-fault: reset_mid_stream\r\n"
+                     b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+        await writer.drain()
+        got = b""
+        with pytest.raises(ConnectionResetError):
+            async with asyncio.timeout(5):
+                while True:
+                    chunk = await reader.read(65536)
+                    if not chunk:
+                        break  # a clean EOF is not a reset: the pytest.raises fails
+                    got += chunk
+        writer.close()
+        rec = await sim.wait_truth("rst-1")
+        assert rec.outcome == "reset" and rec.osl <= 6
+        assert b"0\r\n\r\n" not in got
+
+
+async def test_no_done() -> None:
+    async with run_sim() as sim:
+        cap = await capture(sim.url + CHAT, body(6, stream_options={"include_usage": True}), fault("no_done"))
+        infos = [parse_chunk(d) for d in cap.data]
+        assert "[DONE]" not in cap.data and all(i.finish_reason is None for i in infos)
+        assert sum(i.has_output for i in infos) == 6 and all(i.usage is None for i in infos)
+        assert (await sim.wait_truth(cap.headers["x-request-id"])).outcome == "incomplete"
+
+
+async def test_malformed_chunk_then_stream_continues() -> None:
+    async with run_sim() as sim:
+        cap = await capture(sim.url + COMP, body(8, chat=False), fault("malformed_chunk"))
+        infos = [parse_chunk(d) for d in cap.data]
+        bad = [k for k, i in enumerate(infos) if i.malformed]
+        assert len(bad) == 1 and 0 < bad[0] < len(infos) - 2
+        assert sum(i.has_output for i in infos) == 8 and cap.data[-1] == "[DONE]"
+
+
+async def test_slow_start_headers_at_once_pings_then_tokens() -> None:
+    async with run_sim() as sim:
+        cap = await capture(sim.url + COMP, body(3, chat=False),
+                            fault("slow_start", **{"x-servelens-fault-delay-ms": "350"}))
+        pings = [b for b in cap.blocks if b.comments == (" ping",)]
+        assert len(pings) >= 1  # every 100 ms: 3 on an idle machine, fewer when the CPU is contended
+        first_token_read = next(t for t, r in zip(cap.read_ns, cap.reads, strict=True) if b'"text"' in r)
+        assert first_token_read - cap.headers_ns >= 300_000_000
+        rec = await sim.wait_truth(cap.headers["x-request-id"])
+        assert rec.ttft_ns is not None and rec.ttft_ns >= 350_000_000
+
+
+async def test_keepalive_comments_and_id_retry_blocks() -> None:
+    async with run_sim() as sim:
+        cap = await capture(sim.url + CHAT, body(6), fault("keepalive"))
+        assert any(b.comments == (" keep-alive",) and b.data is None for b in cap.blocks)
+        assert any(b.id is not None and b.data is None and b"retry: 3000" in b.raw for b in cap.blocks)
+        assert len(token_chunks(cap.data)) == 6 and cap.data[-1] == "[DONE]"
+
+
+async def test_role_first_chunk() -> None:
+    async with run_sim() as sim:
+        cap = await capture(sim.url + CHAT, body(3), fault("role_first"))
+        first = json.loads(cap.data[0])
+        assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+        assert not parse_chunk(cap.data[0]).has_output
+
+
+async def test_coalesce_two_events_per_write() -> None:
+    async with run_sim() as sim:
+        cap = await capture(sim.url + COMP, body(12, chat=False), fault("coalesce"))
+        assert max(r.count(b"data: ") for r in cap.reads) >= 2
+        assert all(r.count(b"data: ") % 2 == 0 for r in cap.reads[:-1]) or len(cap.reads) < 7
+        assert len(token_chunks(cap.data)) == 12
+
+
+async def test_split_inside_multibyte_character() -> None:
+    async with run_sim() as sim:
+        cap = await capture(sim.url + CHAT, body(12), fault("split"))
+        broken = 0
+        for r in cap.reads:
+            try:
+                r.decode("utf-8")
+            except UnicodeDecodeError:
+                broken += 1
+        assert broken >= 1  # some read ended inside a multi-byte character
+        text = "".join(c["choices"][0]["delta"]["content"] for c in token_chunks(cap.data))  # type: ignore[index]
+        assert len(text.encode()) > len(text)  # multi-byte text decoded intact
+        assert cap.data[-1] == "[DONE]"
+
+
+async def test_crlf_line_endings() -> None:
+    async with run_sim() as sim:
+        cap = await capture(sim.url + COMP, body(4, chat=False), fault("crlf"))
+        assert cap.body.count(b"\r\n\r\n") == len(cap.data)
+        assert cap.body.replace(b"\r\n", b"").count(b"\n") == 0
+        assert len(token_chunks(cap.data)) == 4
+
+
+async def test_reasoning_only_deltas() -> None:
+    async with run_sim() as sim:
+        cap = await capture(sim.url + CHAT, body(5), fault("reasoning"))
+        deltas = [c["choices"][0]["delta"] for c in token_chunks(cap.data)]  # type: ignore[index]
+        assert len(deltas) == 5 and all(set(d) == {"reasoning_content"} for d in deltas)
+
+
+async def test_tool_call_deltas() -> None:
+    async with run_sim() as sim:
+        cap = await capture(sim.url + CHAT, body(5), fault("tool_calls"))
+        chunks = token_chunks(cap.data)
+        calls = [c["choices"][0]["delta"]["tool_calls"][0] for c in chunks]  # type: ignore[index]
+        assert calls[0]["id"].startswith("call_") and calls[0]["function"]["name"] == "lookup"
+        args = json.loads("".join(c["function"]["arguments"] for c in calls))
+        assert len(args["text"].split()) == 5
+        assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"  # type: ignore[index]
+
+
+async def test_multi_token_chunks_with_continuous_usage() -> None:
+    async with run_sim() as sim:
+        so = {"include_usage": True, "continuous_usage_stats": True}
+        cap = await capture(sim.url + COMP, body(13, chat=False, stream_options=so), fault("multi_token"))
+        chunks = token_chunks(cap.data)
+        used = [c["usage"]["completion_tokens"] for c in chunks]  # type: ignore[index]
+        assert used == [1, 5, 9, 13]
+        assert [len(c["choices"][0]["text"].split()) for c in chunks] == [1, 4, 4, 4]  # type: ignore[index]
+        rec = await sim.wait_truth(cap.headers["x-request-id"])
+        assert rec.osl == 13 and len(set(rec.token_times_ns)) == 4
+
+
+async def test_combined_modes_and_non_streaming_errors() -> None:
+    async with run_sim() as sim:
+        cap = await capture(sim.url + CHAT, body(6), fault("crlf,keepalive,coalesce"))
+        assert b"\r\n: keep-alive\r\n" in cap.body or cap.body.startswith(b": keep-alive")
+        assert len(token_chunks(cap.data)) == 6 and cap.data[-1] == "[DONE]"
+        async with aiohttp.ClientSession() as s:
+            b = {**body(6), "stream": False}
+            async with s.post(sim.url + CHAT, json=b, headers=fault("error_mid_stream")) as r:
+                assert r.status == 500 and "error" in await r.json()
+
+
+async def test_global_faults_are_seeded() -> None:
+    async with run_sim(fault_rate=1.0, fault_modes=("http_503",)) as sim:
+        cap = await capture(sim.url + COMP, body(2, chat=False))
+        assert cap.status == 503
+        ok = await capture(sim.url + COMP, body(2, chat=False), fault("multi_token"))
+        assert ok.status == 200  # a request's own header wins over the global draw
+    a = FaultInjector(0.5, "http_500,no_done", seed=3)
+    b = FaultInjector(0.5, "http_500,no_done", seed=3)
+    draws_a = [a.plan(None, None).modes for _ in range(50)]
+    assert draws_a == [b.plan(None, None).modes for _ in range(50)]
+    assert 10 < sum(1 for m in draws_a if m) < 40
+    assert parse_modes(",".join(FAULT_MODES)) == frozenset(FAULT_MODES)
+    with pytest.raises(ValueError):
+        FaultInjector(1.5)
