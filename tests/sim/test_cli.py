@@ -1,0 +1,39 @@
+"""``servelens sim`` as a process: ready line on --port 0, serving, clean SIGTERM; one-line errors."""
+
+import asyncio
+import signal
+import subprocess
+import sys
+
+import aiohttp
+
+from servelens.cli.main import main
+
+
+async def test_cli_port_zero_ready_line_and_sigterm() -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "servelens", "sim", "--port", "0", "--speedup", "20", "--max-num-seqs", "8",
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
+        assert line.startswith("servelens sim listening on http://127.0.0.1:")
+        url = line.split()[-1]
+        async with aiohttp.ClientSession() as s:
+            async with s.post(url + "/v1/completions", json={"prompt": "a b c", "max_tokens": 3}) as r:
+                assert r.status == 200 and (await r.json())["usage"]["prompt_tokens"] == 3
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 15) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+def test_cli_bad_values_are_one_line_errors(capsys: object) -> None:
+    assert main(["sim", "--speedup", "0"]) == 2
+    assert main(["sim", "--fault-modes", "http_418"]) == 2
+    assert main(["sim", "--max-num-seqs", "0"]) == 2
+    err = capsys.readouterr().err  # type: ignore[attr-defined]
+    lines = [x for x in err.splitlines() if x]
+    assert len(lines) == 3 and all(x.startswith("servelens: error: ") for x in lines)
