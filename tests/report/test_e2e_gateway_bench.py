@@ -1,0 +1,104 @@
+"""End to end: sim <- gateway <- bench, with real Prometheus and VictoriaMetrics scraping the
+gateway. ``servelens report --prometheus`` and the recording rules must agree with the bench's
+client-side table within the resolution of the ``le`` buckets, buckets in numeric order."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import math
+from contextlib import ExitStack, redirect_stdout
+from pathlib import Path
+
+import pytest
+
+from servelens.bench.runner import BenchConfig, run_bench
+from servelens.cli.main import main
+from servelens.core.buckets import IslBuckets
+from servelens.core.state import ITL_EDGES_S, TTFT_EDGES_S
+from servelens.dashboards.output import write_dashboard_files
+from servelens.dashboards.rules import record_name
+from servelens.gateway.testing import run_gateway
+from servelens.prometheus.names import MetricNames
+from servelens.report.metrics_text import parse_scrape
+from servelens.sim.testing import run_sim
+from servelens.testing.tsdb import TsdbServer, run_prometheus, run_victoria_metrics
+
+pytestmark = pytest.mark.prometheus
+
+BUCKETS = IslBuckets.default()
+NAMES = MetricNames()
+USED = ["0-512", "513-1024", "1025-2048", "2049-4096"]
+
+
+def _le_index(edges: tuple[float, ...], x: float) -> int:
+    return next((i for i, e in enumerate(edges) if x <= e), len(edges))
+
+
+def _near(edges: tuple[float, ...], server: float | None, client: float | None) -> bool:
+    """Same ``le`` bucket, or a neighbouring one (interpolation inside a bucket vs exact ranks)."""
+    assert server is not None and client is not None
+    e = tuple(float(x) for x in edges)
+    return abs(_le_index(e, server) - _le_index(e, client)) <= 1
+
+
+async def test_report_and_rules_agree_with_bench_through_gateway(tmp_path: Path) -> None:
+    files = write_dashboard_files(tmp_path / "dash", NAMES, BUCKETS, ttft_p95_slo_s=10.0)
+    async with run_sim(seed=3) as sim, run_gateway(sim.url, isl_buckets=BUCKETS.spec) as gw:
+        metrics_url = gw.url + "/metrics"
+        stack = ExitStack()
+        try:
+            # server start and polling block: run them in a thread so the gateway keeps serving scrapes
+            prom: TsdbServer = await asyncio.to_thread(
+                stack.enter_context, run_prometheus([metrics_url], rule_files=[files.recording_rules]))
+            vm: TsdbServer = await asyncio.to_thread(stack.enter_context, run_victoria_metrics([metrics_url]))
+            for s in (prom, vm):
+                await asyncio.to_thread(s.wait_until, "up", lambda r: any(x.value == 1 for x in r))
+            result = await run_bench(BenchConfig(
+                url=gw.url, isl="300:1,800:1,1800:1,3000:1", osl="12", num_requests=48, concurrency=6,
+                seed=5, isl_buckets=BUCKETS.boundaries, output_dir=str(tmp_path / "bench"),
+            ))
+            assert result.errors == 0
+            # the gateway's own count (the bench may send a probe request before the run)
+            ok = parse_scrape(gw.metrics.exposition().decode()).value(f"{NAMES.duration_by_isl}_count")
+            assert len(result.records) <= ok <= len(result.records) + 1
+            dur = f"sum({NAMES.duration_by_isl}_count)"
+            for s in (prom, vm):
+                await asyncio.to_thread(s.wait_until, dur, lambda r: len(r) == 1 and r[0].value == ok)
+            await asyncio.to_thread(
+                prom.wait_until, f'{record_name(NAMES.ttft_by_isl, "p50")}{{isl_bucket="1025-2048"}}',
+                lambda r: len(r) == 1 and not math.isnan(r[0].value))
+            client = {r.bucket: r for r in result.client_rows}
+            for s in (prom, vm):
+                buf = io.StringIO()
+                with redirect_stdout(buf):
+                    rc = await asyncio.to_thread(main, [
+                        "report", "--prometheus", s.url, "--window", "5m", "--format", "json"])
+                assert rc == 0
+                rows = json.loads(buf.getvalue())
+                # discovered buckets (the gateway exports all of them from the start), numeric order
+                assert [r["bucket"] for r in rows] == [*BUCKETS.labels, "all"], s.kind
+                for r in rows:
+                    c = client[r["bucket"]]
+                    if r["bucket"] not in USED and r["bucket"] != "all":
+                        assert c.requests == 0 and r["requests"] == 0 and r["ttft_p50_s"] is None
+                        continue
+                    assert c.requests <= r["requests"] <= math.ceil(c.requests * 1.6) + 1, (s.kind, r)
+                    for f, edges in (("ttft_p50_s", TTFT_EDGES_S), ("ttft_p95_s", TTFT_EDGES_S),
+                                     ("itl_p50_s", ITL_EDGES_S), ("itl_p95_s", ITL_EDGES_S)):
+                        assert _near(edges, r[f], getattr(c, f)), (s.kind, r["bucket"], f, r[f], getattr(c, f))
+                    if c.mean_cached_tokens is not None:
+                        assert r["mean_cached_tokens"] == pytest.approx(c.mean_cached_tokens, rel=1e-6)
+            # recording rules (Prometheus evaluates them; VictoriaMetrics needs vmalert)
+            for label in USED:
+                got = prom.client.scalar(
+                    f'sum({record_name(NAMES.ttft_by_isl, "p50")}{{isl_bucket="{label}"}})')
+                assert _near(TTFT_EDGES_S, got, client[label].ttft_p50_s), (label, got)
+        finally:
+            await asyncio.to_thread(stack.close)
+    # the HTML report from the bench's results file: exact figures and p95 over send time
+    html = tmp_path / "report.html"
+    with redirect_stdout(io.StringIO()):
+        assert main(["report", "--results", str(tmp_path / "bench"), "--html", str(html)]) == 0
+    assert "p95 TTFT by input length over time" in html.read_text()
