@@ -19,9 +19,11 @@ async def test_cli_port_zero_ready_line_and_sigterm() -> None:
         line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
         assert line.startswith("servelens sim listening on http://127.0.0.1:")
         url = line.split()[-1]
-        async with aiohttp.ClientSession() as s:
-            async with s.post(url + "/v1/completions", json={"prompt": "a b c", "max_tokens": 3}) as r:
-                assert r.status == 200 and (await r.json())["usage"]["prompt_tokens"] == 3
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(url + "/v1/completions", json={"prompt": "a b c", "max_tokens": 3}) as r,
+        ):
+            assert r.status == 200 and (await r.json())["usage"]["prompt_tokens"] == 3
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 15) == 0
     finally:

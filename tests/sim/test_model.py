@@ -1,8 +1,8 @@
 import pytest
 
 from servelens.sim.model import ModelParams, decode_s, idle_ttft_s, prefill_chunk_s, step_s
-from servelens.sim.presets import PRESETS, get_preset
 from servelens.sim.prefix_cache import block_hashes
+from servelens.sim.presets import PRESETS, get_preset
 from servelens.sim.scheduler import Engine, SimRequest, simulate
 from servelens.sim.tokenizer import make_text, tokenize
 
