@@ -8,7 +8,7 @@ import io
 import json
 import math
 from collections.abc import Iterator
-from contextlib import redirect_stdout
+from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +24,7 @@ from servelens.dashboards.rules import record_name
 from servelens.prometheus.frontend import FrontendMetrics
 from servelens.prometheus.names import MetricNames
 from servelens.report.metrics_text import bucket_histograms, parse_scrape
+from servelens.report.promapi import PromApiError
 from servelens.report.sources import report_from_prometheus
 from servelens.testing.exporter import feed, serve_metrics, synthetic_samples
 from servelens.testing.tsdb import TsdbServer, run_prometheus, run_victoria_metrics
@@ -193,14 +194,21 @@ def test_dashboard_queries_run_and_return_buckets_in_numeric_order(fed: Fed, ser
             assert returned == list(BUCKETS.labels), panel["title"]
 
 
-def test_prometheus_api_rejects_a_bad_query_in_one_line(fed: Fed) -> None:
-    err = io.StringIO()
-    from contextlib import redirect_stderr
-
-    with redirect_stderr(err), redirect_stdout(io.StringIO()):
-        rc = main(["report", "--prometheus", fed.prom.url, "--metrics-prefix", "x", "--window", "5q"])
-    assert rc == 2
-    assert err.getvalue().count("\n") == 1 and "duration" in err.getvalue()
+@pytest.mark.parametrize("server", ["prom", "vm"])
+def test_bad_input_is_one_line(fed: Fed, server: str) -> None:
+    s: TsdbServer = getattr(fed, server)
+    for argv, message in (
+        (["--window", "5q"], "duration"),
+        (["--metrics-prefix", "nothing_here"], "has no nothing_here_request_duration_by_isl_seconds_count"),
+    ):
+        err = io.StringIO()
+        with redirect_stderr(err), redirect_stdout(io.StringIO()):
+            rc = main(["report", "--prometheus", s.url, *argv])
+        assert rc == 2
+        assert err.getvalue().count("\n") == 1 and message in err.getvalue(), err.getvalue()
+    with pytest.raises(PromApiError) as exc:
+        s.client.query("sum(rate(x[5m])")
+    assert "\n" not in str(exc.value) and s.url in str(exc.value)
 
 
 def test_report_html_from_prometheus_has_time_chart(fed: Fed, tmp_path: Path) -> None:
