@@ -133,45 +133,53 @@ def hist_sums(text: str, model: str) -> HistSums:
     return HistSums(sums, counts)
 
 
-def measure(
-    stack: Any,
-    concurrency: int,
-    max_requests: int,
-    out_dir: Path,
-    by_isl_only: bool = False,
-    timeout_s: float = 300.0,
-) -> Pass:
-    """Run gateway + bench against a running Dynamo ``stack`` (a ``dynamo_harness.DynamoStack``).
-
-    The bench replays the first ``max_requests`` rows of the packaged Mooncake cut (clipped to the
-    mocker's 32768-token context) with ``concurrency`` workers and ``--no-continuous-usage`` (the
-    mocker sends one token per chunk; this also skips the bench's probe request).
-    Raises RuntimeError when the bench fails (with its output).
-    """
+def start_gateway(stack: Any, out_dir: Path, by_isl_only: bool = False) -> ServerProcess:
+    """``servelens gateway`` in front of ``stack`` (prefix ``dynamo_frontend``, request log in
+    ``out_dir/gateway-requests.jsonl``); use as a context manager (stopped with SIGTERM)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    log = out_dir / "gateway-requests.jsonl"
-    gw_args = ["gateway", "--upstream", stack.frontend_url, "--metrics-prefix", DYNAMO_PREFIX,
-               "--isl-buckets", ISL_BUCKETS, "--request-log", str(log)]
+    args = ["gateway", "--upstream", stack.frontend_url, "--metrics-prefix", DYNAMO_PREFIX,
+            "--isl-buckets", ISL_BUCKETS, "--request-log", str(out_dir / "gateway-requests.jsonl")]
     if by_isl_only:
-        gw_args.append("--by-isl-only")
-    with ServerProcess(gw_args, log_path=out_dir / "gateway.log") as gw:
-        cmd = [sys.executable, "-m", "servelens", "bench", "--url", gw.url, "--trace", TRACE,
-               "--tokenizer", str(Path(stack.model_dir) / "tokenizer.json"),
-               "--max-requests", str(max_requests), "--concurrency", str(concurrency),
-               "--max-context", str(harness.DEFAULT_MAX_MODEL_LEN), "--long-requests", "clip",
-               "--no-continuous-usage", "--no-progress", "--output-dir", str(out_dir / "bench")]
-        t0 = time.monotonic()
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
-        wall = time.monotonic() - t0
-        if proc.returncode != 0:
-            raise RuntimeError(
-                f"servelens bench exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        args.append("--by-isl-only")
+    return ServerProcess(args, log_path=out_dir / "gateway.log")
+
+
+def run_bench(url: str, tokenizer: Path, concurrency: int, max_requests: int, out_dir: Path,
+              timeout_s: float = 300.0) -> tuple[tuple[BenchRecord, ...], float]:
+    """``servelens bench`` against ``url``: the first ``max_requests`` rows of the packaged Mooncake
+    cut (clipped to the mocker's 32768-token context), ``concurrency`` workers,
+    ``--no-continuous-usage`` (the mocker sends one token per chunk; this also skips the bench's
+    probe request). Returns (records, wall seconds). Raises RuntimeError when the bench fails.
+    """
+    cmd = [sys.executable, "-m", "servelens", "bench", "--url", url, "--trace", TRACE,
+           "--tokenizer", str(tokenizer), "--max-requests", str(max_requests),
+           "--concurrency", str(concurrency), "--max-context", str(harness.DEFAULT_MAX_MODEL_LEN),
+           "--long-requests", "clip", "--no-continuous-usage", "--no-progress", "--output-dir", str(out_dir)]
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+    wall = time.monotonic() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"servelens bench exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return tuple(load_results(out_dir / "results.jsonl")), wall
+
+
+def read_request_log(out_dir: Path) -> tuple[dict[str, Any], ...]:
+    """The gateway's request log lines written by :func:`start_gateway`."""
+    log = out_dir / "gateway-requests.jsonl"
+    return tuple(json.loads(line) for line in log.read_text().splitlines() if line.strip())
+
+
+def measure(stack: Any, concurrency: int, max_requests: int, out_dir: Path, by_isl_only: bool = False) -> Pass:
+    """One pass against a running Dynamo ``stack`` (a ``dynamo_harness.DynamoStack``): gateway,
+    bench through it, then both ``/metrics`` scraped. Raises RuntimeError when the bench fails."""
+    with start_gateway(stack, out_dir, by_isl_only) as gw:
+        records, wall = run_bench(gw.url, Path(stack.model_dir) / "tokenizer.json", concurrency, max_requests,
+                                  out_dir / "bench")
         gw_text = scrape(f"{gw.url}/metrics")
         dyn_text = scrape(f"{stack.frontend_url}/metrics")
-    records = tuple(load_results(out_dir / "bench" / "results.jsonl"))
-    entries = tuple(json.loads(line) for line in log.read_text().splitlines() if line.strip())
     return Pass(concurrency, hist_sums(dyn_text, stack.model), hist_sums(gw_text, stack.model),
-                gw_text, dyn_text, records, entries, wall)
+                gw_text, dyn_text, records, read_request_log(out_dir), wall)
 
 
 @dataclass(frozen=True)

@@ -39,11 +39,10 @@ REPO = Path(__file__).resolve().parents[2]
 ISL_BUCKETS = "512,1024,2048,4096,8192,16384"
 
 
-def _load_harness() -> ModuleType:
-    name = "dynamo_harness"
+def _load_script(name: str) -> ModuleType:
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / "dynamo_harness.py")
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod
@@ -51,7 +50,8 @@ def _load_harness() -> ModuleType:
     return mod
 
 
-harness = _load_harness()
+harness = _load_script("dynamo_harness")
+gap = _load_script("dynamo_gap")
 
 
 # ----------------------------------------------------------------------------- fixtures
@@ -209,3 +209,112 @@ def test_requests_total_vocabulary_matches_dynamo(dyn_install: tuple[Path, Path]
         assert d["error_type"] in ("", *ERROR_TYPES)
         assert dyn[labels] == mine[labels] == 1
     assert any(dict(k)["model"] == UNKNOWN_MODEL and dict(k)["error_type"] == "not_found" for k in dyn)
+
+
+# ----------------------------------------------------------------------------- values
+
+
+def test_gateway_values_match_dynamo(dyn_stack: Any, tmp_path: Path) -> None:
+    """Gateway in front of Dynamo, driven by ``servelens bench`` with a Mooncake cut (shared prefixes).
+
+    ISL, OSL and cached-token sums equal Dynamo's exactly; ITL observations per request are
+    completion tokens minus one, as Dynamo counts them; the gateway's TTFT sum is not below
+    Dynamo's (it sees each request earlier and each first token later); the bench's own TTFT
+    through the gateway agrees with the gateway's within a few ms per request.
+    """
+    n = 12
+    p = gap.measure(dyn_stack, concurrency=4, max_requests=n, out_dir=tmp_path)
+    assert len(p.records) == n and all(r.ok for r in p.records), [r.error for r in p.records if not r.ok]
+    dyn, gw = p.dynamo, p.gateway
+    for key in ("ttft", "itl", "duration", "isl", "osl", "cached"):
+        assert gw.counts[key] == dyn.counts[key], (key, gw.counts, dyn.counts)
+    assert dyn.counts["ttft"] == n
+    for key in ("isl", "osl", "cached"):
+        assert gw.sums[key] == dyn.sums[key], (key, gw.sums[key], dyn.sums[key])
+    assert dyn.sums["cached"] > 0, "the Mooncake cut shares prefixes: the mocker's prefix cache should hit"
+    # the bench saw the same lengths
+    assert sum(r.isl_server or 0 for r in p.records) == dyn.sums["isl"]
+    assert sum(r.osl or 0 for r in p.records) == dyn.sums["osl"]
+    assert sum(r.cached_tokens or 0 for r in p.records) == dyn.sums["cached"]
+
+    # ITL: one observation per token after the first, per request (Dynamo: completion_tokens - 1)
+    assert len(p.gateway_log) == n
+    for e in p.gateway_log:
+        assert e["osl_source"] == "usage" and e["output_chunks"] == e["osl"], e
+    assert gw.counts["itl"] == dyn.counts["itl"] == sum(e["osl"] - 1 for e in p.gateway_log)
+
+    # TTFT: not below Dynamo's own; and the bench agrees with the gateway within a few ms
+    assert gw.sums["ttft"] >= dyn.sums["ttft"], (gw.sums["ttft"], dyn.sums["ttft"])
+    pairs = p.paired_ttft_s()
+    assert len(pairs) == n
+    diffs_ms = sorted((b - g) * 1e3 for b, g in pairs)
+    mean_ms = sum(diffs_ms) / n
+    assert -0.5 <= mean_ms <= 5.0, f"bench - gateway TTFT per request (ms): {diffs_ms}"
+    assert diffs_ms[n // 2] <= 5.0, diffs_ms
+
+
+# ----------------------------------------------------------------------------- sidecar
+
+
+SEED_QUERIES = (
+    "histogram_quantile(0.95, sum by (le, isl_bucket) "
+    "(rate(dynamo_frontend_time_to_first_token_by_isl_seconds_bucket[5m])))",
+    "sum by (isl_bucket) (rate(dynamo_frontend_time_to_first_token_by_isl_seconds_sum[5m])) / "
+    "sum by (isl_bucket) (rate(dynamo_frontend_time_to_first_token_by_isl_seconds_count[5m]))",
+)
+_SCRAPE_SERIES = {"up", "scrape_duration_seconds", "scrape_samples_scraped",
+                  "scrape_samples_post_metric_relabeling", "scrape_series_added"}
+
+
+def _sample_names(text: str) -> set[str]:
+    return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def test_sidecar_with_prometheus(dyn_stack: Any, tmp_path: Path) -> None:
+    """A real Prometheus scrapes Dynamo and a ``--by-isl-only`` gateway: the README's two seed queries
+    return one series per ISL bucket, Dynamo's stock series are still there, no name is exported twice."""
+    from servelens.core.buckets import IslBuckets
+    from servelens.testing.tsdb import run_prometheus
+
+    labels = set(IslBuckets.parse(gap.ISL_BUCKETS).labels)
+    with gap.start_gateway(dyn_stack, tmp_path, by_isl_only=True) as gw:
+        # the sidecar adds names, never repeats one of Dynamo's
+        gw_names = _sample_names(_get(f"{gw.url}/metrics"))
+        dyn_names = _sample_names(_get(f"{dyn_stack.frontend_url}/metrics"))
+        assert gw_names and not (gw_names & dyn_names), sorted(gw_names & dyn_names)
+        names = MetricNames(DYNAMO_PREFIX)
+        for h in names.by_isl_histograms():
+            assert f"{h}_bucket" in gw_names
+        assert not any(f"{h}_count" in gw_names for h in names.stock_histograms())
+
+        with run_prometheus([f"{dyn_stack.frontend_url}/metrics", f"{gw.url}/metrics"]) as prom:
+            prom.wait_until("up", lambda r: len(r) == 2 and all(s.value == 1 for s in r), timeout_s=30)
+            records, _ = gap.run_bench(gw.url, Path(dyn_stack.model_dir) / "tokenizer.json", 4, 8,
+                                       tmp_path / "bench")
+            assert all(r.ok for r in records)
+            hit = {IslBuckets.parse(gap.ISL_BUCKETS).label(r.isl_server or 0) for r in records}
+            total = float(len(records))
+            # both scrapes saw the whole run
+            prom.wait_until(f"sum({names.ttft}_count)", lambda r: len(r) == 1 and r[0].value == total)
+            prom.wait_until(f"sum({names.ttft_by_isl}_count)", lambda r: len(r) == 1 and r[0].value == total)
+
+            for q in SEED_QUERIES:
+                res = prom.wait_until(
+                    q, lambda r: {s.labels.get("isl_bucket") for s in r if s.value == s.value} >= hit,
+                    timeout_s=30)
+                assert len(res) == len(labels), [s.labels for s in res]
+                assert {s.labels["isl_bucket"] for s in res} == labels
+                for s in res:
+                    if s.labels["isl_bucket"] in hit:
+                        assert 0.001 < s.value < 30, (q, s)
+
+            # the stock Dynamo series are still there, from Dynamo alone
+            stock = prom.client.query(f"{names.ttft}_count")
+            assert [s.labels["job"] for s in stock] == ["servelens0"], [s.labels for s in stock]
+            # and Prometheus holds no series name from both targets (besides its own scrape series)
+            per_job = {}
+            for job in ("servelens0", "servelens1"):
+                got = prom.client.query(f'count by (__name__) ({{job="{job}"}})')
+                per_job[job] = {s.labels["__name__"] for s in got} - _SCRAPE_SERIES
+            assert per_job["servelens0"] and per_job["servelens1"]
+            assert not (per_job["servelens0"] & per_job["servelens1"]), per_job["servelens0"] & per_job["servelens1"]
