@@ -1,0 +1,301 @@
+"""The gateway in front of the simulated engine: every wire case and error path of issue 4.
+
+Each case sends the same request (same ``x-request-id`` prefix, same prompt) directly to the sim
+and through the gateway: the client's bytes must match (only the request id differs, and
+``: ping`` comments, whose count depends on timing, are compared separately).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from servelens.core.buckets import IslBuckets
+from servelens.gateway.requestlog import read_request_log
+from servelens.gateway.testing import GatewayHandle, inflight, requests_total, run_gateway, samples, total, value
+from servelens.sim.testing import SimHandle, run_sim
+
+PROMPT = "the quick brown fox jumps over the lazy dog " * 70  # several hundred tokens
+BUCKETS = IslBuckets.default()
+
+
+@pytest.fixture
+async def stack(tmp_path: Any) -> AsyncIterator[tuple[SimHandle, GatewayHandle]]:
+    async with run_sim(speedup=20) as sim, run_gateway(sim.url, request_log=str(tmp_path / "req.jsonl")) as gw:
+        yield sim, gw
+
+
+def body(endpoint: str, n: int = 8, **extra: Any) -> dict[str, Any]:
+    b: dict[str, Any] = {"model": "sim-model", "max_tokens": n, "ignore_eos": True, "stream": True, **extra}
+    if endpoint == "chat_completions":
+        b["messages"] = [{"role": "user", "content": PROMPT}]
+    else:
+        b["prompt"] = PROMPT
+    return b
+
+
+def path(endpoint: str) -> str:
+    return "/v1/chat/completions" if endpoint == "chat_completions" else "/v1/completions"
+
+
+async def fetch(url: str, b: dict[str, Any], rid: str, faults: str = "", **headers: str
+                ) -> tuple[int, bytes, str | None]:
+    """(status, body, error) of one request; a cut body is returned with the error's name."""
+    h = {"x-request-id": rid, **headers}
+    if faults:
+        h["x-servelens-fault"] = faults
+    chunks: list[bytes] = []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as s:
+        async with s.post(url, json=b, headers=h) as r:
+            try:
+                async for data in r.content.iter_any():
+                    chunks.append(data)
+            except aiohttp.ClientPayloadError as exc:
+                return r.status, b"".join(chunks), type(exc).__name__
+            return r.status, b"".join(chunks), None
+
+
+def norm(raw: bytes, rid: str, keepalive: bool = False) -> bytes:
+    out = re.sub(rb"(: ping\r?\n\r?\n)+", b"<pings>", raw.replace(rid.encode(), b"RID"))
+    if keepalive:
+        # the sim attaches keep-alive blocks to every event it writes (numbered), so the usage
+        # chunk the gateway asked for and removed shifts them: compare the data events only
+        out = re.sub(rb"(: keep-alive|id: \d+\r?\nretry: 3000)\r?\n\r?\n", b"", out)
+    return out
+
+
+async def both(sim: SimHandle, gw: GatewayHandle, endpoint: str, b: dict[str, Any], faults: str, tag: str
+               ) -> tuple[tuple[int, bytes, str | None], tuple[int, bytes, str | None]]:
+    """The same request directly and through the gateway, the prefix cache warmed first (so
+    both report the same cached_tokens)."""
+    await fetch(sim.url + path(endpoint), b, f"warm-{tag}")
+    direct = await fetch(sim.url + path(endpoint), b, f"direct-{tag}", faults)
+    via = await fetch(gw.url + path(endpoint), b, f"gw-{tag}", faults)
+    return direct, via
+
+
+TRANSPORT_MODES = ["", "multi_token", "coalesce", "split", "crlf", "keepalive", "slow_start",
+                   "keepalive,crlf,split"]
+CHAT_ONLY_MODES = ["role_first", "reasoning", "tool_calls"]  # delta shapes of chat chunks
+WIRE_CASES = [("chat_completions", m) for m in TRANSPORT_MODES + CHAT_ONLY_MODES] + [
+    ("completions", m) for m in TRANSPORT_MODES]
+
+
+@pytest.mark.parametrize(("endpoint", "faults"), WIRE_CASES)
+async def test_wire_cases_bytes_and_metrics(stack: tuple[SimHandle, GatewayHandle], endpoint: str, faults: str
+                                            ) -> None:
+    sim, gw = stack
+    b = body(endpoint, n=9)
+    tag = f"{endpoint}-{faults}"
+    (ds, dbody, derr), (gs, gbody, gerr) = await both(sim, gw, endpoint, b, faults, tag)
+    assert ds == gs == 200 and derr is None and gerr is None
+    ka = "keepalive" in faults
+    assert norm(gbody, f"gw-{tag}", ka) == norm(dbody, f"direct-{tag}", ka)
+    if ka:
+        assert gbody.count(b": keep-alive") >= 9 and gbody.count(b"retry: 3000") >= 4
+    if "slow_start" in faults:
+        assert b": ping" in gbody  # comments during the long prefill are relayed
+    await gw.gateway.wait_finished(1)
+    truth = await sim.wait_truth(f"gw-{tag}")
+    s = samples(gw.metrics)
+    n = gw.metrics.names
+    assert value(s, n.requests, endpoint=endpoint, error_type="", model="sim-model", request_type="stream",
+                 status="success") == 1
+    assert inflight(gw.metrics) == 0
+    bucket = BUCKETS.label(truth.isl)
+    assert value(s, n.ttft_by_isl + "_count", model="sim-model", isl_bucket=bucket) == 1
+    assert value(s, n.isl_assignments, model="sim-model", source="first_chunk_usage") == 1
+    assert value(s, n.osl + "_sum", model="sim-model") == 9
+    # ITL once per token after the first (multi_token: chunks of 1, 4, 4 tokens, split per token)
+    assert value(s, n.itl + "_count", model="sim-model") == 8
+    (entry,) = read_request_log(gw.gateway.config.request_log or "")
+    assert entry["output_chunks"] == (3 if "multi_token" in faults else 9)
+    assert entry["upstream_request_id"] == f"gw-{tag}" and entry["isl"] == truth.isl
+    # TTFT is at the first output chunk (role-only chunk and pings excluded): not before the
+    # engine's first token
+    assert truth.ttft_ns is not None
+    ttft_s = entry["ttft_s"]
+    assert isinstance(ttft_s, float)
+    assert ttft_s >= truth.ttft_ns / 1e9
+    if "slow_start" in faults:
+        assert ttft_s >= 0.5
+
+
+@pytest.mark.parametrize("faults", ["", "keepalive,crlf", "multi_token,split"])
+@pytest.mark.parametrize("client_usage", [{"include_usage": True},
+                                          {"include_usage": True, "continuous_usage_stats": True}])
+async def test_client_asked_usage_bytes_equal(stack: tuple[SimHandle, GatewayHandle], client_usage: Any,
+                                              faults: str) -> None:
+    sim, gw = stack
+    b = body("chat_completions", stream_options=client_usage)
+    for i in range(2):  # the first include_usage-only request teaches the gateway the sim's "usage": null
+        (_, dbody, _), (_, gbody, _) = await both(sim, gw, "chat_completions", b, faults, f"u{i}")
+        assert norm(gbody, f"gw-u{i}") == norm(dbody, f"direct-u{i}")  # exact, keep-alive blocks included
+    assert b'"usage":{' in gbody
+    sent_continuous = gw.gateway.usage_null.get(sim.url)
+    assert sent_continuous is (True if "continuous_usage_stats" not in client_usage else None)
+
+
+@pytest.mark.parametrize(
+    ("faults", "error_type", "status", "cut"),
+    [
+        ("http_429", "overload", 429, False),
+        ("http_500", "backend_error", 500, False),
+        ("http_503", "overload", 503, False),
+        ("error_mid_stream", "backend_error", 200, False),
+        ("no_done", "truncated_stream", 200, False),
+        ("malformed_chunk", "backend_error", 200, False),
+        ("reset_mid_stream", "truncated_stream", 200, True),
+    ],
+)
+async def test_error_paths(stack: tuple[SimHandle, GatewayHandle], faults: str, error_type: str, status: int,
+                           cut: bool) -> None:
+    sim, gw = stack
+    b = body("chat_completions", n=10)
+    (ds, dbody, derr), (gs, gbody, gerr) = await both(sim, gw, "chat_completions", b, faults, faults)
+    assert ds == gs == status
+    if cut:
+        assert derr is not None and gerr is not None  # the client sees the cut, as it would directly
+        assert norm(dbody, f"direct-{faults}").startswith(norm(gbody, f"gw-{faults}"))
+        assert gbody.count(b"data:") >= 3
+    else:
+        assert gerr is None and norm(gbody, f"gw-{faults}") == norm(dbody, f"direct-{faults}")
+    await gw.gateway.wait_finished(1)
+    assert requests_total(gw.metrics, model="sim-model", status="error", error_type=error_type) == 1
+    assert requests_total(gw.metrics) == 1
+    assert inflight(gw.metrics) == 0
+    s = samples(gw.metrics)
+    n = gw.metrics.names
+    # failed before the first token: no TTFT and no by-ISL observation at all; failed after it:
+    # the TTFT was observed (in its bucket too: continuous usage fixed the bucket at that chunk)
+    got_tokens = 1 if status == 200 else 0
+    assert value(s, n.ttft + "_count", model="sim-model") == got_tokens
+    assert total(s, n.ttft_by_isl + "_count") == got_tokens
+    assert total(s, n.duration_by_isl + "_count") == got_tokens
+
+
+async def test_non_streaming_through_sim(stack: tuple[SimHandle, GatewayHandle]) -> None:
+    sim, gw = stack
+    for endpoint in ("chat_completions", "completions"):
+        b = body(endpoint, stream=False)
+        (ds, dbody, _), (gs, gbody, _) = await both(sim, gw, endpoint, b, "", "unary-" + endpoint)
+        assert ds == gs == 200 and norm(gbody, "gw-unary-" + endpoint) == norm(dbody, "direct-unary-" + endpoint)
+    await gw.gateway.wait_finished(2)
+    s = samples(gw.metrics)
+    n = gw.metrics.names
+    assert requests_total(gw.metrics, request_type="unary", status="success") == 2
+    assert value(s, n.ttft + "_count", model="sim-model") == 0 and value(s, n.itl + "_count", model="sim-model") == 0
+    assert value(s, n.osl + "_sum", model="sim-model") == 16
+    assert total(s, n.duration_by_isl + "_count") == 2
+
+
+async def test_disconnect_stops_generation(stack: tuple[SimHandle, GatewayHandle]) -> None:
+    sim, gw = stack
+    b = body("chat_completions", n=3000)
+    async with aiohttp.ClientSession() as s:
+        resp = await s.post(gw.url + "/v1/chat/completions", json=b, headers={"x-request-id": "gone"})
+        for _ in range(4):
+            await resp.content.readuntil(b"\n\n")
+        t_close = time.perf_counter_ns()
+        resp.close()
+    truth = await sim.wait_truth("gone", timeout=5)
+    assert truth.outcome == "cancelled"
+    assert truth.cancel_ns is not None and (truth.cancel_ns - t_close) / 1e6 < 100
+    assert truth.tokens_at_cancel is not None and truth.tokens_at_cancel < 3000
+    await gw.gateway.wait_finished(1)
+    assert requests_total(gw.metrics, model="sim-model", error_type="cancelled") == 1
+    assert inflight(gw.metrics) == 0
+    assert gw.metrics.state.disconnected_clients == 1
+
+
+async def test_disconnect_during_prefill(stack: tuple[SimHandle, GatewayHandle]) -> None:
+    sim, gw = stack
+    b = body("chat_completions", n=50)
+    async with aiohttp.ClientSession() as s:
+        resp = await s.post(gw.url + "/v1/chat/completions", json=b,
+                            headers={"x-request-id": "gone-early", "x-servelens-fault": "slow_start",
+                                     "x-servelens-fault-delay-ms": "3000"})
+        await resp.content.readuntil(b"\n\n")  # the role chunk; the engine has not started yet
+        resp.close()
+    truth = await sim.wait_truth("gone-early", timeout=5)
+    assert truth.outcome == "cancelled" and truth.osl == 0
+    await gw.gateway.wait_finished(1)
+    assert requests_total(gw.metrics, error_type="cancelled") == 1
+    assert value(samples(gw.metrics), gw.metrics.names.ttft + "_count", model="sim-model") == 0
+    assert inflight(gw.metrics) == 0
+
+
+async def test_unknown_model_unreachable_and_timeout(tmp_path: Any) -> None:
+    async with run_sim(speedup=20) as sim, run_gateway(sim.url, response_timeout_s=0.3) as gw:
+        status, raw, _ = await fetch(gw.url + "/v1/chat/completions", {**body("chat_completions"), "model": "x"}, "u")
+        assert status == 404 and b"model_not_found" in raw
+        assert requests_total(gw.metrics, model="unknown_model", error_type="not_found") == 1
+        # unary + slow_start: no answer within the response timeout -> 504
+        status, raw, _ = await fetch(gw.url + "/v1/chat/completions", body("chat_completions", stream=False), "t",
+                                     "slow_start")
+        assert status == 504 and b"upstream_timeout" in raw
+        assert requests_total(gw.metrics, model="sim-model", error_type="response_timeout") == 1
+    async with run_sim(speedup=20) as sim:
+        url = sim.url
+    async with run_gateway(url, models=["sim-model"]) as gw:
+        status, raw, _ = await fetch(gw.url + "/v1/chat/completions", body("chat_completions"), "d")
+        assert status == 502 and b"upstream_unavailable" in raw
+        assert requests_total(gw.metrics, model="sim-model", error_type="unavailable") == 1
+        assert inflight(gw.metrics) == 0
+
+
+async def test_openai_sdk_through_gateway(stack: tuple[SimHandle, GatewayHandle]) -> None:
+    import openai
+
+    sim, gw = stack
+    client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="sk-test", max_retries=0)
+    try:
+        models = await client.models.list()
+        assert [m.id for m in models.data] == ["sim-model"]
+        r = await client.chat.completions.create(model="sim-model", messages=[{"role": "user", "content": "hi"}],
+                                                 max_tokens=5, extra_body={"ignore_eos": True})
+        assert r.choices[0].message.content and r.usage is not None and r.usage.completion_tokens == 5
+        stream = await client.chat.completions.create(model="sim-model", messages=[{"role": "user", "content": "hi"}],
+                                                      max_tokens=6, stream=True, extra_body={"ignore_eos": True})
+        chunks = [c async for c in stream]
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert all(c.usage is None for c in chunks)  # usage the client did not ask for is not seen
+        stream = await client.chat.completions.create(model="sim-model", messages=[{"role": "user", "content": "hi"}],
+                                                      max_tokens=6, stream=True, stream_options={"include_usage": True},
+                                                      extra_body={"ignore_eos": True})
+        chunks = [c async for c in stream]
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
+        c = await client.completions.create(model="sim-model", prompt="hello", max_tokens=4,
+                                            extra_body={"ignore_eos": True})
+        assert c.choices[0].text and c.usage is not None and c.usage.completion_tokens == 4
+        cs = await client.completions.create(model="sim-model", prompt="hello", max_tokens=4, stream=True,
+                                             extra_body={"ignore_eos": True})
+        texts = [x.choices[0].text async for x in cs if x.choices]
+        assert len(texts) == 4
+        with pytest.raises(openai.NotFoundError):
+            await client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
+    finally:
+        await client.close()
+    await gw.gateway.wait_finished(5)
+    assert requests_total(gw.metrics, model="sim-model", status="success") == 5
+    assert requests_total(gw.metrics, model="unknown_model") == 1
+    assert inflight(gw.metrics) == 0
+
+
+async def test_concurrent_mixed_faults_inflight_balanced(stack: tuple[SimHandle, GatewayHandle]) -> None:
+    sim, gw = stack
+    modes = ["", "http_429", "error_mid_stream", "reset_mid_stream", "no_done", "multi_token", "split", ""]
+    results = await asyncio.gather(*(
+        fetch(gw.url + "/v1/chat/completions", body("chat_completions", n=6), f"mix-{i}", m)
+        for i, m in enumerate(modes * 3)))
+    assert len(results) == 24
+    await gw.gateway.wait_finished(24)
+    assert requests_total(gw.metrics) == 24
+    assert requests_total(gw.metrics, status="success") == 12
+    assert inflight(gw.metrics) == 0
