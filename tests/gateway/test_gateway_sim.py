@@ -51,14 +51,16 @@ async def fetch(url: str, b: dict[str, Any], rid: str, faults: str = "", **heade
     if faults:
         h["x-servelens-fault"] = faults
     chunks: list[bytes] = []
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as s:
-        async with s.post(url, json=b, headers=h) as r:
-            try:
-                async for data in r.content.iter_any():
-                    chunks.append(data)
-            except aiohttp.ClientPayloadError as exc:
-                return r.status, b"".join(chunks), type(exc).__name__
-            return r.status, b"".join(chunks), None
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as s,
+        s.post(url, json=b, headers=h) as r,
+    ):
+        try:
+            async for data in r.content.iter_any():
+                chunks.append(data)
+        except aiohttp.ClientPayloadError as exc:
+            return r.status, b"".join(chunks), type(exc).__name__
+        return r.status, b"".join(chunks), None
 
 
 def norm(raw: bytes, rid: str, keepalive: bool = False) -> bytes:
@@ -253,7 +255,7 @@ async def test_unknown_model_unreachable_and_timeout(tmp_path: Any) -> None:
 async def test_openai_sdk_through_gateway(stack: tuple[SimHandle, GatewayHandle]) -> None:
     import openai
 
-    sim, gw = stack
+    _, gw = stack
     client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="sk-test", max_retries=0)
     try:
         models = await client.models.list()
@@ -289,7 +291,7 @@ async def test_openai_sdk_through_gateway(stack: tuple[SimHandle, GatewayHandle]
 
 
 async def test_concurrent_mixed_faults_inflight_balanced(stack: tuple[SimHandle, GatewayHandle]) -> None:
-    sim, gw = stack
+    _, gw = stack
     modes = ["", "http_429", "error_mid_stream", "reset_mid_stream", "no_done", "multi_token", "split", ""]
     results = await asyncio.gather(*(
         fetch(gw.url + "/v1/chat/completions", body("chat_completions", n=6), f"mix-{i}", m)
