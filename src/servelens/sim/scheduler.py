@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -293,15 +294,17 @@ class LoopStats:
     busy_ns: int = 0
 
     def summary(self) -> dict[str, float]:
-        """p50/p99/max lateness in ms and the step count."""
+        """Step count, p50/p99/max lateness (ms) and the fraction of steps ending <= 1 ms late."""
         xs = sorted(self.late_ns)
         if not xs:
-            return {"steps": self.steps, "late_p50_ms": 0.0, "late_p99_ms": 0.0, "late_max_ms": 0.0}
+            return {"steps": self.steps, "late_p50_ms": 0.0, "late_p99_ms": 0.0, "late_max_ms": 0.0,
+                    "within_1ms": 1.0}
         return {
             "steps": self.steps,
             "late_p50_ms": xs[len(xs) // 2] / 1e6,
             "late_p99_ms": xs[min(len(xs) - 1, int(len(xs) * 0.99))] / 1e6,
             "late_max_ms": xs[-1] / 1e6,
+            "within_1ms": bisect_right(xs, 1_000_000) / len(xs),
         }
 
 
