@@ -14,6 +14,8 @@ then, one request at a time (concurrency 1):
   ITL from the deltas of ``vllm:inter_token_latency_seconds_sum/_count`` (client-side reads
   coalesce under CPU contention, so the client's chunk gaps are not used).
 - Then --streams requests at once (~100-token prompts): aggregate completion tokens / wall time.
+- Then the sim with the --preset, in this process at speedup 1, the same requests measured the same
+  way; plus the preset's model figures (``idle_ttft_s`` and decode step costs), side by side.
 
 Prints a table and writes JSON. ISL is the engine's ``usage.prompt_tokens`` (chat template included).
 """
@@ -190,6 +192,33 @@ async def run(isls: list[int], repeats: int, decode_tokens: int, seed: int, stre
     }
 
 
+async def run_sim_pass(isls: list[int], repeats: int, decode_tokens: int, preset: str) -> dict[str, Any]:
+    """The same per-ISL requests against the simulated engine (``servelens sim`` in this process,
+    speedup 1, the preset's timing), measured the same way (client TTFT, 1 / mean ITL from the
+    sim's ``vllm:inter_token_latency_seconds``). Prompts come from the sim's own tokenizer."""
+    from servelens.bench.prompts import SimTokenizer
+    from servelens.sim.testing import run_sim
+
+    tok = SimTokenizer()
+    per_isl: dict[str, list[dict[str, Any]]] = {}
+    async with run_sim(preset=preset, speedup=1.0, model="tiny") as sim, aiohttp.ClientSession() as session:
+        for rep in range(repeats):
+            for isl in isls:
+                prompt = tok.make_text(isl, ("cold", rep, isl))  # the sim adds no template tokens
+                r = await one_request(session, sim.url, prompt, decode_tokens)
+                itl = r["engine_itl_mean_s"]
+                r["engine_decode_tok_s"] = 1.0 / itl if itl > 0 else float("nan")
+                per_isl.setdefault(str(isl), []).append(r)
+    return {
+        k: {
+            "isl_tokens": statistics.median(x["isl"] for x in v),
+            "client_ttft_s_median": statistics.median(x["ttft_s"] for x in v),
+            "engine_decode_tok_s_median": statistics.median(x["engine_decode_tok_s"] for x in v),
+        }
+        for k, v in per_isl.items()
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--isl", default="500,1000,2000,4000,8000,16000")
@@ -203,6 +232,7 @@ def main() -> int:
     isls = [int(x) for x in args.isl.split(",")]
     res = asyncio.run(run(isls, args.repeats, args.decode_tokens, args.seed, args.streams))
     res["sim_preset"] = args.preset
+    res["sim_measured"] = asyncio.run(run_sim_pass(isls, args.repeats, args.decode_tokens, args.preset))
     res["sim"] = sim_figures([int(v["isl_tokens"]) for v in res["per_isl"].values()], args.decode_tokens, args.preset)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
@@ -234,6 +264,20 @@ def print_table(res: dict[str, Any]) -> None:
             f"{d:>12.0f} {(f'{sd:.0f}' if sd else '-'):>6} {_ratio(sd, d):>8}"
         )
     print(f"decode {res['streams']} streams at once: vLLM {res['multi_stream_tok_s']:.0f} tok/s in total")
+    meas = res.get("sim_measured") or {}
+    if meas:
+        print("sim measured over HTTP (same requests, speedup 1):")
+        print(f"{'ISL':>6} | {'sim TTFT':>8} {'sim/vLLM':>8} | {'sim decode':>10} {'sim/vLLM':>8}")
+        for k, v in res["per_isl"].items():
+            m = meas.get(k)
+            if not m:
+                continue
+            ct, d = v["client_ttft_s_median"], v["engine_decode_tok_s_median"]
+            print(
+                f"{int(m['isl_tokens']):>6} | {m['client_ttft_s_median']:>8.3f} "
+                f"{m['client_ttft_s_median'] / ct:>8.2f} | {m['engine_decode_tok_s_median']:>10.0f} "
+                f"{m['engine_decode_tok_s_median'] / d:>8.2f}"
+            )
 
 
 if __name__ == "__main__":
