@@ -449,6 +449,7 @@ async def run_bench(config: BenchConfig) -> BenchResult:
         lag = LagMonitor(threshold_ms=config.lag_threshold_ms)
         progress.start()
         lag.start()
+        cpu_start = time.process_time()
         t_start = time.perf_counter_ns()
         stop_ns = t_start + round(config.duration_s * NS_PER_S) if config.duration_s is not None else None
 
@@ -465,6 +466,7 @@ async def run_bench(config: BenchConfig) -> BenchResult:
             else:
                 await _closed_loop(len(items), one, cap or 1, stop_ns)
         finally:
+            client_cpu_s = time.process_time() - cpu_start
             lag_report = await lag.stop()
             await progress.stop()
         done = [r for r in records if r is not None]
@@ -477,7 +479,7 @@ async def run_bench(config: BenchConfig) -> BenchResult:
     elapsed = (max(r.end_ns for r in done) - min(r.send_ns for r in done)) / NS_PER_S if done else 0.0
     deviation = PromptDeviation.of(done)
     summary = _summary(config, model, done, client_rows, server_rows, lag_report, dropped, clipped, elapsed,
-                       deviation, continuous, ignore_eos, tokenizer.name, max_context)
+                       deviation, continuous, ignore_eos, tokenizer.name, max_context, client_cpu_s)
     results_path = summary_path = None
     if config.output_dir:
         out = Path(config.output_dir)
@@ -542,6 +544,7 @@ def _summary(
     config: BenchConfig, model: str, records: Sequence[BenchRecord], client_rows: Sequence[BucketRow],
     server_rows: Sequence[BucketRow] | None, lag: LagReport, dropped: int, clipped: int, elapsed: float,
     deviation: PromptDeviation, continuous: bool, ignore_eos: bool, tokenizer: str, max_context: int | None,
+    client_cpu_s: float,
 ) -> dict[str, Any]:
     ok = [r for r in records if r.ok]
     chunks = sum(len(r.chunk_offsets_ns) for r in records)
@@ -571,6 +574,9 @@ def _summary(
         "requests_per_s": len(records) / elapsed if elapsed > 0 else None,
         "output_tokens_per_s": out_tokens / elapsed if elapsed > 0 else None,
         "chunks_per_s": chunks / elapsed if elapsed > 0 else None,
+        "chunks": chunks,
+        "client_cpu_s": client_cpu_s,
+        "client_cpu_us_per_chunk": client_cpu_s / chunks * 1e6 if chunks else None,
         "tokens_per_chunk_from_usage": all(r.tokens_from_usage for r in ok) if ok else None,
         "prompt_tokens_vs_target": asdict(deviation),
         "event_loop_lag": asdict(lag) | {"trustworthy": lag.trustworthy},
@@ -582,7 +588,10 @@ def _summary(
 def print_result(result: BenchResult, console: Console | None = None) -> None:
     """Print the client table (and the client/server table when there are server rows) and a
     few summary lines to ``console`` (stdout by default)."""
-    console = console or Console()
+    if console is None:
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=max(console.width, 150))  # a file or pipe: do not wrap the columns
     s = result.summary
     lines = [result.lag.verdict(), result.prompt_deviation.line()]
     if result.dropped or result.clipped:

@@ -1,0 +1,68 @@
+"""``servelens bench`` as a user runs it (a child process)."""
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from servelens.cli.main import main
+
+
+async def run_cli(*args: str, timeout: float = 60.0) -> tuple[int, str, str]:
+    """The real console script in a child process."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "servelens", "bench", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
+def run_main(capsys: Any, *args: str) -> tuple[int, str, str]:
+    """``servelens bench`` in this process (its own event loop)."""
+    code = main(["bench", *args])
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+async def test_cli_runs_and_prints_the_table(upstream: Any, tmp_path: Path) -> None:
+    code, out, err = await run_cli("--url", upstream.url, "--isl", "100:0.5,2000:0.5", "--osl", "3",
+                                   "--num-requests", "12", "--concurrency", "3", "--output-dir", str(tmp_path),
+                                   "--no-progress")
+    assert code == 0, err
+    for text in ("Input length", "TTFT p95", "0-512", "1025-2048", "all", "trustworthy"):
+        assert text in out.lower() or text in out, (text, out)
+    assert "Traceback" not in err
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["requests"] == 12 and summary["model"] == "tiny"
+    assert len((tmp_path / "results.jsonl").read_text().splitlines()) == 12
+
+
+async def test_cli_trace_by_packaged_name(upstream: Any, tmp_path: Path, capsys: Any) -> None:
+    code, _out, err = await asyncio.to_thread(
+        run_main, capsys, "--url", upstream.url, "--trace", "azure_conv_2023_500.csv", "--time-scale", "0",
+        "--max-requests", "5", "--output-dir", str(tmp_path), "--no-progress")
+    assert code == 0, err
+    assert json.loads((tmp_path / "summary.json").read_text())["requests"] == 5
+
+
+def test_cli_errors_are_one_line(tmp_path: Path, capsys: Any) -> None:
+    code, _out, err = run_main(capsys, "--url", "http://127.0.0.1:9", "--num-requests", "1", "--output-dir",
+                                   str(tmp_path), "--no-progress")
+    assert code == 2 and err.startswith("servelens: error: cannot reach") and err.count("\n") == 1, err
+    code, _out, err = run_main(capsys, "--url", "http://127.0.0.1:9", "--isl", "lognormal:5")
+    assert code == 2 and "MEAN,SD" in err and "Traceback" not in err
+    code, _out, err = run_main(capsys, "--url", "http://127.0.0.1:9", "--trace", str(tmp_path / "missing.jsonl"))
+    assert code == 2 and "trace file not found" in err
+
+
+def test_cli_help_lists_the_options(capsys: Any) -> None:
+    try:
+        main(["bench", "--help"])
+    except SystemExit as exc:
+        assert exc.code == 0
+    text = capsys.readouterr().out
+    for opt in ("--trace-format", "--time-scale", "--isl-buckets", "--metrics-url", "--tokenizer", "--long-requests",
+                "--arrival", "--rate", "--concurrency", "--duration", "--max-requests"):
+        assert opt in text
