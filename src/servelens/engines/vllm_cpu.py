@@ -153,6 +153,20 @@ def scratch_env(paths: VllmPaths, base: Mapping[str, str] | None = None) -> dict
     return env
 
 
+def install_env(paths: VllmPaths) -> dict[str, str]:
+    """:func:`scratch_env` for pip, except that pip still reads the user's own configuration
+    (index mirrors, ``find-links``) from the real ``HOME``/``XDG_CONFIG_HOME``; pip writes only to
+    its cache (``PIP_CACHE_DIR``, in the scratch folder) and ``TMPDIR``."""
+    env = scratch_env(paths)
+    for key in ("HOME", "XDG_CONFIG_HOME"):
+        if key in os.environ:
+            env[key] = os.environ[key]
+        else:
+            env.pop(key, None)
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    return env
+
+
 def _run(cmd: Sequence[str], env: Mapping[str, str], log: Path, step: str, timeout_s: float) -> None:
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("a", encoding="utf-8") as fh:
@@ -198,7 +212,7 @@ def install(scratch: Path | str | None = None, *, force: bool = False, timeout_s
     p = _paths(scratch)
     if venv_ready(p.scratch) and not force:
         return p.python
-    env = scratch_env(p)
+    env = install_env(p)
     log = p.logs / "install.log"
     stamp = p.venv / _VENV_STAMP
     stamp.unlink(missing_ok=True)
@@ -216,7 +230,7 @@ def install(scratch: Path | str | None = None, *, force: bool = False, timeout_s
     _run([py, "-m", "pip", "uninstall", "-y", *_REMOVE], env, log, "pip uninstall torchvision ...", 300)
     _run(
         [py, "-c", "import vllm, transformers; from transformers import LlamaForCausalLM; print(vllm.__version__)"],
-        env,
+        scratch_env(p),  # importing vLLM may create caches: keep them in the scratch folder
         log,
         "import check",
         600,
