@@ -6,7 +6,9 @@ to CPU 0 and the client to the others, which only helps on an otherwise idle mac
 closed loop of C streaming /v1/completions clients (ISL 128 unique tokens, OSL 64, ignore_eos) for
 ``--seconds``, the client pinned to the other CPUs. Reported per point: chunks/s received, the
 sim's CPU use (from /proc, 1.0 = one core saturated) and its CPU time per chunk (the figure that
-survives a shared machine: one free core sustains about 1e6 / (us per chunk) chunks/s), and the
+survives a shared machine: one free core sustains about 1e6 / (us per chunk) chunks/s), the
+time the sim spent runnable but waiting for a CPU per step (/proc schedstat: when this is as large
+as the lateness, the host, not the sim, made the steps late), and the
 lateness of step ends against the model (p50/p99 ms and the share of steps ending <= 1 ms late,
 from /debug/stats). A point "holds" when >= 95 % of steps end within 1 ms of the model. A first
 row per speedup runs the bare step loop in this process (64 sequences, no HTTP): the machine's
@@ -32,10 +34,16 @@ from servelens.sim.scheduler import Engine, MonotonicClock, SimRequest, StepLoop
 from servelens.sim.tokenizer import make_text
 
 
-def proc_cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        parts = f.read().rsplit(")", 1)[1].split()
-    return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
+def sched_s(pid: int) -> tuple[float, float]:
+    """(CPU time, time spent runnable but waiting for a CPU) of all threads of ``pid``, seconds
+    (/proc/PID/task/*/schedstat)."""
+    cpu = wait = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+            a = f.read().split()
+        cpu += int(a[0])
+        wait += int(a[1])
+    return cpu / 1e9, wait / 1e9
 
 
 async def run_point(url: str, concurrency: int, seconds: float, osl: int) -> tuple[int, int, float]:
@@ -84,7 +92,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--osl", type=int, default=64)
     ap.add_argument("--speedups", default="1,10")
-    ap.add_argument("--concurrency", default="16,64,256,512")
+    ap.add_argument("--concurrency", default="4,16,64,256,512")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--pin", action="store_true", help="pin the sim to CPU 0 and the client to the rest")
     args = ap.parse_args()
@@ -105,12 +113,13 @@ def main() -> int:
     where = f"sim on CPU 0, client on CPUs 1-{ncpu - 1}" if pin else "no CPU pinning"
     print(f"# sim capacity: ISL 128, OSL {args.osl}, {args.seconds:g} s per point, {where}, "
           f"{ncpu} CPUs, load average before: {os.getloadavg()[0]:.2f}")
-    print("| speedup | streams | chunks/s | requests/s | sim CPU | sim CPU us/chunk | late p50 ms | late p99 ms "
-          "| steps <= 1 ms late | holds |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|")
+    print("| speedup | streams | chunks/s | steps/s | sim CPU | sim CPU us/chunk | sim run-queue wait ms/step "
+          "| late p50 ms | late p99 ms | steps <= 1 ms late | holds |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|")
     for sp in speedups:
         base = run(bare_loop(sp, args.seconds))
-        print(f"| {sp:g} | bare loop, 64 seqs | - | - | - | - | {base['late_p50_ms']:.3f} | {base['late_p99_ms']:.3f} "
+        print(f"| {sp:g} | bare loop, 64 seqs | - | - | - | - | - | {base['late_p50_ms']:.3f} "
+              f"| {base['late_p99_ms']:.3f} "
               f"| {base['within_1ms']:.1%} | - |", flush=True)
         for c in levels:
             srv = ServerProcess(["sim", "--speedup", str(sp), "--debug", "--preset", "llama-3.1-8b-h100"]).start()
@@ -118,15 +127,19 @@ def main() -> int:
                 assert srv.proc is not None
                 if pin:
                     os.sched_setaffinity(srv.proc.pid, {0})
-                cpu0 = proc_cpu_s(srv.proc.pid)
-                chunks, reqs, wall = run(run_point(srv.url, c, args.seconds, args.osl))
-                cpu = (proc_cpu_s(srv.proc.pid) - cpu0) / wall
+                st0 = run(stats(srv.url))
+                cpu0, wait0 = sched_s(srv.proc.pid)
+                chunks, _requests, wall = run(run_point(srv.url, c, args.seconds, args.osl))
+                cpu1, wait1 = sched_s(srv.proc.pid)
+                cpu = (cpu1 - cpu0) / wall
                 st = run(stats(srv.url))
+                steps = max(1, int(st["steps"] - st0["steps"]))
+                runq_ms = (wait1 - wait0) / steps * 1e3
             finally:
                 srv.stop()
             holds = "yes" if st["within_1ms"] >= 0.95 else "no"
-            print(f"| {sp:g} | {c} | {chunks / wall:,.0f} | {reqs / wall:,.1f} | {cpu:.2f} "
-                  f"| {cpu * wall / max(chunks, 1) * 1e6:.1f} | {st['late_p50_ms']:.3f} "
+            print(f"| {sp:g} | {c} | {chunks / wall:,.0f} | {steps / wall:,.0f} | {cpu:.2f} "
+                  f"| {cpu * wall / max(chunks, 1) * 1e6:.1f} | {runq_ms:.2f} | {st['late_p50_ms']:.3f} "
                   f"| {st['late_p99_ms']:.3f} | {st['within_1ms']:.1%} | {holds} |", flush=True)
     return 0
 
