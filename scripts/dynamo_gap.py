@@ -144,14 +144,19 @@ def start_gateway(stack: Any, out_dir: Path, by_isl_only: bool = False) -> Serve
     return ServerProcess(args, log_path=out_dir / "gateway.log")
 
 
-def run_bench(url: str, tokenizer: Path, concurrency: int, max_requests: int, out_dir: Path,
-              timeout_s: float = 300.0) -> tuple[tuple[BenchRecord, ...], float]:
+def run_bench(
+    url: str, tokenizer: Path, concurrency: int, max_requests: int, out_dir: Path,
+    timeout_s: float = 300.0, synthetic: tuple[str, str] | None = None,
+) -> tuple[tuple[BenchRecord, ...], float]:
     """``servelens bench`` against ``url``: the first ``max_requests`` rows of the packaged Mooncake
     cut (clipped to the mocker's 32768-token context), ``concurrency`` workers,
     ``--no-continuous-usage`` (the mocker sends one token per chunk; this also skips the bench's
-    probe request). Returns (records, wall seconds). Raises RuntimeError when the bench fails.
+    probe request). ``synthetic=(isl_spec, osl_spec)`` replaces the trace with a synthetic workload.
+    Returns (records, wall seconds). Raises RuntimeError when the bench fails.
     """
-    cmd = [sys.executable, "-m", "servelens", "bench", "--url", url, "--trace", TRACE,
+    workload = (["--isl", synthetic[0], "--osl", synthetic[1], "--num-requests", str(max_requests)]
+                if synthetic else ["--trace", TRACE])
+    cmd = [sys.executable, "-m", "servelens", "bench", "--url", url, *workload,
            "--tokenizer", str(tokenizer), "--max-requests", str(max_requests),
            "--concurrency", str(concurrency), "--max-context", str(harness.DEFAULT_MAX_MODEL_LEN),
            "--long-requests", "clip", "--no-continuous-usage", "--no-progress", "--output-dir", str(out_dir)]
@@ -170,12 +175,13 @@ def read_request_log(out_dir: Path) -> tuple[dict[str, Any], ...]:
     return tuple(json.loads(line) for line in log.read_text().splitlines() if line.strip())
 
 
-def measure(stack: Any, concurrency: int, max_requests: int, out_dir: Path, by_isl_only: bool = False) -> Pass:
+def measure(stack: Any, concurrency: int, max_requests: int, out_dir: Path, by_isl_only: bool = False,
+            synthetic: tuple[str, str] | None = None) -> Pass:
     """One pass against a running Dynamo ``stack`` (a ``dynamo_harness.DynamoStack``): gateway,
     bench through it, then both ``/metrics`` scraped. Raises RuntimeError when the bench fails."""
     with start_gateway(stack, out_dir, by_isl_only) as gw:
         records, wall = run_bench(gw.url, Path(stack.model_dir) / "tokenizer.json", concurrency, max_requests,
-                                  out_dir / "bench")
+                                  out_dir / "bench", synthetic=synthetic)
         gw_text = scrape(f"{gw.url}/metrics")
         dyn_text = scrape(f"{stack.frontend_url}/metrics")
     return Pass(concurrency, hist_sums(dyn_text, stack.model), hist_sums(gw_text, stack.model),
@@ -196,6 +202,8 @@ class GapRow:
     bench_minus_dynamo_ms: float
     paired_bench_minus_gateway_p50_ms: float
     paired_bench_minus_gateway_max_ms: float
+    first_two_chunks_together_pct: float
+    mean_isl_tokens: float
     wall_s: float
 
 
@@ -206,10 +214,14 @@ def gap_row(p: Pass) -> GapRow:
     gwm = p.gateway.sums["ttft"] / p.gateway.counts["ttft"] * 1e3
     bench = statistics.fmean(p.bench_ttfts_s()) * 1e3
     diffs = sorted((b - g) * 1e3 for b, g in p.paired_ttft_s())
+    multi = [r for r in p.records if r.ok and len(r.chunk_offsets_ns) > 1]
+    together = sum(1 for r in multi if r.chunk_offsets_ns[1] - r.chunk_offsets_ns[0] < 1_000_000)
+    together_pct = round(100.0 * together / len(multi), 1) if multi else float("nan")
+    mean_isl = round(p.dynamo.sums["isl"] / p.dynamo.counts["isl"], 0)
     return GapRow(p.concurrency, len(p.records), round(dyn, 2), round(gwm, 2), round(bench, 2),
                   round(gwm - dyn, 2), round(bench - gwm, 2), round(bench - dyn, 2),
                   round(statistics.median(diffs), 2) if diffs else float("nan"),
-                  round(max(diffs), 2) if diffs else float("nan"), round(p.wall_s, 1))
+                  round(max(diffs), 2) if diffs else float("nan"), together_pct, mean_isl, round(p.wall_s, 1))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -218,6 +230,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--concurrency", default="1,8,32", help="comma-separated concurrencies")
     ap.add_argument("--requests", default="", help="requests per concurrency (comma list; default 4x conc, >= 12)")
     ap.add_argument("--json", default="", help="write the rows here")
+    ap.add_argument("--isl", default="", help="synthetic ISL spec instead of the Mooncake cut (with --osl)")
+    ap.add_argument("--osl", default="64", help="synthetic OSL spec (with --isl)")
     args = ap.parse_args(argv)
     concs = [int(c) for c in args.concurrency.split(",")]
     reqs = [int(r) for r in args.requests.split(",")] if args.requests else [max(12, 4 * c) for c in concs]
@@ -227,18 +241,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = []
         for c, n in zip(concs, reqs, strict=True):
             with tempfile.TemporaryDirectory(prefix="servelens-dyngap-") as d, harness.serve(venv, model_dir) as st:
-                rows.append(gap_row(measure(st, c, n, Path(d))))
+                syn = (args.isl, args.osl) if args.isl else None
+                rows.append(gap_row(measure(st, c, n, Path(d), synthetic=syn)))
                 print(json.dumps(asdict(rows[-1])), file=sys.stderr, flush=True)
     except (harness.HarnessError, RuntimeError) as e:
         print(f"dynamo_gap: error: {e}", file=sys.stderr)
         return 2
-    print("| concurrency | requests | Dynamo TTFT mean (ms) | gateway | bench | gateway - Dynamo | "
-          "bench - gateway | bench - Dynamo | bench - gateway per request p50 / max |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| concurrency | requests | mean ISL | Dynamo TTFT mean (ms) | gateway | bench | gateway - Dynamo | "
+          "bench - gateway | bench - Dynamo | bench - gateway per request p50 / max | first 2 chunks together |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r.concurrency} | {r.requests} | {r.dynamo_ms:.1f} | {r.gateway_ms:.1f} | {r.bench_ms:.1f} | "
-              f"{r.gateway_minus_dynamo_ms:+.1f} | {r.bench_minus_gateway_ms:+.1f} | {r.bench_minus_dynamo_ms:+.1f} | "
-              f"{r.paired_bench_minus_gateway_p50_ms:+.1f} / {r.paired_bench_minus_gateway_max_ms:+.1f} |")
+        print(f"| {r.concurrency} | {r.requests} | {r.mean_isl_tokens:.0f} | {r.dynamo_ms:.1f} | {r.gateway_ms:.1f} | "
+              f"{r.bench_ms:.1f} | {r.gateway_minus_dynamo_ms:+.1f} | {r.bench_minus_gateway_ms:+.1f} | "
+              f"{r.bench_minus_dynamo_ms:+.1f} | {r.paired_bench_minus_gateway_p50_ms:+.1f} / "
+              f"{r.paired_bench_minus_gateway_max_ms:+.1f} | {r.first_two_chunks_together_pct:.0f}% |")
     if args.json:
         Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")
     return 0

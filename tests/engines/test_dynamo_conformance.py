@@ -132,6 +132,28 @@ def test_refuses_outside_private_netns_message() -> None:
     assert "unshare -rn" in harness.NETNS_HINT
 
 
+def test_harness_serve_cli_and_clean_stop(dyn_install: tuple[Path, Path]) -> None:
+    """``dynamo_harness.py serve -- CMD`` runs CMD against a ready frontend; both processes are gone after."""
+    import subprocess
+
+    code = ("import os, urllib.request; "
+            "print(urllib.request.urlopen(os.environ['DYNAMO_URL'] + '/v1/models').read().decode())")
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "dynamo_harness.py"), "serve", "--",
+                           sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "dynamo frontend listening on http://127.0.0.1:" in proc.stdout
+    assert '"id":"tiny"' in proc.stdout.replace(" ", ""), proc.stdout
+
+    venv, model_dir = dyn_install
+    with harness.serve(venv, model_dir) as st:
+        pids = (st.frontend_pid, st.mocker_pid)
+        kv = st.run_dir / "kv"
+        assert any(kv.rglob("*")), "discovery entries written"
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
 def test_stock_histograms_match_dynamo(dyn_stack: Any) -> None:
     """Each of the six stock histograms: same name, type, label names and ``le`` strings as Dynamo."""
     status, body = _chat(dyn_stack.frontend_url)
@@ -248,9 +270,10 @@ def test_gateway_values_match_dynamo(dyn_stack: Any, tmp_path: Path) -> None:
     pairs = p.paired_ttft_s()
     assert len(pairs) == n
     diffs_ms = sorted((b - g) * 1e3 for b, g in pairs)
-    mean_ms = sum(diffs_ms) / n
-    assert -0.5 <= mean_ms <= 5.0, f"bench - gateway TTFT per request (ms): {diffs_ms}"
-    assert diffs_ms[n // 2] <= 5.0, diffs_ms
+    # the bench starts its clock before the gateway does and sees each chunk after it
+    assert diffs_ms[0] >= -0.5, f"bench - gateway TTFT per request (ms): {diffs_ms}"
+    assert diffs_ms[n // 2] <= 5.0, f"bench - gateway TTFT per request (ms): {diffs_ms}"
+    assert sum(diffs_ms) / n <= 10.0, f"bench - gateway TTFT per request (ms): {diffs_ms}"
 
 
 # ----------------------------------------------------------------------------- sidecar
