@@ -287,11 +287,12 @@ class _Writer:
         else:
             await self.resp.write(data)
 
-    async def event(self, payload: bytes) -> None:
-        """One ``data:`` event (plus keep-alive blocks after it in ``keepalive`` mode)."""
+    async def event(self, payload: bytes, last: bool = False) -> None:
+        """One ``data:`` event (plus keep-alive blocks after it in ``keepalive`` mode, except after
+        the ``last`` one)."""
         data = b"data: " + payload + self.nl + self.nl
         self.n += 1
-        if self.keepalive:
+        if self.keepalive and not last:
             nl = self.nl
             extra = b": keep-alive" + nl + nl
             if self.n % 2 == 0:
@@ -558,7 +559,7 @@ async def _stream(request: web.Request, st: SimState, p: Parsed, plan: FaultPlan
     out.finish = finish
     if p.include_usage:
         await w.event(ch.usage_chunk(osl, sreq.cached_tokens))
-    await w.event(b"[DONE]")
+    await w.event(b"[DONE]", last=True)
     await w.flush()
     await resp.write_eof()
     return resp
