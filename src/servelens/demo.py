@@ -1,0 +1,166 @@
+"""``servelens demo``: the main job end to end on the embedded default.
+
+Starts the simulated engine (a preset with prefix caching) and the gateway with ISL buckets on free
+loopback ports as child processes, replays a cut of the real Mooncake conversation trace
+(packaged with its license) through the gateway, time-compressed, then prints the per-bucket table
+from the client and from the gateway's ``/metrics`` side by side, writes ``report.html`` and the
+bench results, and stops everything. ``engine="vllm"`` runs the same against a real vLLM CPU
+engine serving a tiny local model (:mod:`servelens.engines.vllm_cpu`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from servelens.bench.runner import BenchConfig, BenchResult, print_result, run_bench_sync
+from servelens.bench.traces import PACKAGED_TRACES, packaged_trace
+from servelens.core.buckets import DEFAULT_ISL_BOUNDARIES, IslBuckets
+from servelens.process import ServerProcess
+from servelens.report.html import write_html
+from servelens.report.sources import report_from_results
+
+DEMO_TRACE = "mooncake_conversation_400.jsonl"
+ENGINES = ("sim", "vllm")
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """What the demo runs. Times in seconds, lengths in tokens.
+
+    Attributes:
+        engine: ``sim`` (default, the embedded simulated engine) or ``vllm`` (vLLM CPU build with a
+            tiny local model; installs it on first use, minutes).
+        trace: a Mooncake JSONL or Azure CSV trace (path or packaged name).
+        time_scale: trace timestamps are multiplied by this (0.5 replays twice as fast).
+        duration_s: stop starting requests after this many seconds of replay (None: whole trace).
+        max_requests: send at most this many requests (None: no limit).
+        output_dir: where ``report.html``, ``results.jsonl``, ``summary.json`` and logs go.
+        keep_running: leave the engine and gateway up after the run until Ctrl-C.
+        sim_preset, sim_speedup: the simulated engine's timing preset and speedup (every
+            simulated time divided by it).
+        isl_buckets: the gateway's and the table's ISL boundaries.
+        max_context: requests over this context are clipped (the trace has prompts beyond 100k).
+    """
+
+    engine: str = "sim"
+    trace: str = DEMO_TRACE
+    time_scale: float = 0.5
+    duration_s: float | None = None
+    max_requests: int | None = None
+    output_dir: str = "servelens-demo"
+    keep_running: bool = False
+    sim_preset: str = "llama-3.1-8b-h100"
+    sim_speedup: float = 4.0
+    isl_buckets: tuple[int, ...] = DEFAULT_ISL_BOUNDARIES
+    max_context: int = 32768
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"unknown engine {self.engine!r}; expected one of {', '.join(ENGINES)}")
+        if self.time_scale <= 0:
+            raise ValueError(f"time-scale must be > 0, got {self.time_scale}")
+        if self.duration_s is not None and self.duration_s <= 0:
+            raise ValueError(f"duration must be > 0 s, got {self.duration_s}")
+        if self.sim_speedup <= 0:
+            raise ValueError(f"sim speedup must be > 0, got {self.sim_speedup}")
+        object.__setattr__(self, "isl_buckets", IslBuckets.parse(self.isl_buckets).boundaries)
+
+
+@dataclass(frozen=True)
+class DemoResult:
+    """What the demo produced: the bench result (client rows, gateway rows), the report path,
+    and the engine and gateway URLs (down again unless ``keep_running``)."""
+
+    bench: BenchResult
+    report_path: Path
+    engine_url: str
+    gateway_url: str
+
+
+@contextlib.contextmanager
+def _engine(config: DemoConfig, out: Path, console: Console) -> Iterator[tuple[str, str | None]]:
+    """Yield ``(engine URL, tokenizer path or None)``."""
+    if config.engine == "sim":
+        args = ["sim", "--preset", config.sim_preset, "--speedup", str(config.sim_speedup),
+                "--max-model-len", str(config.max_context), "--seed", "0"]
+        with ServerProcess(args, log_path=out / "sim.log") as sim:
+            console.print(f"[bold]engine[/]  servelens sim ({config.sim_preset}, speedup {config.sim_speedup:g}: "
+                          f"every simulated time divided by {config.sim_speedup:g}) at {sim.url}")
+            yield sim.url, None
+        return
+    from servelens.engines.vllm_cpu import VllmServer
+
+    console.print("[bold]engine[/]  vLLM CPU build with a tiny local model (first run installs it: minutes)")
+    with VllmServer() as srv:
+        console.print(f"[bold]engine[/]  vLLM at {srv.url}, model {srv.model}")
+        yield srv.url, str(srv.tokenizer_path)
+
+
+def _wait_for_interrupt(console: Console) -> None:
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        console.print("[bold]--keep-running[/]: engine and gateway stay up; press Ctrl-C to stop them.")
+        stop.wait()
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def run_demo(config: DemoConfig, console: Console | None = None) -> DemoResult:
+    """Run the demo (blocking). Raises ServerStartError/ValueError/OSError on failures."""
+    console = console or Console(width=None if sys.stdout.isatty() else 150)
+    out = Path(config.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    buckets = IslBuckets(config.isl_buckets)
+    trace = config.trace
+    if not Path(trace).exists() and trace in PACKAGED_TRACES:
+        trace = str(packaged_trace(trace))
+    if not Path(trace).exists():
+        raise ValueError(f"trace file not found: {config.trace}")
+    with _engine(config, out, console) as (engine_url, tokenizer):
+        gw_args = ["gateway", "--upstream", engine_url, "--isl-buckets", buckets.spec,
+                   "--request-log", str(out / "gateway-requests.jsonl")]
+        if tokenizer:
+            gw_args += ["--tokenizer", tokenizer]
+        with ServerProcess(gw_args, log_path=out / "gateway.log") as gw:
+            console.print(f"[bold]gateway[/] servelens gateway at {gw.url} (metrics at {gw.url}/metrics)")
+            console.print(f"[bold]bench[/]   replaying {config.trace} at time scale {config.time_scale:g}"
+                          + (f", for {config.duration_s:g} s" if config.duration_s else "")
+                          + f", prompts clipped to {config.max_context} tokens")
+            bench = run_bench_sync(BenchConfig(
+                url=gw.url,
+                trace=trace,
+                time_scale=config.time_scale,
+                duration_s=config.duration_s,
+                max_requests=config.max_requests,
+                tokenizer=tokenizer,
+                max_context=config.max_context,
+                long_requests="clip",
+                isl_buckets=config.isl_buckets,
+                metrics_url=f"{gw.url}/metrics",
+                output_dir=str(out),
+                progress=console.is_terminal,
+            ))
+            print_result(bench, console)
+            assert bench.results_path is not None
+            report = report_from_results(bench.results_path, buckets)
+            report_path = write_html(
+                out / "report.html", bench.client_rows, report.timeseries,
+                title=f"servelens demo: {config.trace} through the gateway",
+                source=f"engine {config.engine} at {engine_url}; client: exact percentiles from "
+                       f"{bench.results_path.name}; gateway: histogram_quantile over its /metrics difference",
+                compare_rows=bench.server_rows, names=("client", "gateway"),
+            )
+            console.print(f"[bold]report[/]  {report_path}")
+            if config.keep_running:
+                _wait_for_interrupt(console)
+    return DemoResult(bench, report_path, engine_url, gw.url)
