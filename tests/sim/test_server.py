@@ -224,3 +224,13 @@ async def test_disconnect_stops_generation_within_one_step() -> None:
         assert 5 <= rec.osl < 5000
         assert sum(1 for t in rec.token_times_ns if t > rec.cancel_ns) <= 1
         assert not sim.engine.running and not sim.engine.waiting
+
+
+async def test_kv_capacity_and_prompt_shapes() -> None:
+    async with run_sim(kv_capacity_tokens=100) as sim, aiohttp.ClientSession() as s:
+        async with s.post(sim.url + "/v1/completions", json={"prompt": make_text(90, 0), "max_tokens": 20}) as r:
+            assert r.status == 400 and "KV cache" in (await r.json())["error"]["message"]
+        async with s.post(sim.url + "/v1/completions", json={"prompt": ["a b c"], "max_tokens": 2}) as r:
+            assert (await r.json())["usage"]["prompt_tokens"] == 3
+        async with s.post(sim.url + "/v1/completions", json={"prompt": ["a", "b"], "max_tokens": 2}) as r:
+            assert r.status == 400 and (await r.json())["error"]["param"] == "prompt"
