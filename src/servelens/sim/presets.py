@@ -1,10 +1,12 @@
 """Named parameter sets for the timing model (:class:`~servelens.sim.model.ModelParams`).
 
-The numbers are first-principles roofline estimates from public specifications, not fits to
-measurements; they give the right orders of magnitude and the right shapes (TTFT linear-plus-
-quadratic in uncached prompt tokens, ITL growing with batch size and KV held), nothing more.
+The two H100 presets are first-principles roofline estimates from public specifications, not fits
+to measurements; they give the right orders of magnitude and the right shapes (TTFT linear-plus-
+quadratic in uncached prompt tokens, ITL growing with batch size and KV held), nothing more. The
+``vllm-cpu-tiny-2core`` preset is the exception: it is fitted to measurements of a real vLLM CPU
+engine (see its ``derivation``).
 
-Sources used for every preset:
+Sources used for the H100 presets:
 
 - NVIDIA H100 SXM5 datasheet: 989 TFLOP/s dense BF16, 3.35 TB/s HBM3, 80 GB.
 - Model shapes from the models' Hugging Face ``config.json`` (layers, hidden size, KV heads).
