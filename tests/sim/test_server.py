@@ -234,3 +234,13 @@ async def test_kv_capacity_and_prompt_shapes() -> None:
             assert (await r.json())["usage"]["prompt_tokens"] == 3
         async with s.post(sim.url + "/v1/completions", json={"prompt": ["a", "b"], "max_tokens": 2}) as r:
             assert r.status == 400 and (await r.json())["error"]["param"] == "prompt"
+
+
+async def test_no_cached_tokens_field_when_prefix_cache_is_off() -> None:
+    async with run_sim(prefix_cache_blocks=0) as sim:
+        body = {"prompt": make_text(64, 5), "max_tokens": 2, "stream": True, "stream_options": {"include_usage": True}}
+        for _ in range(2):
+            cap = await capture(sim.url + "/v1/completions", body)
+            usage = json.loads(cap.data[-2])["usage"]
+            assert usage["prompt_tokens"] == 64 and "prompt_tokens_details" not in usage
+            assert (await sim.wait_truth(cap.headers["x-request-id"])).cached_tokens == 0
