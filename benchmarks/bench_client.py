@@ -12,8 +12,10 @@ TTFT error per request = client TTFT - truth TTFT, where truth TTFT is the sim's
 ``first_token_ns - arrival_ns`` (handler received the request -> engine step that emitted the first
 token ended). The error therefore includes the HTTP round trip and both processes' scheduling delay.
 
-CPU per chunk = the load generator's CPU seconds (user + sys, all its processes) / chunks received;
-``1 / cpu_per_chunk`` is the chunk rate it could sustain with one full core.
+CPU per chunk = the load generator's CPU seconds / output chunks received (the sim sends one token per
+chunk); ``1 / cpu_per_chunk`` is the chunk rate it could sustain with one full core. For servelens the
+CPU is the bench process's own during the run (``summary.json`` ``client_cpu_s``); for aiperf it is all
+its processes from start to exit (it has no in-run figure), so its startup is included.
 
 Run:  python benchmarks/bench_client.py [--aiperf PATH/TO/venv/bin/aiperf]
       [--concurrency 100,1000] [--requests-per-stream 4] [--isl 200] [--osl 64] [--speedup 10]
@@ -143,7 +145,9 @@ def run_aiperf(aiperf: str, tokenizer: str, hf_home: Path, url: str, model: str,
     for r in recs:
         t = truth.get(r["metadata"]["x_request_id"])
         m = r["metrics"]
-        chunks += int(m.get("http_req_chunks_received", {}).get("value", 0))
+        # aiperf's http_req_chunks_received counts socket reads, not SSE events; the sim sends one token
+        # per event, so completion tokens count the events
+        chunks += int(m.get("usage_completion_tokens", m.get("output_sequence_length", {})).get("value", 0))
         if t and t.get("first_token_ns") is not None and "time_to_first_token" in m:
             errs.append(m["time_to_first_token"]["value"] - (t["first_token_ns"] - t["arrival_ns"]) / 1e6)
     starts = [r["metadata"]["request_start_ns"] for r in recs]
