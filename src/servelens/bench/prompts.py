@@ -86,16 +86,22 @@ class FileTokenizer:
             raise ValueError(f"cannot load tokenizer {path}: {exc}") from None
         self.name = f"file:{Path(path).name}"
         words: list[str] = []
+        loose: list[str] = []  # one token on its own, but not after a space (e.g. some Metaspace vocabularies)
         vocab = self._tok.get_vocab()
         for tid in sorted(vocab.values()):
-            text = self._tok.decode([tid])
-            w = text.strip()
+            w = self._tok.decode([tid]).strip()
             if not _WORD_RE.match(w):
                 continue
             if len(self._tok.encode(" " + w, add_special_tokens=False).ids) == 1:
                 words.append(w)
+            elif len(loose) < 2048 and len(self._tok.encode(w, add_special_tokens=False).ids) == 1:
+                loose.append(w)
             if len(words) >= 2048:
                 break
+        if len(words) < 16:
+            # texts are still deterministic per key (shared prefixes stay byte-identical); fit() corrects
+            # the total length, but a block is then only about, not exactly, block_tokens long
+            words = words + loose
         if len(words) < 16:
             raise ValueError(f"tokenizer {path}: found only {len(words)} one-token words; cannot build prompts")
         self._words = tuple(words)
