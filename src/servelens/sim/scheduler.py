@@ -46,7 +46,8 @@ class MonotonicClock:
     """``time.perf_counter_ns()``; sleeps with asyncio, then yields to the loop (``sleep(0)``) for
     the last ``min(spin_ns, wait / 4)`` so that a step ends well within a millisecond of its
     deadline even though asyncio timers have millisecond granularity (the quarter cap keeps the
-    spin's CPU cost at most a quarter of a core when steps are short). ``spin_ns=0`` never spins."""
+    spin's CPU cost at most a quarter of a core when steps are short; a wait under 1 ms is one 1 ms
+    timer, never a spin). ``spin_ns=0`` never spins."""
 
     __slots__ = ("spin_ns",)
 
@@ -59,11 +60,13 @@ class MonotonicClock:
 
     async def sleep_until(self, deadline_ns: int) -> None:
         """Sleep until ``deadline_ns`` (perf_counter ns)."""
-        now = time.perf_counter_ns()
-        wait = deadline_ns - now
-        rest = wait - min(self.spin_ns, wait // 4)
-        if rest > 0:
-            await asyncio.sleep(rest / 1e9)
+        wait = deadline_ns - time.perf_counter_ns()
+        if wait <= 0:
+            return
+        spin = min(self.spin_ns, wait // 4)
+        # never a sub-millisecond timer: uvloop truncates it to 0 ms and fires it at once (a busy
+        # loop); a wait under 1 ms therefore ends up to 1 ms late instead of spinning
+        await asyncio.sleep(max(wait - spin, 1_000_000) / 1e9)
         while time.perf_counter_ns() < deadline_ns:
             await asyncio.sleep(0)
 
