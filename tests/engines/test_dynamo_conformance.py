@@ -199,22 +199,41 @@ def test_counters_and_gauges_match_dynamo(dyn_stack: Any) -> None:
         assert d_labels == m_labels, f"{full}: Dynamo labels {d_labels}, servelens {m_labels}"
 
 
-def test_requests_total_vocabulary_matches_dynamo(dyn_install: tuple[Path, Path]) -> None:
-    """success, unknown model and upstream unavailable produce the same label sets in Dynamo and servelens.
+def test_requests_total_vocabulary_matches_dynamo(dyn_install: tuple[Path, Path], tmp_path: Path) -> None:
+    """success, unknown model and upstream unavailable give the same ``requests_total`` label sets in
+    Dynamo, in servelens's metrics library and in ``servelens gateway --metrics-prefix dynamo_frontend``.
 
     Dynamo's "unavailable" is a request to a model whose only worker died without deregistering
-    (SIGKILL); servelens's is an upstream it cannot reach. Both count ``status="error",
-    error_type="unavailable"`` under the requested model.
+    (SIGKILL); the gateway's is an upstream it cannot reach. Both count ``status="error",
+    error_type="unavailable"`` under the requested model; an unknown model is counted under
+    ``model="unknown_model"`` with ``error_type="not_found"``.
     """
+    from servelens.process import ServerProcess
+
     venv, model_dir = dyn_install
     with harness.serve(venv, model_dir) as st:
         url = st.frontend_url
         assert _chat(url)[0] == 200
         assert _chat(url, model="no-such-model")[0] == 404
+        # the same two cases through the gateway
+        with gap.start_gateway(st, tmp_path / "gw") as gw:
+            assert _chat(gw.url)[0] == 200
+            assert _chat(gw.url, model="no-such-model")[0] == 404
+            gw_text = _get(f"{gw.url}/metrics")
         os.kill(st.mocker_pid, signal.SIGKILL)
         status, body = _chat(url)
         assert status == 503, body
         dyn = _requests_total(_families(_get(f"{url}/metrics"))["dynamo_frontend_requests"])
+
+    # the gateway's upstream unavailable: nothing listens on its upstream port
+    dead = f"http://127.0.0.1:{harness.free_port()}"
+    with ServerProcess(["gateway", "--upstream", dead, "--model", "tiny", "--metrics-prefix", DYNAMO_PREFIX,
+                        "--isl-buckets", ISL_BUCKETS], log_path=tmp_path / "gw-dead.log") as gw2:
+        status, body = _chat(gw2.url)
+        assert status in (502, 503), body
+        gw2_text = _get(f"{gw2.url}/metrics")
+    via_gateway = _requests_total(_families(gw_text)["dynamo_frontend_requests"])
+    via_gateway.update(_requests_total(_families(gw2_text)["dynamo_frontend_requests"]))
 
     ours = FrontendMetrics(prefix=DYNAMO_PREFIX, isl_buckets=ISL_BUCKETS)
     ours.register_model("tiny")
@@ -223,14 +242,16 @@ def test_requests_total_vocabulary_matches_dynamo(dyn_install: tuple[Path, Path]
     ok.finish(time.perf_counter_ns(), "success", isl=20, osl=4, cached_tokens=0)
     ours.state.count_unknown_model("chat_completions", "stream")
     ours.begin("tiny", "chat_completions", "stream").finish(time.perf_counter_ns(), "error", "unavailable")
-    mine = _requests_total(_families(ours.exposition().decode())["dynamo_frontend_requests"])
+    library = _requests_total(_families(ours.exposition().decode())["dynamo_frontend_requests"])
 
-    assert set(dyn) == set(mine), f"Dynamo: {sorted(dyn)}\nservelens: {sorted(mine)}"
+    assert set(dyn) == set(library), f"Dynamo: {sorted(dyn)}\nservelens library: {sorted(library)}"
+    assert set(dyn) == set(via_gateway), f"Dynamo: {sorted(dyn)}\nservelens gateway: {sorted(via_gateway)}"
     for labels in dyn:
-        d = dict(labels)
-        assert d["error_type"] in ("", *ERROR_TYPES)
-        assert dyn[labels] == mine[labels] == 1
+        assert dict(labels)["error_type"] in ("", *ERROR_TYPES)
+        assert library[labels] == via_gateway[labels] == 1
+        assert dyn[labels] >= 1  # Dynamo also counted what the gateway forwarded
     assert any(dict(k)["model"] == UNKNOWN_MODEL and dict(k)["error_type"] == "not_found" for k in dyn)
+    assert any(dict(k)["error_type"] == "unavailable" and dict(k)["model"] == "tiny" for k in dyn)
 
 
 # ----------------------------------------------------------------------------- values
