@@ -204,7 +204,7 @@ async def test_queueing_appears_beyond_max_num_seqs() -> None:
         first_end = min(r.token_times_ns[-1] for r in recs[:2])
         assert all((r.admitted_ns or 0) >= first_end for r in recs[2:])
         # the queued pair waits ~30 decode steps (~40 ms wall) for a slot; the first pair ~1 ms
-        assert min(r.ttft_ns or 0 for r in recs[2:]) > 5 * max(r.ttft_ns or 0 for r in recs[:2])
+        assert min(r.ttft_ns or 0 for r in recs[2:]) > 3 * max(r.ttft_ns or 0 for r in recs[:2])
 
 
 async def test_disconnect_stops_generation_within_one_step() -> None:
