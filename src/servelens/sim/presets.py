@@ -89,17 +89,18 @@ PRESETS: dict[str, Preset] = {
             description="vLLM 0.32.0 CPU build, tiny local Llama (2 layers, hidden 128, bf16), 2-core "
             "CI machine (issue 8; servelens.engines.vllm_cpu)",
             derivation=(
-                "fitted to measurements, not derived: benchmarks/vllm_cpu_reference.py, 4 runs, client "
-                "TTFT medians 0.020/0.17/1.93 s at ISL 500/4k/16k, single-stream decode 370/320/195 "
-                "tok/s (1 / mean vllm:inter_token_latency_seconds); chunked prefill 2048 tokens and "
+                "fitted to measurements, not derived: benchmarks/vllm_cpu_reference.py, 4 runs pooled "
+                "(14 requests per point), client TTFT medians 0.025/0.17/1.97 s at ISL 500/4k/16k, "
+                "single-stream decode 368/378/200 tok/s (1 / mean vllm:inter_token_latency_seconds); "
+                "TTFT fitted minimax over the three points (worst 20 %); chunked prefill 2048 tokens and "
                 "128 seqs are vLLM's CPU defaults for the API server, prefix-cache blocks of 128 tokens "
                 "and a 1,048,576-token KV cache (VLLM_CPU_KVCACHE_SPACE=1) are from the engine log; "
                 "side-by-side table in docs/benchmarks.md"
             ),
             params=ModelParams(
                 step_overhead_s=0.001,
-                prefill_s_per_token=3.0e-5,
-                prefill_attn_s_per_token_pair=9.1e-9,
+                prefill_s_per_token=3.6e-5,
+                prefill_attn_s_per_token_pair=7.7e-9,
                 decode_base_s=0.0015,
                 decode_s_per_seq=1.0e-4,
                 decode_s_per_kv_token=1.6e-7,
