@@ -107,6 +107,7 @@ async def test_unary_relayed_and_measured(fake: ScriptedUpstream, http: aiohttp.
         "request_type": "unary", "isl": 700, "isl_source": "final_usage", "bucket": "513-1024", "ttft_s": None,
         "duration_s": entries[0]["duration_s"], "osl": 4, "osl_source": "usage", "cached_tokens": 128,
         "output_chunks": 0, "status": "success", "error_type": "", "http_status": 200,
+        "arrival_ns": entries[0]["arrival_ns"], "first_output_ns": None,
     }]
     assert "sk-secret" not in log.read_text()
 

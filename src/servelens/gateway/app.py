@@ -442,6 +442,8 @@ class Gateway:
                 status=rec.status,
                 error_type=rec.error_type,
                 http_status=out.http_status,
+                arrival_ns=rec.arrival_ns,
+                first_output_ns=rec.first_output_ns,
             ))
 
     async def _send(self, url: str, body: bytes, headers: CIMultiDict[str]) -> aiohttp.ClientResponse:

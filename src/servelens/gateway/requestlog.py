@@ -5,7 +5,9 @@ One line per measured request, written when it finishes. Fields (units in the na
 ``endpoint``, ``request_type``, ``isl`` (tokens or null), ``isl_source``, ``bucket`` (ISL
 bucket label or null), ``ttft_s`` (null without output), ``duration_s``, ``osl``,
 ``osl_source`` (``usage`` or ``chunks``), ``cached_tokens`` (null when unknown),
-``output_chunks``, ``status``, ``error_type``, ``http_status``.
+``output_chunks``, ``status``, ``error_type``, ``http_status``, ``arrival_ns`` and
+``first_output_ns`` (``time.perf_counter_ns()`` of the gateway process, CLOCK_MONOTONIC on Linux,
+so they compare with an engine's timestamps on the same machine).
 Request headers (``Authorization`` included) and bodies are never written.
 """
 
@@ -38,6 +40,8 @@ class RequestLogEntry:
     status: str
     error_type: str
     http_status: int
+    arrival_ns: int
+    first_output_ns: int | None
 
 
 class RequestLog:
