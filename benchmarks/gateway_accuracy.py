@@ -31,7 +31,6 @@ from servelens.core.sse import SSEDecoder
 from servelens.gateway.requestlog import read_request_log
 from servelens.process import ServerProcess
 
-
 RAMP_S = 0.01
 
 

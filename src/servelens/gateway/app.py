@@ -367,13 +367,16 @@ class Gateway:
                                 "model_not_found")
         live = self.metrics.begin(model, endpoint, request_type, arrival_ns)
         out = _Outcome()
-        if self.prompt_counter is not None:
-            self._count_prompt(obj, live)
+        counting = self._count_prompt(obj, live) if self.prompt_counter is not None else None
         try:
             url = f"{upstream}{request.path}"
             if stream:
-                return await self._stream(request, live, out, obj, body, upstream, url)
-            return await self._unary(request, live, out, body, url)
+                resp = await self._stream(request, live, out, obj, body, upstream, url)
+            else:
+                resp = await self._unary(request, live, out, body, url)
+            if counting is not None and not counting.done():
+                await asyncio.wait({counting}, timeout=1.0)  # a reply faster than the tokenizer
+            return resp
         except asyncio.CancelledError:
             out.fail("cancelled", 499)
             state.client_disconnected()
@@ -391,7 +394,9 @@ class Gateway:
         finally:
             self._finish(live, out)
 
-    def _count_prompt(self, obj: dict[str, Any], live: LiveRequest) -> None:
+    def _count_prompt(self, obj: dict[str, Any], live: LiveRequest) -> asyncio.Future[int | None]:
+        """Count the prompt's tokens in a worker thread, concurrently with the upstream request;
+        the bucket is set (source ``tokenizer``) as soon as the count is known."""
         counter = self.prompt_counter
         assert counter is not None
         fut = asyncio.get_running_loop().run_in_executor(None, counter.count, obj)
@@ -404,6 +409,7 @@ class Gateway:
                 live.set_isl(n, "tokenizer")
 
         fut.add_done_callback(done)
+        return fut
 
     async def wait_finished(self, n: int, timeout: float = 5.0) -> None:
         """Wait until at least ``n`` measured requests have finished. Raises TimeoutError."""
