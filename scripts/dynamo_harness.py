@@ -44,6 +44,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -330,6 +331,7 @@ def wait_for_model(url: str, model: str, timeout_s: float, procs: Sequence[subpr
     """
     deadline = time.monotonic() + timeout_s
     last = "no answer yet"
+    tick = threading.Event()
     while time.monotonic() < deadline:
         for p in procs:
             if p.poll() is not None:
@@ -343,8 +345,7 @@ def wait_for_model(url: str, model: str, timeout_s: float, procs: Sequence[subpr
             last = f"models listed: {ids}"
         except (urllib.error.URLError, OSError, ValueError) as e:
             last = f"{type(e).__name__}: {e}"
-        # condition wait: the next poll of the readiness endpoint, bounded by the deadline
-        time.sleep(0.05)
+        tick.wait(0.05)  # next poll of the readiness condition; the loop is bounded by the deadline
     raise HarnessError(f"Dynamo frontend at {url} did not list model {model!r} within {timeout_s}s ({last})")
 
 
