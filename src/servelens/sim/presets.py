@@ -89,20 +89,21 @@ PRESETS: dict[str, Preset] = {
             description="vLLM 0.32.0 CPU build, tiny local Llama (2 layers, hidden 128, bf16), 2-core "
             "CI machine (issue 8; servelens.engines.vllm_cpu)",
             derivation=(
-                "fitted to measurements, not derived: benchmarks/vllm_cpu_reference.py, 4 runs pooled "
-                "(14 requests per point), client TTFT medians 0.025/0.17/1.97 s at ISL 500/4k/16k, "
-                "single-stream decode 368/378/200 tok/s (1 / mean vllm:inter_token_latency_seconds); "
-                "TTFT fitted minimax over the three points (worst 20 %); chunked prefill 2048 tokens and "
+                "fitted to measurements, not derived: benchmarks/vllm_cpu_reference.py, the median over "
+                "runs of each run's median: client TTFT 0.021/0.165/1.94 s at ISL 500/4k/16k (7 runs), "
+                "single-stream decode 402/345/199 tok/s (1 / mean vllm:inter_token_latency_seconds, "
+                "5 runs); fitted minimax over the three points (TTFT worst 17 %, decode 3 %); "
+                "chunked prefill 2048 tokens and "
                 "128 seqs are vLLM's CPU defaults for the API server, prefix-cache blocks of 128 tokens "
                 "and a 1,048,576-token KV cache (VLLM_CPU_KVCACHE_SPACE=1) are from the engine log; "
                 "side-by-side table in docs/benchmarks.md"
             ),
             params=ModelParams(
                 step_overhead_s=0.001,
-                prefill_s_per_token=3.6e-5,
-                prefill_attn_s_per_token_pair=7.7e-9,
-                decode_base_s=0.0015,
-                decode_s_per_seq=1.0e-4,
+                prefill_s_per_token=3.05e-5,
+                prefill_attn_s_per_token_pair=8.7e-9,
+                decode_base_s=0.0012,
+                decode_s_per_seq=1.3e-4,
                 decode_s_per_kv_token=1.6e-7,
                 max_num_seqs=128,
                 max_num_batched_tokens=2048,
