@@ -23,6 +23,9 @@ U = '{"prompt_tokens":5,"total_tokens":6,"completion_tokens":1,"prompt_tokens_de
         # vLLM / sim: usage last, compact
         ('data: {"id":"x","choices":[{"delta":{"content":"a"}}],"usage":' + U + "}\n\n",
          'data: {"id":"x","choices":[{"delta":{"content":"a"}}]}\n\n'),
+        # compact, CRLF, nested details (the fast path) and null
+        ('data: {"id":"x","choices":[],"usage":' + U + "}\r\n\r\n", 'data: {"id":"x","choices":[]}\r\n\r\n'),
+        ('data: {"id":"x","choices":[{"text":"a"}],"usage":null}\n\n', 'data: {"id":"x","choices":[{"text":"a"}]}\n\n'),
         # usage first
         ('data: {"usage":' + U + ',"id":"x","choices":[]}\n\n', 'data: {"id":"x","choices":[]}\n\n'),
         # spaced JSON (Python json.dumps default)

@@ -41,6 +41,7 @@ import aiohttp
 import msgspec
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
 
 from servelens.core.openai import error_body, parse_response
 from servelens.core.state import LiveRequest
@@ -179,6 +180,7 @@ class Gateway:
         # per upstream: sends "usage": null on chunks of an include_usage stream (None: not known yet)
         self.usage_null: dict[str, bool] = {}
         self._session: aiohttp.ClientSession | None = None
+        self._urls: dict[tuple[str, str], URL] = {}
         self.finished_total = 0
         """Measured requests finished (each counted once in requests_total)."""
         self._finished_event: asyncio.Event | None = None
@@ -206,6 +208,7 @@ class Gateway:
             timeout=aiohttp.ClientTimeout(total=None, connect=cfg.connect_timeout_s, sock_read=cfg.read_timeout_s),
             auto_decompress=False,
             skip_auto_headers=("User-Agent", "Accept-Encoding"),
+            cookie_jar=aiohttp.DummyCookieJar(),  # a proxy keeps no cookies (and skips their cost)
         )
         result = await self.router.poll(self._session)
         if result is not None and not result.ok:
@@ -369,7 +372,7 @@ class Gateway:
         out = _Outcome()
         counting = self._count_prompt(obj, live) if self.prompt_counter is not None else None
         try:
-            url = f"{upstream}{request.path}"
+            url = self._url(upstream, request.path)
             if stream:
                 resp = await self._stream(request, live, out, obj, body, upstream, url)
             else:
@@ -452,7 +455,15 @@ class Gateway:
                 first_output_ns=rec.first_output_ns,
             ))
 
-    async def _send(self, url: str, body: bytes, headers: CIMultiDict[str]) -> aiohttp.ClientResponse:
+    def _url(self, upstream: str, path: str) -> URL:
+        """The upstream URL for a measured path (parsed once per upstream and path)."""
+        key = (upstream, path)
+        url = self._urls.get(key)
+        if url is None:
+            url = self._urls[key] = URL(upstream + path, encoded=True)
+        return url
+
+    async def _send(self, url: URL, body: bytes, headers: CIMultiDict[str]) -> aiohttp.ClientResponse:
         """POST upstream and wait for the response headers (``response_timeout_s``)."""
         try:
             async with asyncio.timeout(self.config.response_timeout_s):
@@ -491,7 +502,7 @@ class Gateway:
         return inj, False
 
     async def _unary(
-        self, request: web.Request, live: LiveRequest, out: _Outcome, body: bytes, url: str
+        self, request: web.Request, live: LiveRequest, out: _Outcome, body: bytes, url: URL
     ) -> web.StreamResponse:
         headers = forward_request_headers(request.headers, measured=True)
         up = await self._send(url, body, headers)
@@ -524,7 +535,7 @@ class Gateway:
 
     async def _stream(
         self, request: web.Request, live: LiveRequest, out: _Outcome, obj: dict[str, Any], body: bytes,
-        upstream: str, url: str,
+        upstream: str, url: URL,
     ) -> web.StreamResponse:
         headers = forward_request_headers(request.headers, measured=True)
         inj, learn = self._plan(obj, body, upstream)
@@ -544,7 +555,7 @@ class Gateway:
             up.close()
 
     async def _retry_without_injection(
-        self, obj: dict[str, Any], body: bytes, upstream: str, url: str, headers: CIMultiDict[str],
+        self, obj: dict[str, Any], body: bytes, upstream: str, url: URL, headers: CIMultiDict[str],
         inj: Injection, learn: bool, up: aiohttp.ClientResponse,
     ) -> tuple[Injection, bool, aiohttp.ClientResponse]:
         """An upstream rejected what we added (400 naming the field): learn it and resend once."""
@@ -574,6 +585,11 @@ class Gateway:
         out.fail("cancelled", 499)  # until the stream ends one way or the other
         try:
             await resp.prepare(request)
+            # aiohttp holds the headers back until the first body write; the upstream sent its
+            # headers now (e.g. before a long prefill), so does the gateway
+            send_headers = getattr(getattr(resp, "_payload_writer", None), "send_headers", None)
+            if send_headers is not None:
+                send_headers()
         except ConnectionError:
             request_gone(request)
             return resp

@@ -36,6 +36,11 @@ STRIP_CONTINUOUS_NULL = 3
 _encode = msgspec.json.encode
 _KEY = b'"usage"'
 _KEY_RE = re.compile(rb'"usage"\s*:')
+_STR = rb'"[^"]*"'
+_FLAT = rb'\{[^{}"]*(?:' + _STR + rb'[^{}"]*)*\}'  # an object without nested objects
+_TAIL_RE = re.compile(  # ',"usage":' + null or an object nesting objects one level deep, ending the line
+    rb',"usage":(?:null|\{[^{}"]*(?:(?:' + _STR + rb"|" + _FLAT + rb')[^{}"]*)*\})(?=\}\r?\n)'
+)
 _WS = b" \t\r\n"
 
 
@@ -88,11 +93,18 @@ def plan_injection(
     new_so["include_usage"] = True
     if add_cont:
         new_so["continuous_usage_stats"] = True
-    new_obj = dict(obj)
-    new_obj["stream_options"] = new_so
+    start = body.find(b"{")
+    if "stream_options" not in obj and start >= 0 and obj:
+        # the common case: insert the member after the opening brace (no re-encoding of a
+        # possibly large prompt; the client's bytes are otherwise untouched)
+        new_body = body[: start + 1] + b'"stream_options":' + _encode(new_so) + b"," + body[start + 1 :]
+    else:
+        new_obj = dict(obj)
+        new_obj["stream_options"] = new_so
+        new_body = _encode(new_obj)
     strip = STRIP_ALL if add_usage else (STRIP_CONTINUOUS_NULL if null_usage else STRIP_CONTINUOUS)
     return Injection(
-        _encode(new_obj), strip, include_usage=add_usage, continuous=add_cont,
+        new_body, strip, include_usage=add_usage, continuous=add_cont,
         client_usage=client_usage, client_continuous=client_cont,
     )
 
@@ -172,6 +184,13 @@ def _top_level_key(buf: bytes) -> int:
 
 def _usage_span(raw: bytes) -> tuple[int, int, int] | None:
     """``(key start, value start, value end)`` of the top-level ``"usage"`` member, or None."""
+    # fast path: compact JSON with usage as the last member (vLLM, SGLang, the sim): the value
+    # is followed by the brace that ends the data line, so it is the top-level member
+    tail = raw.rfind(b',"usage":')
+    if tail >= 0:
+        m = _TAIL_RE.match(raw, tail)
+        if m is not None:
+            return tail + 1, tail + 9, m.end()
     first = _KEY_RE.search(raw)
     if first is None:
         return None

@@ -1,0 +1,310 @@
+"""Gateway relay overhead, side by side with nginx, against a fast streaming upstream.
+
+Three paths in one run, interleaved per concurrency level: (a) the client talks to the upstream
+directly, (b) through ``servelens gateway`` (ISL buckets on, default settings: usage injected
+and stripped), (c) through nginx (Debian package; one worker, ``proxy_buffering off``, HTTP/1.1
+keep-alive to the upstream). Every process is separate: the upstream (this script with
+``--serve-upstream``, aiohttp + uvloop), the proxy, and the client (this process, aiohttp + uvloop).
+
+The upstream streams ``/v1/completions`` like vLLM: a fixed "prefill" delay, then one token per
+event every ``--itl-ms`` (cumulative usage on every chunk when ``continuous_usage_stats`` is asked
+for, a final usage chunk when ``include_usage`` is). Measured at the client per request: TTFT
+(send to the first event) and ITL (gap between events). Proxy CPU: user+system seconds of the
+proxy's processes (``/proc/<pid>/stat``) over the run, divided by the events relayed.
+
+Usage: ``python benchmarks/gateway_overhead.py [--levels 1,64,256] [--tokens 32] [--itl-ms 20]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from servelens.process import ServerProcess
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+# ---------------------------------------------------------------- the upstream (own process)
+def serve_upstream(port: int, ttft_ms: float, itl_ms: float) -> None:
+    """A minimal fast OpenAI-compatible streaming server (blocks)."""
+    import msgspec
+    import uvloop
+    from aiohttp import web
+
+    dec = msgspec.json.Decoder()
+    head = (b'data: {"id":"cmpl-bench","object":"text_completion","created":1700000000,"model":"bench",'
+            b'"choices":[{"index":0,"text":" tok')
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "bench", "object": "model"}]})
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        body = dec.decode(await request.read())
+        n = int(body.get("max_tokens") or 32)
+        prompt_tokens = len(str(body.get("prompt", "")).split())
+        so = body.get("stream_options") or {}
+        usage = so.get("include_usage") is True
+        cont = usage and so.get("continuous_usage_stats") is True
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        await asyncio.sleep(ttft_ms / 1000)
+        for i in range(n):
+            fin = b'"length"' if i == n - 1 else b"null"
+            ev = head + str(i).encode() + b'","logprobs":null,"finish_reason":' + fin + b"}]"
+            if cont:
+                ev += (b',"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}'
+                       % (prompt_tokens, prompt_tokens + i + 1, i + 1))
+            await resp.write(ev + b"}\n\n")
+            if i < n - 1:
+                await asyncio.sleep(itl_ms / 1000)
+        if usage:
+            await resp.write(b'data: {"id":"cmpl-bench","object":"text_completion","created":1700000000,'
+                             b'"model":"bench","choices":[],"usage":{"prompt_tokens":%d,"total_tokens":%d,'
+                             b'"completion_tokens":%d,"prompt_tokens_details":{"cached_tokens":0}}}\n\n'
+                             % (prompt_tokens, prompt_tokens + n, n))
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_get("/v1/models", models)
+        app.router.add_post("/v1/completions", completions)
+        runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", port, backlog=2048)
+        await site.start()
+        bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        print(f"servelens upstream listening on http://127.0.0.1:{bound}", flush=True)
+        await asyncio.Event().wait()
+
+    uvloop.run(main())
+
+
+# ---------------------------------------------------------------- nginx
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Nginx:
+    """An nginx started from a temporary config (one worker, no buffering, keep-alive upstream)."""
+
+    url: str
+    proc: subprocess.Popen[bytes]
+    prefix: Path
+
+    def pids(self) -> list[int]:
+        """Master and worker pids."""
+        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout
+        return [self.proc.pid, *(int(p) for p in out.split())]
+
+
+@contextmanager
+def run_nginx(upstream_url: str) -> Iterator[Nginx]:
+    """Start nginx on a free loopback port in front of ``upstream_url``; stop it on exit."""
+    binary = shutil.which("nginx") or "/usr/sbin/nginx"
+    if not Path(binary).exists():
+        raise RuntimeError("nginx is not installed (Debian package nginx)")
+    prefix = Path(tempfile.mkdtemp(prefix="servelens-nginx-"))
+    os.chmod(prefix, 0o777)
+    port = _free_port()
+    up = upstream_url.removeprefix("http://")
+    conf = prefix / "nginx.conf"
+    conf.write_text(f"""
+worker_processes 1;
+daemon off;
+pid {prefix}/nginx.pid;
+error_log {prefix}/error.log warn;
+events {{ worker_connections 8192; }}
+http {{
+    access_log off;
+    client_body_temp_path {prefix}/body;
+    proxy_temp_path {prefix}/proxy;
+    fastcgi_temp_path {prefix}/fastcgi;
+    uwsgi_temp_path {prefix}/uwsgi;
+    scgi_temp_path {prefix}/scgi;
+    upstream engine {{ server {up}; keepalive 1024; }}
+    server {{
+        listen 127.0.0.1:{port} backlog=2048;
+        location / {{
+            proxy_pass http://engine;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            proxy_read_timeout 600s;
+        }}
+    }}
+}}
+""")
+    proc = subprocess.Popen([binary, "-p", str(prefix), "-c", str(conf)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    err = proc.stderr.read().decode() if proc.stderr else ""
+                    raise RuntimeError(f"nginx did not start: {err.strip()}") from None
+                time.sleep(0.05)  # startup poll of a child process, not a test wait
+        yield Nginx(f"http://127.0.0.1:{port}", proc, prefix)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(prefix, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- measurement
+def cpu_seconds(pids: list[int]) -> float:
+    """user + system CPU seconds of the processes (and their reaped children)."""
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return total
+
+
+@dataclass
+class RunResult:
+    ttft_ms: list[float]
+    itl_ms: list[float]
+    events: int
+    cpu_s: float
+    wall_s: float
+
+
+async def load(url: str, concurrency: int, requests: int, tokens: int, pids: list[int]) -> RunResult:
+    """``requests`` streams, ``concurrency`` at a time; per-request TTFT, per-event ITL, proxy CPU."""
+    import aiohttp
+
+    ttfts: list[float] = []
+    itls: list[float] = []
+    events = 0
+    sem = asyncio.Semaphore(concurrency)
+    body = {"model": "bench", "prompt": "hello " * 100, "max_tokens": tokens, "stream": True}
+
+    async def one(i: int, s: aiohttp.ClientSession) -> None:
+        nonlocal events
+        # arrival pacing of the first wave (a burst of 256 connects would measure accept queues)
+        await asyncio.sleep(min(i, concurrency) * 0.002)
+        async with sem:
+            t0 = time.perf_counter_ns()
+            last = 0
+            async with s.post(url + "/v1/completions", json=body) as r:
+                async for data in r.content.iter_any():
+                    t = time.perf_counter_ns()
+                    k = data.count(b'"text"')
+                    if not k:
+                        continue
+                    events += k
+                    if last == 0:
+                        ttfts.append((t - t0) / 1e6)
+                    else:
+                        itls.append((t - last) / 1e6)
+                        itls.extend([0.0] * (k - 1))
+                    last = t
+
+    cpu0 = cpu_seconds(pids)
+    t0 = time.perf_counter()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+        await asyncio.gather(*(one(i, s) for i in range(requests)))
+    wall = time.perf_counter() - t0
+    return RunResult(ttfts, itls, events, cpu_seconds(pids) - cpu0, wall)
+
+
+def _p(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--levels", default="1,64,256", help="concurrent streams, comma-separated")
+    ap.add_argument("--tokens", type=int, default=32, help="events per stream")
+    ap.add_argument("--itl-ms", type=float, default=20.0, help="upstream gap between events")
+    ap.add_argument("--ttft-ms", type=float, default=20.0, help="upstream delay before the first event")
+    ap.add_argument("--rounds", type=int, default=2, help="requests per level = rounds x concurrency (>= 20)")
+    ap.add_argument("--serve-upstream", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.serve_upstream is not None:
+        serve_upstream(args.serve_upstream, args.ttft_ms, args.itl_ms)
+        return 0
+    import uvloop
+
+    levels = [int(x) for x in args.levels.split(",")]
+    up_cmd = [sys.executable, __file__, "--serve-upstream", "0", "--ttft-ms", str(args.ttft_ms),
+              "--itl-ms", str(args.itl_ms)]
+    upstream = subprocess.Popen(up_cmd, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    assert upstream.stdout is not None
+    line = upstream.stdout.readline().decode()
+    up_url = line.strip().rsplit(" ", 1)[-1]
+    rows: list[tuple[int, str, RunResult]] = []
+    try:
+        with ServerProcess(["gateway", "--upstream", up_url, "--isl-buckets", "512,1024,2048,4096,8192,16384"]) as gw, \
+                run_nginx(up_url) as ngx:
+            assert gw.proc is not None
+            targets = {"direct": (up_url, []), "gateway": (gw.url, [gw.proc.pid]), "nginx": (ngx.url, ngx.pids())}
+            for url, pids in targets.values():  # warm up every path (connections, caches)
+                uvloop.run(load(url, 8, 16, 4, pids))
+            for level in levels:
+                n = max(20, args.rounds * level)
+                for name, (url, pids) in targets.items():
+                    r = uvloop.run(load(url, level, n, args.tokens, pids))
+                    rows.append((level, name, r))
+    finally:
+        upstream.terminate()
+        upstream.wait(timeout=5)
+    print(f"upstream: TTFT {args.ttft_ms:g} ms, ITL {args.itl_ms:g} ms, {args.tokens} events per stream; "
+          f"times in ms at the client; CPU in us per relayed event")
+    print(f"{'streams':>7} {'path':8} {'TTFT p50':>9} {'p99':>7} {'+p50':>6} {'+p99':>6} {'ITL p50':>8} {'p99':>7} "
+          f"{'+p99':>6} {'CPU/ev':>7} {'events':>7}")
+    for level in levels:
+        base = next(r for lv, nm, r in rows if lv == level and nm == "direct")
+        for lv, name, r in rows:
+            if lv != level:
+                continue
+            cpu_us = r.cpu_s / r.events * 1e6 if name != "direct" and r.events else float("nan")
+            print(f"{level:7d} {name:8} {_p(r.ttft_ms, 50):9.2f} {_p(r.ttft_ms, 99):7.2f} "
+                  f"{_p(r.ttft_ms, 50) - _p(base.ttft_ms, 50):6.2f} {_p(r.ttft_ms, 99) - _p(base.ttft_ms, 99):6.2f} "
+                  f"{_p(r.itl_ms, 50):8.2f} {_p(r.itl_ms, 99):7.2f} {_p(r.itl_ms, 99) - _p(base.itl_ms, 99):6.2f} "
+                  f"{cpu_us:7.1f} {r.events:7d}")
+    print("ratios gateway/nginx (added TTFT p50, added TTFT p99, CPU per event):")
+    for level in levels:
+        get = {nm: r for lv, nm, r in rows if lv == level}
+        b, g, x = get["direct"], get["gateway"], get["nginx"]
+        add = {k: (_p(v.ttft_ms, 50) - _p(b.ttft_ms, 50), _p(v.ttft_ms, 99) - _p(b.ttft_ms, 99)) for k, v in
+               (("gateway", g), ("nginx", x))}
+        cpu = (g.cpu_s / g.events) / (x.cpu_s / x.events) if x.cpu_s > 0 else float("inf")
+        print(f"  {level:4d} streams: TTFT +p50 {add['gateway'][0]:.2f} vs {add['nginx'][0]:.2f} ms, "
+              f"+p99 {add['gateway'][1]:.2f} vs {add['nginx'][1]:.2f} ms; CPU/event {cpu:.2f}x "
+              f"({g.cpu_s:.2f} s vs {x.cpu_s:.2f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

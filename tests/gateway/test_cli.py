@@ -1,0 +1,100 @@
+"""``servelens gateway``: flags, config file, the ready line, clean stop, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from servelens.cli.gateway import config_from_args
+from servelens.cli.main import build_parser, main
+from servelens.gateway.config import GatewayConfig
+from servelens.gateway.requestlog import read_request_log
+from servelens.process import ServerProcess
+
+
+def parse(*argv: str) -> GatewayConfig:
+    return config_from_args(build_parser().parse_args(["gateway", *argv]))
+
+
+def test_flags_and_config_file(tmp_path: Path) -> None:
+    cfg = parse("--upstream", "http://127.0.0.1:9/v1/", "--port", "0", "--isl-buckets", "100,200",
+                "--metrics-prefix", "dynamo_frontend", "--by-isl-only", "--continuous-usage", "off")
+    assert cfg.upstream == "http://127.0.0.1:9" and cfg.port == 0 and cfg.isl_buckets == "100,200"
+    assert cfg.by_isl_only and cfg.continuous_usage == "off" and cfg.discover
+    f = tmp_path / "gw.yaml"
+    f.write_text("upstream: http://127.0.0.1:8000\nmodels:\n  a: http://127.0.0.1:8001\n"
+                 "  b: {upstream: http://127.0.0.1:8002}\nisl_buckets: [512, 1024]\nread-timeout-s: 5\n")
+    cfg = parse("--config", str(f), "--isl-buckets", "64")
+    assert cfg.models == (("a", "http://127.0.0.1:8001"), ("b", "http://127.0.0.1:8002"))
+    assert cfg.isl_buckets == "64" and cfg.read_timeout_s == 5 and not cfg.discover
+    assert cfg.upstreams == ("http://127.0.0.1:8000", "http://127.0.0.1:8001", "http://127.0.0.1:8002")
+    assert parse("--upstream", "http://h:1", "--model", "x", "--model", "y").models == (
+        ("x", "http://h:1"), ("y", "http://h:1"))
+    assert parse("--upstream", "http://h:1", "--isl-buckets", "off").isl_buckets is None
+    assert parse("--upstream", "http://h:1").port == 8080
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "give --upstream"),
+        (["--upstream", "ftp://x"], "upstream URL must look like"),
+        (["--upstream", "http://h:1", "--isl-buckets", "512,100"], "strictly increasing"),
+        (["--upstream", "http://h:1", "--by-isl-only", "--isl-buckets", "off"], "--by-isl-only needs"),
+        (["--upstream", "http://h:1", "--config", "/nonexistent.yaml"], "cannot read config file"),
+        (["--upstream", "http://h:1", "--metrics-prefix", "9bad"], "not a valid Prometheus"),
+        (["--upstream", "http://h:1", "--tokenizer", "/nonexistent.json"], "tokenizer file not found"),
+    ],
+)
+def test_user_errors_are_one_line(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["gateway", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("servelens: error: ") and message in err and err.count("\n") == 1
+
+
+def test_bad_yaml_and_unknown_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "bad.yaml"
+    f.write_text("upstream: [unclosed\n")
+    assert main(["gateway", "--config", str(f)]) == 2
+    assert "not valid YAML" in capsys.readouterr().err
+    f.write_text("upstream: http://h:1\nbogus: 1\n")
+    assert main(["gateway", "--config", str(f)]) == 2
+    assert "unknown gateway setting(s): bogus" in capsys.readouterr().err
+
+
+async def test_cli_serves_measures_and_stops_cleanly(tmp_path: Path) -> None:
+    log = tmp_path / "req.jsonl"
+    with ServerProcess(["sim", "--speedup", "20"]) as sim:
+        gw = ServerProcess(["gateway", "--upstream", sim.url, "--request-log", str(log), "--by-isl-only"]).start()
+        try:
+            assert gw.url.startswith("http://127.0.0.1:")
+            async with aiohttp.ClientSession() as s:
+                async with s.get(gw.url + "/health") as r:
+                    assert r.status == 200
+                async with s.get(gw.url + "/ready") as r:
+                    assert r.status == 200
+                body = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+                        "stream": True}
+                async with s.post(gw.url + "/v1/chat/completions", json=body) as r:
+                    assert r.status == 200 and (await r.read()).endswith(b"data: [DONE]\n\n")
+                async with s.get(gw.url + "/metrics") as r:
+                    text = await r.text()
+            assert "servelens_time_to_first_token_by_isl_seconds_count" in text
+            assert "servelens_requests_total" not in text  # sidecar mode: no stock families
+        finally:
+            assert gw.proc is not None
+            gw.proc.send_signal(signal.SIGTERM)
+            assert gw.proc.wait(timeout=10) == 0
+            gw.stop()
+    (entry,) = read_request_log(log)
+    assert entry["status"] == "success" and entry["model"] == "sim-model"
+    assert json.dumps(entry)
+
+
+def test_unreachable_upstream_still_starts() -> None:
+    with ServerProcess(["gateway", "--upstream", "http://127.0.0.1:9"]) as gw:
+        assert gw.url
