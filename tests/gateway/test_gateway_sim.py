@@ -301,3 +301,21 @@ async def test_concurrent_mixed_faults_inflight_balanced(stack: tuple[SimHandle,
     assert requests_total(gw.metrics) == 24
     assert requests_total(gw.metrics, status="success") == 12
     assert inflight(gw.metrics) == 0
+
+
+async def test_cached_tokens_absent_is_unknown_not_zero(tmp_path: Any) -> None:
+    """Wire case 6: without a prefix cache the sim sends no ``prompt_tokens_details``."""
+    async with run_sim(speedup=20, prefix_cache_blocks=0) as sim, run_gateway(sim.url) as gw:
+        for stream in (True, False):
+            b = body("chat_completions", stream=stream)
+            if stream:
+                b["stream_options"] = {"include_usage": True}
+            status, raw, _ = await fetch(gw.url + "/v1/chat/completions", b, f"nocache-{stream}")
+            assert status == 200 and b"prompt_tokens" in raw and b"prompt_tokens_details" not in raw
+        await gw.gateway.wait_finished(2)
+        s = samples(gw.metrics)
+        n = gw.metrics.names
+        assert requests_total(gw.metrics, status="success") == 2
+        assert value(s, n.isl + "_count", model="sim-model") == 2
+        assert value(s, n.cached + "_count", model="sim-model") == 0  # unknown, not observed as 0
+        assert total(s, n.cached_by_isl + "_count") == 0
