@@ -39,7 +39,7 @@ from aiohttp import web
 from servelens.bench.results import BenchRecord, load_results
 from servelens.core.buckets import IslBuckets
 from servelens.core.sse import SSEDecoder
-from servelens.engines.vllm_cpu import VllmServer
+from servelens.engines.vllm_cpu import BENCH_MAX_CONTEXT, VllmServer
 from servelens.gateway.requestlog import read_request_log
 from servelens.gateway.testing import run_gateway
 from servelens.process import ServerProcess
@@ -50,8 +50,8 @@ pytestmark = pytest.mark.vllm
 ISL_BUCKETS = "1024,4096,8192,16384"
 TRACE = "mooncake_conversation_400.jsonl"
 N_REQUESTS = 12
-# The bench clips ISL + OSL to --max-context; the chat template adds ~8 tokens on top, so leave room.
-MAX_CONTEXT = 32768 - 64
+# The bench clips ISL + OSL to --max-context; the chat template adds tokens on top, so leave room.
+MAX_CONTEXT = BENCH_MAX_CONTEXT
 WAIT_S = 10.0
 
 VLLM_TTFT = "vllm:time_to_first_token_seconds"

@@ -46,6 +46,14 @@ SERVED_MODEL_NAME = "tiny"
 MAX_MODEL_LEN = 32768
 """The tiny model's context in tokens (``--max-model-len``, the model's max positions)."""
 
+CHAT_TEMPLATE_TOKENS = 11
+"""Tokens the tiny model's ChatML template adds around one user message (measured)."""
+
+BENCH_MAX_CONTEXT = MAX_MODEL_LEN - 64
+"""What to give ``servelens bench --max-context`` (tokens): the bench clips ISL + OSL to it, and the
+chat template (:data:`CHAT_TEMPLATE_TOKENS`) plus the prompt builder's approximation for a
+non-sim tokenizer come on top; at exactly ``MAX_MODEL_LEN`` clipped requests get vLLM's 400."""
+
 KV_CACHE_SPACE_GIB = 1
 STARTUP_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 15.0
@@ -327,7 +335,7 @@ class VllmServer:
 
     Attributes set by ``start()``: ``url`` (``http://127.0.0.1:PORT``), ``port``, ``pid``,
     ``log_path``. Always available: ``model`` (served name), ``model_dir``, ``tokenizer_path``,
-    ``max_model_len`` (tokens).
+    ``max_model_len`` (tokens), ``bench_max_context`` (tokens; see :data:`BENCH_MAX_CONTEXT`).
 
     Raises:
         VllmHarnessError: install/build failed, the engine exited during startup (message
@@ -342,6 +350,7 @@ class VllmServer:
     echo_log: bool = False
     model: str = SERVED_MODEL_NAME
     max_model_len: int = MAX_MODEL_LEN
+    bench_max_context: int = BENCH_MAX_CONTEXT
     url: str = field(default="", init=False)
     pid: int | None = field(default=None, init=False)
     log_path: Path | None = field(default=None, init=False)
@@ -448,14 +457,35 @@ class VllmServer:
         self.stop()
 
 
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of process group ``pgid``, from ``/proc`` (Linux); elsewhere
+    ``[pgid]`` while ``killpg(pgid, 0)`` succeeds. A zombie has exited and holds no resources, but
+    it stays in the group until its new parent reaps it, so ``killpg`` alone would count it."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return []
+        except PermissionError:
+            pass
+        return [pgid]
+    out: list[int] = []
+    for d in proc.iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) "
+        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
+            out.append(int(d.name))
+    return out
+
+
 def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return bool(group_members(pgid))
 
 
 _LIVE: set[VllmServer] = set()

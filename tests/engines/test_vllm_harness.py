@@ -1,0 +1,72 @@
+"""Fast checks of the vLLM CPU harness that need no vLLM install (part of the default suite)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from servelens.engines import vllm_cpu
+from servelens.engines.vllm_cpu import VllmPaths, VllmServer, scratch_env, server_command
+
+
+def test_default_scratch_follows_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("SERVELENS_SCRATCH", str(tmp_path / "s"))
+    assert vllm_cpu.default_scratch() == (tmp_path / "s").resolve()
+    monkeypatch.delenv("SERVELENS_SCRATCH")
+    assert vllm_cpu.default_scratch().name == ".scratch"
+
+
+def test_scratch_env_keeps_every_cache_in_scratch(tmp_path: Path) -> None:
+    p = VllmPaths(tmp_path)
+    env = scratch_env(p, base={"HOME": "/root", "PATH": "/usr/bin", "PYTHONPATH": "/x"})
+    for key in ("HOME", "TMPDIR", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "PIP_CACHE_DIR", "HF_HOME",
+                "VLLM_CACHE_ROOT", "VLLM_CONFIG_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        assert Path(env[key]).is_relative_to(tmp_path), key
+    assert env["HF_HUB_OFFLINE"] == "1"
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert "PYTHONPATH" not in env
+    assert env["PATH"] == "/usr/bin"
+
+
+def test_install_env_reads_the_users_pip_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", "/home/someone")
+    env = vllm_cpu.install_env(VllmPaths(tmp_path))
+    assert env["HOME"] == "/home/someone"  # pip reads ~/.config/pip/pip.conf (index mirrors)
+    assert Path(env["PIP_CACHE_DIR"]).is_relative_to(tmp_path)
+    assert Path(env["TMPDIR"]).is_relative_to(tmp_path)
+
+
+def test_server_command_has_the_recipe_flags(tmp_path: Path) -> None:
+    cmd = server_command(tmp_path / "python", tmp_path / "model", 4321)
+    assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    joined = " ".join(cmd)
+    for flag in ("--enable-prefix-caching", "--enable-prompt-tokens-details", "--enforce-eager",
+                 "--host 127.0.0.1", "--port 4321", "--max-model-len 32768", "--served-model-name tiny",
+                 "--dtype bfloat16"):
+        assert flag in joined, flag
+
+
+def test_not_ready_without_install(tmp_path: Path) -> None:
+    assert not vllm_cpu.venv_ready(tmp_path)
+    assert not vllm_cpu.model_ready(tmp_path)
+
+
+def test_stop_ends_the_whole_process_group(tmp_path: Path) -> None:
+    """stop() takes down the server and the children it started (here: a shell and a sleep it forks),
+    even when a child ignores SIGTERM (SIGKILL after the grace period)."""
+    srv = VllmServer(scratch=tmp_path, stop_timeout_s=1.0)
+    proc = subprocess.Popen(
+        ["bash", "-c", "trap '' TERM; sleep 60 & echo $!; wait"],
+        stdout=subprocess.PIPE, start_new_session=True, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    child = int(proc.stdout.readline())
+    assert child in vllm_cpu.group_members(proc.pid)
+    srv._proc = proc  # as start() would have set it
+    srv.stop()
+    assert proc.poll() is not None
+    assert vllm_cpu.group_members(proc.pid) == []  # nothing of the group runs (zombies aside)
+    assert child not in vllm_cpu.group_members(proc.pid)
+    assert srv.stop() is None  # idempotent
