@@ -75,6 +75,9 @@ class BenchConfig:
         ignore_eos: send ``ignore_eos``/``min_tokens`` so the output length equals the target.
         api_key: sent as ``Authorization: Bearer ...`` (never written to files).
         progress: show a rich progress bar (requests done, errors, elapsed) on stderr.
+        ramp_up_s: closed loop: start the workers evenly over this many seconds (None: 1 ms per worker,
+            at most 2 s). Each worker's first request opens a connection; starting 1,000 at once
+            overflows a server's listen backlog and the retried SYNs add a second to their TTFT.
     """
 
     url: str
@@ -105,6 +108,7 @@ class BenchConfig:
     ignore_eos: bool = True
     api_key: str | None = field(default=None, repr=False)
     progress: bool = False
+    ramp_up_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.endpoint not in ENDPOINTS:
@@ -418,7 +422,8 @@ async def run_bench(config: BenchConfig) -> BenchResult:
     tokenizer = load_tokenizer(config.tokenizer)
     builder = PromptBuilder(tokenizer)
     cap = config.concurrency if (config.concurrency is not None) else (None if (config.rate or config.trace) else 1)
-    connector = aiohttp.TCPConnector(limit=cap or 0, limit_per_host=0, force_close=False)
+    # no connector limit: the workers (closed loop) or the semaphore (open loop) bound the connections
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, force_close=False)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=config.request_timeout_s)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         model, ctx = await _discover(session, config, headers)
@@ -464,7 +469,9 @@ async def run_bench(config: BenchConfig) -> BenchResult:
             if scheduled:
                 await _open_loop(items, one, t_start, cap, stop_ns)
             else:
-                await _closed_loop(len(items), one, cap or 1, stop_ns)
+                workers = min(cap or 1, len(items))
+                ramp = config.ramp_up_s if config.ramp_up_s is not None else min(2.0, workers * 0.001)
+                await _closed_loop(len(items), one, workers, stop_ns, ramp)
         finally:
             client_cpu_s = time.process_time() - cpu_start
             lag_report = await lag.stop()
@@ -480,6 +487,7 @@ async def run_bench(config: BenchConfig) -> BenchResult:
     deviation = PromptDeviation.of(done)
     summary = _summary(config, model, done, client_rows, server_rows, lag_report, dropped, clipped, elapsed,
                        deviation, continuous, ignore_eos, tokenizer.name, max_context, client_cpu_s)
+
     results_path = summary_path = None
     if config.output_dir:
         out = Path(config.output_dir)
@@ -527,17 +535,21 @@ async def _open_loop(
             t.cancel()
 
 
-async def _closed_loop(n: int, one: Callable[[int], Any], workers: int, stop_ns: int | None) -> None:
+async def _closed_loop(
+    n: int, one: Callable[[int], Any], workers: int, stop_ns: int | None, ramp_s: float = 0.0
+) -> None:
     it: Iterator[int] = iter(range(n))
     clock = time.perf_counter_ns
 
-    async def worker() -> None:
+    async def worker(k: int) -> None:
+        if ramp_s > 0 and k:
+            await asyncio.sleep(ramp_s * k / workers)
         for i in it:
             if stop_ns is not None and clock() > stop_ns:
                 return
             await one(i)
 
-    await asyncio.gather(*(worker() for _ in range(min(workers, n))))
+    await asyncio.gather(*(worker(k) for k in range(min(workers, n))))
 
 
 def _summary(
