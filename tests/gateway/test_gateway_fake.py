@@ -400,3 +400,19 @@ async def test_tokenizer_assigns_bucket_at_arrival(fake: ScriptedUpstream, http:
         st = gw.metrics.state.models[FAKE_MODEL]
         assert st.isl_sources is not None and st.isl_sources["tokenizer"] == 1
         assert st.by_isl is not None and st.by_isl["513-1024"].ttft.count == 1
+
+
+async def test_client_gone_while_sending_body_counted_once(fake: ScriptedUpstream) -> None:
+    async with run_gateway(fake.url) as gw:
+        host, port = gw.url.removeprefix("http://").split(":")
+        _, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 1000\r\n\r\n{\"model\":")
+        await writer.drain()
+        writer.close()  # gone before the body is complete
+        await writer.wait_closed()
+        await gw.gateway.wait_finished(1)
+        assert requests_total(gw.metrics, model="unknown_model", error_type="cancelled") == 1
+        assert requests_total(gw.metrics) == 1
+        assert gw.metrics.state.disconnected_clients == 1
+        assert not fake.completions()

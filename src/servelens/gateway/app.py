@@ -45,6 +45,7 @@ from yarl import URL
 
 from servelens.core.openai import error_body, parse_response
 from servelens.core.state import LiveRequest
+from servelens.core.timing import RequestRecord
 from servelens.gateway.config import GatewayConfig
 from servelens.gateway.models import ModelRouter
 from servelens.gateway.prompt import PromptCounter
@@ -182,7 +183,7 @@ class Gateway:
         self._session: aiohttp.ClientSession | None = None
         self._urls: dict[tuple[str, str], URL] = {}
         self.finished_total = 0
-        """Measured requests finished (each counted once in requests_total)."""
+        """Requests to the measured endpoints counted in ``requests_total`` so far."""
         self._finished_event: asyncio.Event | None = None
         self.app = self._build_app()
 
@@ -344,28 +345,38 @@ class Gateway:
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            state.count_unknown_model(endpoint, "unary", "validation")
+            self._rejected(endpoint, "unary", "validation")
             return self._too_large()
+        except (asyncio.CancelledError, ConnectionError):
+            # the client went away while sending its body: counted once, model unknown
+            self._rejected(endpoint, "unary", "cancelled")
+            state.client_disconnected()
+            raise
         try:
             obj = _decode_json(body)
         except msgspec.DecodeError:
             obj = None
         if not isinstance(obj, dict):
-            state.count_unknown_model(endpoint, "unary", "validation")
+            self._rejected(endpoint, "unary", "validation")
             return openai_error(400, "request body must be a JSON object", "invalid_request_error", "invalid_json")
         stream = obj.get("stream") is True
         request_type = "stream" if stream else "unary"
         model = obj.get("model")
         if not isinstance(model, str) or not model:
-            state.count_unknown_model(endpoint, request_type, "validation")
+            self._rejected(endpoint, request_type, "validation")
             return openai_error(400, "'model' is required (a string)", "invalid_request_error", "missing_model")
-        upstream = await self.router.resolve(model, self.session)
+        try:
+            upstream = await self.router.resolve(model, self.session)  # awaits only for unknown names
+        except asyncio.CancelledError:
+            self._rejected(endpoint, request_type, "cancelled")
+            state.client_disconnected()
+            raise
         if upstream is None:
             if self.router.upstream_down:
-                state.count_unknown_model(endpoint, request_type, "unavailable")
+                self._rejected(endpoint, request_type, "unavailable")
                 return openai_error(502, "upstream unreachable: cannot list its models", "server_error",
                                     "upstream_unavailable")
-            state.count_unknown_model(endpoint, request_type, "not_found")
+            self._rejected(endpoint, request_type, "not_found")
             return openai_error(404, f"The model '{model}' does not exist.", "invalid_request_error",
                                 "model_not_found")
         live = self.metrics.begin(model, endpoint, request_type, arrival_ns)
@@ -415,25 +426,39 @@ class Gateway:
         return fut
 
     async def wait_finished(self, n: int, timeout: float = 5.0) -> None:
-        """Wait until at least ``n`` measured requests have finished. Raises TimeoutError."""
+        """Wait until at least ``n`` requests to the measured endpoints were counted in
+        ``requests_total`` (rejected ones included). Raises TimeoutError."""
         async with asyncio.timeout(timeout):
             while self.finished_total < n:
                 if self._finished_event is None:
                     self._finished_event = asyncio.Event()
                 await self._finished_event.wait()
 
-    def _finish(self, live: LiveRequest, out: _Outcome) -> None:
-        rec = live.finish(
-            _now(), out.status, "" if out.status == "success" else out.error_type,
-            osl=out.osl, cached_tokens=out.cached_tokens, isl_source=out.isl_source,
-        )
+    def _counted(self) -> None:
         self.finished_total += 1
         ev = self._finished_event
         if ev is not None:
             self._finished_event = None
             ev.set()
+
+    def _rejected(self, endpoint: str, request_type: str, error_type: str) -> None:
+        """Count a request that failed before its model was known (``model="unknown_model"``)."""
+        self.metrics.state.count_unknown_model(endpoint, request_type, error_type)
+        self._counted()
+
+    def _finish(self, live: LiveRequest, out: _Outcome) -> None:
+        rec = live.finish(
+            _now(), out.status, "" if out.status == "success" else out.error_type,
+            osl=out.osl, cached_tokens=out.cached_tokens, isl_source=out.isl_source,
+        )
+        self._counted()
         if self.request_log is not None:
-            src = live.isl_source
+            self._log_request(live, out, rec)
+
+    def _log_request(self, live: LiveRequest, out: _Outcome, rec: RequestRecord) -> None:
+        assert self.request_log is not None
+        src = live.isl_source
+        try:
             self.request_log.write(RequestLogEntry(
                 upstream_request_id=out.upstream_request_id,
                 model=live.model,
@@ -454,6 +479,9 @@ class Gateway:
                 arrival_ns=rec.arrival_ns,
                 first_output_ns=rec.first_output_ns,
             ))
+        except OSError as exc:  # a full disk must not fail requests: stop logging, say so once
+            log.warning("request log %s disabled: %s", self.request_log.path, exc)
+            self.request_log.close()
 
     def _url(self, upstream: str, path: str) -> URL:
         """The upstream URL for a measured path (parsed once per upstream and path)."""
