@@ -127,6 +127,8 @@ class BenchConfig:
             raise ValueError(f"max-requests must be >= 1, got {self.max_requests}")
         if self.duration_s is not None and self.duration_s <= 0:
             raise ValueError(f"duration must be > 0 s, got {self.duration_s}")
+        if self.ramp_up_s is not None and self.ramp_up_s < 0:
+            raise ValueError(f"ramp-up must be >= 0 s, got {self.ramp_up_s}")
         if self.time_scale < 0:
             raise ValueError(f"time-scale must be >= 0, got {self.time_scale}")
         if self.max_context is not None and self.max_context < 2:

@@ -57,6 +57,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
                    help="closed loop with N workers; with --rate or --trace: cap on requests in flight")
     a.add_argument("--rate", type=float, help="open loop at R requests/s")
     a.add_argument("--arrival", choices=("poisson", "constant"), default="poisson")
+    a.add_argument("--ramp-up", type=float,
+                   help="closed loop: start the workers over S seconds (default: 1 ms per worker, at most 2 s)")
     m = p.add_argument_group("measurement and output")
     m.add_argument("--isl-buckets", default=",".join(str(b) for b in DEFAULT_ISL_BOUNDARIES),
                    help="ISL bucket boundaries (tokens)")
@@ -95,6 +97,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         concurrency=args.concurrency,
         rate=args.rate,
         arrival=args.arrival,
+        ramp_up_s=args.ramp_up,
         tokenizer=args.tokenizer,
         max_context=args.max_context,
         long_requests=args.long_requests,
