@@ -86,22 +86,26 @@ class DemoResult:
 
 
 @contextlib.contextmanager
-def _engine(config: DemoConfig, out: Path, console: Console) -> Iterator[tuple[str, str | None]]:
-    """Yield ``(engine URL, tokenizer path or None)``."""
+def _engine(config: DemoConfig, out: Path, console: Console) -> Iterator[tuple[str, str | None, int]]:
+    """Yield ``(engine URL, tokenizer path or None, context for the bench in tokens)``.
+
+    For vLLM the bench's context leaves room for the chat template's tokens
+    (:data:`servelens.engines.vllm_cpu.BENCH_MAX_CONTEXT`), so clipped prompts still fit.
+    """
     if config.engine == "sim":
         args = ["sim", "--preset", config.sim_preset, "--speedup", str(config.sim_speedup),
                 "--max-model-len", str(config.max_context), "--seed", "0"]
         with ServerProcess(args, log_path=out / "sim.log") as sim:
             console.print(f"[bold]engine[/]  servelens sim ({config.sim_preset}, speedup {config.sim_speedup:g}: "
                           f"every simulated time divided by {config.sim_speedup:g}) at {sim.url}")
-            yield sim.url, None
+            yield sim.url, None, config.max_context
         return
     from servelens.engines.vllm_cpu import VllmServer
 
     console.print("[bold]engine[/]  vLLM CPU build with a tiny local model (first run installs it: minutes)")
     with VllmServer() as srv:
         console.print(f"[bold]engine[/]  vLLM at {srv.url}, model {srv.model}")
-        yield srv.url, str(srv.tokenizer_path)
+        yield srv.url, str(srv.tokenizer_path), srv.bench_max_context
 
 
 def _wait_for_interrupt(console: Console) -> None:
@@ -126,7 +130,7 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoResult:
         trace = str(packaged_trace(trace))
     if not Path(trace).exists():
         raise ValueError(f"trace file not found: {config.trace}")
-    with _engine(config, out, console) as (engine_url, tokenizer):
+    with _engine(config, out, console) as (engine_url, tokenizer, max_context):
         gw_args = ["gateway", "--upstream", engine_url, "--isl-buckets", buckets.spec,
                    "--request-log", str(out / "gateway-requests.jsonl")]
         if tokenizer:
@@ -135,7 +139,7 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoResult:
             console.print(f"[bold]gateway[/] servelens gateway at {gw.url} (metrics at {gw.url}/metrics)")
             console.print(f"[bold]bench[/]   replaying {config.trace} at time scale {config.time_scale:g}"
                           + (f", for {config.duration_s:g} s" if config.duration_s else "")
-                          + f", prompts clipped to {config.max_context} tokens")
+                          + f", prompts clipped to {max_context} tokens")
             bench = run_bench_sync(BenchConfig(
                 url=gw.url,
                 trace=trace,
@@ -143,7 +147,7 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoResult:
                 duration_s=config.duration_s,
                 max_requests=config.max_requests,
                 tokenizer=tokenizer,
-                max_context=config.max_context,
+                max_context=max_context,
                 long_requests="clip",
                 isl_buckets=config.isl_buckets,
                 metrics_url=f"{gw.url}/metrics",
