@@ -58,7 +58,7 @@ class DemoConfig:
     output_dir: str = "servelens-demo"
     keep_running: bool = False
     sim_preset: str = "llama-3.1-8b-h100"
-    sim_speedup: float = 4.0
+    sim_speedup: float = 8.0
     isl_buckets: tuple[int, ...] = DEFAULT_ISL_BOUNDARIES
     max_context: int = 32768
 

@@ -20,7 +20,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    help="sim (default) or vllm (vLLM CPU build with a tiny local model; installs on first use)")
     p.add_argument("--trace", default=DEMO_TRACE, help=f"trace path or packaged name (default {DEMO_TRACE})")
     p.add_argument("--time-scale", type=float, default=None,
-                   help="multiply trace timestamps by F (default 0.5 for sim; 4 for vllm, whose 2-core engine is slower)")
+                   help="multiply trace timestamps by F (default 0.5 for sim; 4 for vllm, whose "
+                   "2-core engine is slower)")
     p.add_argument("--duration", type=float, default=None, metavar="SECONDS",
                    help="stop starting requests after SECONDS of replay (default: the whole cut, ~70 s)")
     p.add_argument("--max-requests", type=int, default=None, help="send at most N requests")
@@ -28,8 +29,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    help="where report.html, results.jsonl, summary.json and logs go (default servelens-demo)")
     p.add_argument("--keep-running", action="store_true",
                    help="leave the engine and gateway up after the run (for a dashboard) until Ctrl-C")
-    p.add_argument("--speedup", type=float, default=4.0,
-                   help="sim only: divide every simulated time by this (default 4)")
+    p.add_argument("--speedup", type=float, default=8.0,
+                   help="sim only: divide every simulated time by this (default 8: the packaged trace "
+                   "carries more prefill than one simulated H100 serves)")
     p.set_defaults(func=_run)
 
 
