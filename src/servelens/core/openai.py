@@ -57,18 +57,25 @@ DONE = ChunkInfo(done=True)
 MALFORMED = ChunkInfo(malformed=True)
 
 
+def _count(value: Any) -> int | None:
+    """A token count: an int >= 0 (not a bool), else None (unknown)."""
+    return value if type(value) is int and value >= 0 else None
+
+
 def parse_usage(obj: Any) -> Usage | None:
-    """Read an OpenAI ``usage`` object (dict) into :class:`Usage`; None when not a dict."""
+    """Read an OpenAI ``usage`` object (dict) into :class:`Usage`; None when not a dict.
+
+    A count that is not an integer >= 0 (negative, a bool, a float, a string) is unknown (None),
+    so junk from an upstream never reaches a histogram.
+    """
     if not isinstance(obj, dict):
         return None
     details = obj.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    pt = obj.get("prompt_tokens")
-    ct = obj.get("completion_tokens")
     return Usage(
-        prompt_tokens=pt if isinstance(pt, int) else None,
-        completion_tokens=ct if isinstance(ct, int) else None,
-        cached_tokens=cached if isinstance(cached, int) else None,
+        prompt_tokens=_count(obj.get("prompt_tokens")),
+        completion_tokens=_count(obj.get("completion_tokens")),
+        cached_tokens=_count(cached),
     )
 
 
@@ -99,13 +106,13 @@ def _choice_has_output(choice: dict[str, Any]) -> bool:
 def parse_chunk(data: str | bytes) -> ChunkInfo:
     """Interpret one SSE ``data`` payload of an OpenAI-compatible stream.
 
-    Never raises: bad JSON gives ``ChunkInfo(malformed=True)``.
+    Never raises: bad JSON, or JSON nested too deeply to decode, gives ``ChunkInfo(malformed=True)``.
     """
     if data == "[DONE]" or data == b"[DONE]":
         return DONE
     try:
         obj = _decode(data)
-    except (msgspec.DecodeError, UnicodeDecodeError):
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
         return MALFORMED
     if not isinstance(obj, dict):
         return MALFORMED
