@@ -1,10 +1,13 @@
-"""The core against hostile input: nesting too deep to decode, junk usage values."""
+"""The core against hostile input: nesting too deep to decode, junk usage values, huge events."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 
 from servelens.core.openai import parse_chunk, parse_response, parse_usage
+from servelens.core.sse import SSEDecoder
 
 DEEP = b"[" * 200_000 + b"]" * 200_000
 
@@ -23,3 +26,33 @@ def test_usage_counts_must_be_non_negative_ints(bad: object) -> None:
     assert (u.prompt_tokens, u.completion_tokens, u.cached_tokens) == (None, None, None)
     ok = parse_usage({"prompt_tokens": 0, "completion_tokens": 7, "prompt_tokens_details": {"cached_tokens": 0}})
     assert ok is not None and (ok.prompt_tokens, ok.completion_tokens, ok.cached_tokens) == (0, 7, 0)
+
+
+def test_long_event_in_many_reads_is_decoded_in_linear_time() -> None:
+    # one 16 MiB event (e.g. a non-SSE body on a stream, or a huge logprobs chunk) read 64 KiB
+    # at a time: rescanning and recopying the held bytes on every read took ~10 s of CPU (the
+    # gateway's event loop blocked for all streams meanwhile); linear work takes well under 1 s
+    payload = b"x" * (16 * 1024 * 1024)
+    data = b"data: " + payload + b"\r\n\r\ndata: [DONE]\n\n"
+    dec = SSEDecoder()
+    blocks = []
+    t0 = time.process_time()
+    for i in range(0, len(data), 65536):
+        blocks.extend(dec.decode(data[i : i + 65536]))
+    cpu_s = time.process_time() - t0
+    blocks.extend(dec.flush())
+    assert [b.data for b in blocks] == [payload.decode(), "[DONE]"]
+    assert b"".join(b.raw for b in blocks) == data
+    assert cpu_s < 2.0, f"decoding took {cpu_s:.2f} s of CPU"
+
+
+@pytest.mark.parametrize("sep", [b"\n", b"\r\n", b"\r"])
+def test_line_end_split_across_reads_after_a_long_partial_line(sep: bytes) -> None:
+    # the resumed scan must still see a line end whose first byte ended the previous read
+    data = b"data: " + b"y" * 5000 + sep + sep + b"data: z" + sep + sep
+    for cut in range(4990, 5012):
+        dec = SSEDecoder()
+        blocks = dec.decode(data[:cut]) + dec.decode(data[cut : cut + 1]) + dec.decode(data[cut + 1 :])
+        blocks += dec.flush()
+        assert [b.data for b in blocks] == ["y" * 5000, "z"], cut
+        assert b"".join(b.raw for b in blocks) == data

@@ -40,11 +40,12 @@ class SSEBlock:
 class SSEDecoder:
     """Stateful incremental decoder. Not thread-safe; one per stream."""
 
-    __slots__ = ("_buf", "_comments", "_data", "_event", "_id", "_parsed")
+    __slots__ = ("_buf", "_comments", "_data", "_event", "_id", "_parsed", "_scanned")
 
     def __init__(self) -> None:
-        self._buf = b""  # bytes of the unfinished block
+        self._buf = bytearray()  # bytes of the unfinished block (appended to: no copy per read)
         self._parsed = 0  # how many bytes of _buf were already parsed into fields
+        self._scanned = 0  # _buf[_parsed:_scanned] holds no line end (a long line is scanned once)
         self._reset()
 
     def _reset(self) -> None:
@@ -53,7 +54,7 @@ class SSEDecoder:
         self._id: str | None = None
         self._comments: list[str] = []
 
-    def _field(self, line: bytes) -> None:
+    def _field(self, line: bytes | bytearray) -> None:
         text = line.decode("utf-8", errors="replace")
         if text.startswith(":"):
             self._comments.append(text[1:])
@@ -89,40 +90,54 @@ class SSEDecoder:
         A blank line with no field before it yields a block with ``data=None`` and only ``raw``
         (so a relay can re-emit stray blank lines byte for byte).
         """
-        buf = self._buf + chunk if self._buf else chunk
+        held = self._buf
+        buf: bytes | bytearray
+        if held:
+            held += chunk  # amortised O(len(chunk)): an event split over many reads is not recopied
+            buf = held
+        else:
+            buf = chunk  # the common case: no copy
         out: list[SSEBlock] = []
         pos = self._parsed
+        scan = self._scanned
         start = 0
         n = len(buf)
         search = _LINE_END.search
         while pos < n:
-            m = search(buf, pos)
+            m = search(buf, scan if scan > pos else pos)
             if m is None:
                 break
             end = m.end()
             if end == n and buf[m.start()] == 13 and m.end() - m.start() == 1:
-                break  # a lone \r at the very end may be the first half of \r\n
+                n -= 1  # a lone \r at the very end may be the first half of \r\n: scan it again
+                break
             line = buf[pos : m.start()]
             pos = end
             if line:
                 self._field(line)
             else:
-                out.append(self._emit(buf[start:pos]))
+                out.append(self._emit(bytes(buf[start:pos])))
                 start = pos
-        self._buf = buf[start:]
+        if buf is held:
+            if start:
+                del held[:start]
+        elif start < len(buf):
+            self._buf = bytearray(buf[start:])
         self._parsed = pos - start
+        self._scanned = max(n, pos) - start
         return out
 
     def flush(self) -> list[SSEBlock]:
         """End of stream: dispatch a final block that lacked its blank line, if any."""
-        buf = self._buf
+        buf = bytes(self._buf)
         rest = buf[self._parsed :]
         if rest:
             self._field(rest.rstrip(b"\r\n"))
         out: list[SSEBlock] = []
         if buf:
             out.append(self._emit(buf))
-        self._buf = b""
+        self._buf = bytearray()
         self._parsed = 0
+        self._scanned = 0
         self._reset()
         return out
