@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import time
 
+import msgspec
 import pytest
 
-from servelens.core.openai import parse_chunk, parse_response, parse_usage
+from servelens.core.openai import decode_json, parse_chunk, parse_response, parse_usage
 from servelens.core.sse import SSEDecoder
 
 DEEP = b"[" * 200_000 + b"]" * 200_000
@@ -17,6 +18,8 @@ DEEP = b"[" * 200_000 + b"]" * 200_000
 def test_nesting_too_deep_is_malformed_not_an_exception(payload: bytes | str) -> None:
     assert parse_chunk(payload).malformed
     assert parse_response(payload).malformed
+    with pytest.raises(msgspec.DecodeError, match="nested too deeply"):
+        decode_json(payload)
 
 
 @pytest.mark.parametrize("bad", [-1, -700, True, False, 1.5, "12", None, [3]])

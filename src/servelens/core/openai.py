@@ -16,6 +16,15 @@ import msgspec
 _decode = msgspec.json.Decoder().decode
 
 
+def decode_json(data: bytes | str) -> Any:
+    """Decode JSON (any value). Raises ``msgspec.DecodeError`` for invalid JSON, including
+    JSON nested too deeply to decode (msgspec raises RecursionError for that)."""
+    try:
+        return _decode(data)
+    except RecursionError:
+        raise msgspec.DecodeError("JSON is nested too deeply") from None
+
+
 @dataclass(frozen=True, slots=True)
 class Usage:
     """Token usage as an OpenAI ``usage`` object reports it (tokens).
@@ -111,8 +120,8 @@ def parse_chunk(data: str | bytes) -> ChunkInfo:
     if data == "[DONE]" or data == b"[DONE]":
         return DONE
     try:
-        obj = _decode(data)
-    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        obj = decode_json(data)
+    except (msgspec.DecodeError, UnicodeDecodeError):
         return MALFORMED
     if not isinstance(obj, dict):
         return MALFORMED
