@@ -14,8 +14,8 @@ Request and response headers are forwarded except hop-by-hop ones; ``Authorizati
 through and is never logged. Measured requests ask the upstream for an uncompressed body.
 
 Outcomes, counted once each in ``requests_total`` (Dynamo's ``error_type`` vocabulary):
-invalid JSON or a missing ``model`` -> 400 ``validation``; body over ``max_body_bytes`` -> 413
-``validation``; unknown model -> 404 ``not_found`` under ``model="unknown_model"`` (502
+invalid JSON (nesting too deep included) or a missing ``model`` -> 400 ``validation``; body
+over ``max_body_bytes`` -> 413 ``validation``; unknown model -> 404 ``not_found`` under ``model="unknown_model"`` (502
 ``unavailable`` there when the upstream's model list cannot be fetched); upstream unreachable ->
 502 ``unavailable``; no response headers (or body, for unary) within ``response_timeout_s``, or
 silence over ``read_timeout_s`` -> 504 ``response_timeout``; upstream 400/4xx -> ``validation``,
@@ -43,7 +43,7 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from servelens.core.openai import error_body, parse_response
+from servelens.core.openai import decode_json, error_body, parse_response
 from servelens.core.state import LiveRequest
 from servelens.core.timing import RequestRecord
 from servelens.gateway.config import GatewayConfig
@@ -63,7 +63,7 @@ from servelens.prometheus import FrontendMetrics
 log = logging.getLogger("servelens.gateway")
 
 _now = time.perf_counter_ns
-_decode_json = msgspec.json.Decoder().decode
+_decode_json = decode_json  # raises msgspec.DecodeError, also for nesting too deep
 
 HOP_BY_HOP = frozenset(
     {
@@ -105,10 +105,12 @@ def forward_response_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]
     return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in drop)
 
 
-def openai_error(status: int, message: str, type_: str, code: str | int | None = None) -> web.Response:
+def openai_error(
+    status: int, message: str, type_: str, code: str | int | None = None, param: str | None = None
+) -> web.Response:
     """An OpenAI-format error response ``{"error": {"message", "type", "param", "code"}}``."""
     return web.Response(
-        status=status, body=error_body(message, type_, code), content_type="application/json"
+        status=status, body=error_body(message, type_, code, param), content_type="application/json"
     )
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import aiohttp
 import msgspec
 
+from servelens.core.openai import decode_json
 from servelens.gateway.config import GatewayConfig
 from servelens.prometheus import FrontendMetrics
 
@@ -42,7 +43,7 @@ async def fetch_models(session: aiohttp.ClientSession, upstream: str, timeout_s:
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
         return PollResult(False, error=f"{type(exc).__name__}: {exc}")
     try:
-        obj = msgspec.json.decode(body)
+        obj = decode_json(body)
     except msgspec.DecodeError:
         return PollResult(False, error="not JSON")
     data = obj.get("data") if isinstance(obj, dict) else None

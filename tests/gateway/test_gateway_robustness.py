@@ -1,0 +1,143 @@
+"""The gateway against hostile input: request bodies and upstream answers it must survive."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from servelens.gateway.testing import (
+    FAKE_MODEL,
+    ScriptedUpstream,
+    inflight,
+    requests_total,
+    run_gateway,
+)
+
+DEEP = b"[" * 200_000 + b"]" * 200_000
+ROLE = b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
+TOK = b'data: {"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":null}]}\n\n'
+LAST = b'data: {"choices":[{"index":0,"delta":{"content":"y"},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
+
+
+def chat(**extra: Any) -> dict[str, Any]:
+    return {"model": FAKE_MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **extra}
+
+
+async def post(http: aiohttp.ClientSession, url: str, data: bytes) -> tuple[int, bytes]:
+    async with http.post(url + "/v1/chat/completions", data=data,
+                         headers={"Content-Type": "application/json"}) as r:
+        return r.status, await r.read()
+
+
+def assert_openai_error(body: bytes, code: str, param: str | None = None) -> None:
+    err = json.loads(body)["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["code"] == code and err["param"] == param and err["message"]
+
+
+@asynccontextmanager
+async def raw_upstream(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> AsyncIterator[str]:
+    """An upstream serving ``FAKE_MODEL`` whose completions are answered by ``handler``."""
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": FAKE_MODEL, "object": "model"}]})
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/chat/completions", handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize("body", [DEEP, b'{"model":"fake-model","messages":' + DEEP + b"}"], ids=["array", "member"])
+async def test_request_nested_too_deep_is_400_and_counted(fake: ScriptedUpstream, http: aiohttp.ClientSession,
+                                                          body: bytes) -> None:
+    async with run_gateway(fake.url) as gw:
+        status, got = await post(http, gw.url, body)
+        assert status == 400
+        assert_openai_error(got, "invalid_json")
+        await gw.gateway.wait_finished(1)
+        assert requests_total(gw.metrics, model="unknown_model", error_type="validation") == 1
+        assert requests_total(gw.metrics) == 1 and inflight(gw.metrics) == 0
+        assert not fake.completions()
+
+
+async def test_passthrough_body_nested_too_deep_is_relayed(http: aiohttp.ClientSession) -> None:
+    # with several upstreams the passthrough reads the body for a model name to route by
+    a, b = ScriptedUpstream(models=["m-a"]), ScriptedUpstream(models=["m-b"])
+    await a.start()
+    await b.start()
+    try:
+        async with run_gateway(models={"m-a": a.url, "m-b": b.url}) as gw, \
+                http.post(gw.url + "/v1/tokenize", data=DEEP) as r:
+            assert r.status == 200 and (await r.json())["len"] == len(DEEP)
+    finally:
+        await a.stop()
+        await b.stop()
+
+
+async def test_upstream_chunk_nested_too_deep_is_relayed_to_the_end(http: aiohttp.ClientSession) -> None:
+    events = [ROLE, TOK, b"data: " + DEEP + b"\n\n", TOK, LAST]
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for ev in events:
+            await resp.write(ev)
+        await resp.write_eof()
+        return resp
+
+    async with raw_upstream(handler) as url, run_gateway(url, inject_usage=False) as gw:
+        status, got = await post(http, gw.url, json.dumps(chat(stream=True)).encode())
+        assert status == 200 and got == b"".join(events)  # not cut as an internal error
+        await gw.gateway.wait_finished(1)
+        assert requests_total(gw.metrics, model=FAKE_MODEL, error_type="backend_error") == 1
+        assert requests_total(gw.metrics) == 1 and inflight(gw.metrics) == 0
+
+
+async def test_unary_answer_nested_too_deep_is_relayed(http: aiohttp.ClientSession) -> None:
+    async def handler(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=DEEP, content_type="application/json")
+
+    async with raw_upstream(handler) as url, run_gateway(url) as gw:
+        status, got = await post(http, gw.url, json.dumps(chat()).encode())
+        assert status == 200 and got == DEEP  # the upstream's answer, not a 500 of ours
+        await gw.gateway.wait_finished(1)
+        assert requests_total(gw.metrics, model=FAKE_MODEL, error_type="backend_error") == 1
+        assert requests_total(gw.metrics) == 1 and inflight(gw.metrics) == 0
+
+
+async def test_model_list_nested_too_deep_does_not_stop_the_gateway(http: aiohttp.ClientSession) -> None:
+    async def models(request: web.Request) -> web.Response:
+        return web.Response(body=b'{"data":' + DEEP + b"}", content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        async with run_gateway(f"http://127.0.0.1:{port}") as gw:
+            assert gw.gateway.router.last_poll is not None and not gw.gateway.router.last_poll.ok
+            status, got = await post(http, gw.url, json.dumps(chat()).encode())
+            assert status == 502
+            assert_openai_error(got, "upstream_unavailable")
+    finally:
+        await runner.cleanup()
