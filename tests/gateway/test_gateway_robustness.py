@@ -89,6 +89,24 @@ async def test_passthrough_body_nested_too_deep_is_relayed(http: aiohttp.ClientS
         await b.stop()
 
 
+@pytest.mark.parametrize("stream", ["true", 1, 0, "yes", [], {}])
+async def test_stream_not_a_bool_is_400_before_the_upstream(fake: ScriptedUpstream, http: aiohttp.ClientSession,
+                                                            stream: Any) -> None:
+    # an upstream may coerce "true" or 1 to a stream (vLLM's pydantic does) while the gateway
+    # would treat the request as unary: the stream buffered whole, counted as a backend_error
+    async with run_gateway(fake.url) as gw:
+        status, got = await post(http, gw.url, json.dumps(chat(stream=stream)).encode())
+        assert status == 400
+        assert_openai_error(got, "invalid_type", "stream")
+        assert requests_total(gw.metrics, error_type="validation") == 1
+        assert requests_total(gw.metrics) == 1 and inflight(gw.metrics) == 0
+        assert not fake.completions()
+        # null is the default (unary), as in the OpenAI API
+        status, _ = await post(http, gw.url, json.dumps(chat(stream=None)).encode())
+        assert status == 200
+        assert requests_total(gw.metrics, status="success", request_type="unary") == 1
+
+
 async def test_upstream_chunk_nested_too_deep_is_relayed_to_the_end(http: aiohttp.ClientSession) -> None:
     events = [ROLE, TOK, b"data: " + DEEP + b"\n\n", TOK, LAST]
 

@@ -14,8 +14,9 @@ Request and response headers are forwarded except hop-by-hop ones; ``Authorizati
 through and is never logged. Measured requests ask the upstream for an uncompressed body.
 
 Outcomes, counted once each in ``requests_total`` (Dynamo's ``error_type`` vocabulary):
-invalid JSON (nesting too deep included) or a missing ``model`` -> 400 ``validation``; body
-over ``max_body_bytes`` -> 413 ``validation``; unknown model -> 404 ``not_found`` under ``model="unknown_model"`` (502
+invalid JSON (nesting too deep included), a missing ``model`` or a ``stream`` that is not a
+boolean -> 400 ``validation``; body over ``max_body_bytes`` -> 413
+``validation``; unknown model -> 404 ``not_found`` under ``model="unknown_model"`` (502
 ``unavailable`` there when the upstream's model list cannot be fetched); upstream unreachable ->
 502 ``unavailable``; no response headers (or body, for unary) within ``response_timeout_s``, or
 silence over ``read_timeout_s`` -> 504 ``response_timeout``; upstream 400/4xx -> ``validation``,
@@ -361,7 +362,14 @@ class Gateway:
         if not isinstance(obj, dict):
             self._rejected(endpoint, "unary", "validation")
             return openai_error(400, "request body must be a JSON object", "invalid_request_error", "invalid_json")
-        stream = obj.get("stream") is True
+        stream = obj.get("stream")
+        if stream is not None and not isinstance(stream, bool):
+            # an upstream may coerce "true" or 1 to a stream (pydantic does) that would then be
+            # read as a unary answer: reject it, as the OpenAI API does
+            self._rejected(endpoint, "unary", "validation")
+            return openai_error(400, f"'stream' must be a boolean, got {type(stream).__name__}",
+                                "invalid_request_error", "invalid_type", "stream")
+        stream = stream is True
         request_type = "stream" if stream else "unary"
         model = obj.get("model")
         if not isinstance(model, str) or not model:
