@@ -43,7 +43,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from servelens.core.openai import error_body
+from servelens.core.openai import decode_json, error_body
 from servelens.prometheus.sim_engine import SimMetrics
 from servelens.sim import faults as F
 from servelens.sim.faults import FaultInjector, FaultPlan
@@ -59,7 +59,6 @@ from servelens.sim.tokenizer import (
 from servelens.sim.truth import TruthLog, TruthRecord
 
 _enc = msgspec.json.Encoder()
-_dec = msgspec.json.Decoder()
 SPLIT_GAP_S = 0.002
 """Pause between the two writes of a ``split`` event, so they reach the client as two reads."""
 PING_INTERVAL_S = 0.1
@@ -237,13 +236,16 @@ def parse_request(obj: Any, endpoint: str, config: SimConfig) -> Parsed:
     return Parsed(endpoint, ids, max_tokens, min_tokens, ignore_eos, stream, include_usage, continuous, seed)
 
 
+_MAX_TOKEN_ID = 2**63 - 1  # ids are hashed as int64
+
+
 def _prompt_ids(prompt: Any) -> list[int]:
     if isinstance(prompt, str):
         return tokenize(prompt)
     if isinstance(prompt, list):
         if prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            if any(t < 0 for t in prompt):
-                raise ValueError("token ids must be >= 0")
+            if any(t < 0 or t > _MAX_TOKEN_ID for t in prompt):
+                raise ValueError(f"token ids must be in [0, {_MAX_TOKEN_ID}]")
             return list(prompt)
         if len(prompt) == 1:
             return _prompt_ids(prompt[0])
@@ -413,7 +415,7 @@ async def _handle(request: web.Request, endpoint: str) -> web.StreamResponse:
         try:
             raw = await request.read()
             try:
-                obj = _dec.decode(raw)
+                obj = decode_json(raw)  # DecodeError also for nesting too deep
             except msgspec.DecodeError:
                 raise BadRequest("request body is not valid JSON") from None
             p = parse_request(obj, endpoint, cfg)
@@ -647,7 +649,7 @@ async def tokenize_handler(request: web.Request) -> web.Response:
     "max_model_len"}`` (vLLM's shape)."""
     st = request.app[SIM_STATE]
     try:
-        obj = _dec.decode(await request.read())
+        obj = decode_json(await request.read())
         if not isinstance(obj, dict):
             raise ValueError("request body must be a JSON object")
         if "messages" in obj:
