@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import aiohttp
 import pytest
 
+from servelens.sim import server as sim_server
 from servelens.sim.testing import run_sim
 
 DEEP = b"[" * 200_000 + b"]" * 200_000
@@ -27,3 +29,31 @@ async def test_token_id_beyond_int64_is_400(path: str) -> None:
             s.post(sim.url + path, json=body) as r:
         assert r.status == 400
         assert "token ids must be in [0, " in json.loads(await r.read())["error"]["message"]
+
+
+async def test_client_gone_during_a_write_is_cancelled_without_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a write to a connection the client already closed raises ConnectionResetError before aiohttp
+    # cancels the handler (seen under load on the final usage/[DONE] writes)
+    real_event = sim_server._Writer.event
+    calls = 0
+
+    async def event(self: sim_server._Writer, payload: bytes, last: bool = False) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            raise aiohttp.ClientConnectionResetError("Cannot write to closing transport")
+        await real_event(self, payload, last)
+
+    monkeypatch.setattr(sim_server._Writer, "event", event)
+    body = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
+            "stream": True, "ignore_eos": True}
+    caplog.set_level(logging.ERROR, logger="aiohttp.server")
+    async with run_sim(speedup=50) as sim, aiohttp.ClientSession() as s:
+        async with s.post(sim.url + "/v1/chat/completions", json=body, headers={"x-request-id": "gone"}) as r:
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await r.read()
+        rec = await sim.wait_truth("gone")
+        assert rec.outcome == "cancelled"
+    assert not [r for r in caplog.records if r.name == "aiohttp.server"], "handler error logged"

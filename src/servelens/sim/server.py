@@ -498,6 +498,21 @@ async def _stream(request: web.Request, st: SimState, p: Parsed, plan: FaultPlan
                   ev: asyncio.Event, words: list[str], finish: str, rid: str, out: _Outcome) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"content-type": "text/event-stream; charset=utf-8",
                                        "cache-control": "no-cache", "x-request-id": rid})
+    try:
+        return await _write_stream(request, resp, st, p, plan, sreq, ev, words, finish, rid, out)
+    except ConnectionResetError:
+        # the client closed its connection and a write noticed before aiohttp cancelled the
+        # handler: a cancellation, not a handler error (aiohttp would log a traceback)
+        if out.outcome == "ok":
+            out.outcome = "cancelled"
+        if request.transport is not None:
+            request.transport.close()
+        return resp
+
+
+async def _write_stream(request: web.Request, resp: web.StreamResponse, st: SimState, p: Parsed, plan: FaultPlan,
+                        sreq: SimRequest, ev: asyncio.Event, words: list[str], finish: str, rid: str,
+                        out: _Outcome) -> web.StreamResponse:
     await resp.prepare(request)
     w = _Writer(resp, plan)
     ch = _Chunks(p, rid, st.config.model, st.created, plan, st.engine.cache.enabled)
