@@ -66,3 +66,18 @@ def test_cli_help_lists_the_options(capsys: Any) -> None:
     for opt in ("--trace-format", "--time-scale", "--isl-buckets", "--metrics-url", "--tokenizer", "--long-requests",
                 "--arrival", "--rate", "--concurrency", "--duration", "--max-requests"):
         assert opt in text
+
+
+def test_cli_rejects_synthetic_flags_with_a_trace(capsys: Any) -> None:
+    code, _out, err = run_main(capsys, "--url", "http://127.0.0.1:9", "--trace", "mooncake_conversation_400.jsonl",
+                               "--isl", "300")
+    assert code == 2 and "--isl" in err and "--trace" in err and err.count("\n") == 1, err
+
+
+def test_cli_unwritable_output_dir_fails_before_any_load(tmp_path: Path, capsys: Any) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    # nothing listens on port 9: had the bench tried to send anything, the error would be "cannot reach"
+    code, _out, err = run_main(capsys, "--url", "http://127.0.0.1:9", "--num-requests", "1", "--output-dir",
+                               str(blocker / "out"), "--no-progress")
+    assert code == 2 and "cannot write results to" in err and err.count("\n") == 1, err

@@ -348,6 +348,30 @@ async def _scrape(session: aiohttp.ClientSession, url: str) -> Scrape:
     return parse_scrape(text)
 
 
+def _check_output_dir(out: Path) -> None:
+    """Fail before any load is sent when results could not be written (ValueError, one line)."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".servelens-write-check"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(f"cannot write results to {out}: {exc.strerror or exc}") from None
+
+
+async def _quiet_scrape(session: aiohttp.ClientSession, config: BenchConfig) -> Scrape:
+    """The "before" scrape, taken once the server has no request in flight (the probe request
+    is recorded by a proxy just after its last bytes reach us); bounded to 3 s."""
+    assert config.metrics_url is not None
+    inflight = MetricNames(config.metrics_prefix).inflight
+    deadline = time.monotonic() + 3.0
+    while True:
+        scrape = await _scrape(session, config.metrics_url)
+        if scrape.value(inflight) <= 0 or time.monotonic() > deadline:
+            return scrape
+        await asyncio.sleep(0.02)
+
+
 async def _server_rows(
     session: aiohttp.ClientSession, config: BenchConfig, before: Scrape, expect: int
 ) -> tuple[BucketRow, ...]:
@@ -427,6 +451,8 @@ async def run_bench(config: BenchConfig) -> BenchResult:
     # no connector limit: the workers (closed loop) or the semaphore (open loop) bound the connections
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, force_close=False)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=config.request_timeout_s)
+    if config.output_dir:
+        _check_output_dir(Path(config.output_dir))
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         model, ctx = await _discover(session, config, headers)
         max_context = config.max_context if config.max_context is not None else ctx
@@ -450,7 +476,7 @@ async def run_bench(config: BenchConfig) -> BenchResult:
         def spec_at(i: int) -> RequestSpec:
             return prebuilt[i] if prebuilt is not None else make_spec(i, items[i])
 
-        before = await _scrape(session, config.metrics_url) if config.metrics_url else None
+        before = await _quiet_scrape(session, config) if config.metrics_url else None
         records: list[BenchRecord | None] = [None] * len(items)
         progress = _Progress(len(items), config.progress)
         lag = LagMonitor(threshold_ms=config.lag_threshold_ms)

@@ -40,10 +40,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     w.add_argument("--trace", help="Mooncake JSONL or Azure CSV trace (a path or a packaged trace's name)")
     w.add_argument("--trace-format", choices=TRACE_FORMATS, help="trace format (default: detected)")
     w.add_argument("--time-scale", type=float, default=1.0,
-                   help="multiply trace timestamps by F (0.1 replays ten times faster)")
-    w.add_argument("--isl", default="512", help="synthetic input length spec (tokens)")
-    w.add_argument("--osl", default="128", help="synthetic output length spec (tokens)")
-    w.add_argument("--num-requests", type=int, default=100, help="synthetic workload size")
+                   help="multiply trace timestamps by F (0.1 replays ten times faster; 0 sends every "
+                   "request at once, capped by --concurrency)")
+    w.add_argument("--isl", default=None, help="synthetic input length spec (tokens; default 512)")
+    w.add_argument("--osl", default=None, help="synthetic output length spec (tokens; default 128)")
+    w.add_argument("--num-requests", type=int, default=None, help="synthetic workload size (default 100)")
     w.add_argument("--seed", type=int, default=0)
     w.add_argument("--max-requests", type=int, help="send at most N requests")
     w.add_argument("--duration", type=float, help="stop starting requests after S seconds")
@@ -81,6 +82,12 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         trace = str(packaged_trace(trace))
     if trace and not os.path.exists(trace):
         raise ValueError(f"trace file not found: {trace}")
+    if trace:
+        given = [f for f, v in (("--isl", args.isl), ("--osl", args.osl), ("--num-requests", args.num_requests))
+                 if v is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} describe a synthetic workload; with --trace the trace sets "
+                             "the lengths (use --max-requests to bound it)")
     return BenchConfig(
         url=args.url,
         model=args.model,
@@ -88,9 +95,9 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         trace=trace,
         trace_format=args.trace_format,
         time_scale=args.time_scale,
-        isl=args.isl,
-        osl=args.osl,
-        num_requests=args.num_requests,
+        isl=args.isl or "512",
+        osl=args.osl or "128",
+        num_requests=args.num_requests if args.num_requests is not None else 100,
         seed=args.seed,
         max_requests=args.max_requests,
         duration_s=args.duration,
