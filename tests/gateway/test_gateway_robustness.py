@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp import web
 
+from servelens.gateway.prompt import PromptCounter
 from servelens.gateway.testing import (
     FAKE_MODEL,
     ScriptedUpstream,
@@ -159,3 +163,39 @@ async def test_model_list_nested_too_deep_does_not_stop_the_gateway(http: aiohtt
             assert_openai_error(got, "upstream_unavailable")
     finally:
         await runner.cleanup()
+
+
+async def test_prompt_counting_in_its_thread_does_not_block_the_event_loop(tmp_path: Path) -> None:
+    # the gateway counts prompt tokens in a worker thread; Tokenizer.encode holds the GIL for the
+    # whole encoding (seconds for a long prompt), which stalled every stream on the event loop
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({"hi": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    counter = PromptCounter(str(path))
+    n = 400_000
+    obj = {"model": FAKE_MODEL, "messages": [{"role": "user", "content": " ".join(["hi"] * n)}]}
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    gaps: list[float] = []
+
+    async def heartbeat() -> None:
+        last = time.perf_counter()
+        while not stop.is_set():
+            await asyncio.sleep(0.001)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    beat = asyncio.create_task(heartbeat())
+    await asyncio.sleep(0)  # the heartbeat is running before the thread starts
+    t0 = time.perf_counter()
+    got = await loop.run_in_executor(None, counter.count, obj)
+    count_s = time.perf_counter() - t0
+    stop.set()
+    await beat
+    assert got == n
+    # the loop kept turning: no pause close to the counting time (a held GIL makes them equal)
+    assert max(gaps) < max(0.05, count_s / 3), (max(gaps), count_s)

@@ -13,7 +13,10 @@ from typing import Any
 
 
 class PromptCounter:
-    """Counts prompt tokens of a request body. Raises ValueError if the file cannot be loaded."""
+    """Counts prompt tokens of a request body. Raises ValueError if the file cannot be loaded.
+
+    :meth:`count` may run in a worker thread: the tokenizer releases the GIL while it encodes.
+    """
 
     def __init__(self, path: str) -> None:
         try:
@@ -26,7 +29,9 @@ class PromptCounter:
             raise ValueError(f"cannot load tokenizer {path}: {exc}") from None
 
     def _count_text(self, text: str) -> int:
-        return len(self._tok.encode(text, add_special_tokens=False).ids)
+        # encode_batch releases the GIL while it works (encode holds it: run in a worker thread,
+        # a long prompt would stall the gateway's event loop for the whole encoding)
+        return len(self._tok.encode_batch([text], add_special_tokens=False)[0].ids)
 
     def count(self, obj: dict[str, Any]) -> int | None:
         """Prompt tokens of a chat or completions request body, or None when there is no prompt."""
