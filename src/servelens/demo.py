@@ -28,6 +28,10 @@ from servelens.report.html import write_html
 from servelens.report.sources import report_from_results
 
 DEMO_TRACE = "mooncake_conversation_400.jsonl"
+DEMO_PREFIX_CACHE_BLOCKS = 250_000
+"""Prefix-cache blocks (16 tokens) for the demo's sim: 4M tokens, the scale of a host-memory KV offload
+store (Mooncake, LMCache). With the preset's 320k tokens the conversation turns that share long prefixes
+come back after their blocks were evicted, and every bucket shows only the shared first block."""
 ENGINES = ("sim", "vllm")
 
 
@@ -94,10 +98,13 @@ def _engine(config: DemoConfig, out: Path, console: Console) -> Iterator[tuple[s
     """
     if config.engine == "sim":
         args = ["sim", "--preset", config.sim_preset, "--speedup", str(config.sim_speedup),
-                "--max-model-len", str(config.max_context), "--seed", "0"]
+                "--max-model-len", str(config.max_context), "--seed", "0",
+                "--prefix-cache-blocks", str(DEMO_PREFIX_CACHE_BLOCKS)]
         with ServerProcess(args, log_path=out / "sim.log") as sim:
             console.print(f"[bold]engine[/]  servelens sim ({config.sim_preset}, speedup {config.sim_speedup:g}: "
-                          f"every simulated time divided by {config.sim_speedup:g}) at {sim.url}")
+                          f"every simulated time divided by {config.sim_speedup:g}; prefix cache of "
+                          f"{DEMO_PREFIX_CACHE_BLOCKS * 16 / 1e6:.0f}M tokens, as with a KV offload store) "
+                          f"at {sim.url}")
             yield sim.url, None, config.max_context
         return
     from servelens.engines.vllm_cpu import VllmServer
