@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -15,6 +16,7 @@ import pytest
 from aiohttp import web
 
 from servelens.gateway.prompt import PromptCounter
+from servelens.gateway.requestlog import read_request_log
 from servelens.gateway.testing import (
     FAKE_MODEL,
     ScriptedUpstream,
@@ -199,3 +201,43 @@ async def test_prompt_counting_in_its_thread_does_not_block_the_event_loop(tmp_p
     assert got == n
     # the loop kept turning: no pause close to the counting time (a held GIL makes them equal)
     assert max(gaps) < max(0.05, count_s / 3), (max(gaps), count_s)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_reply_faster_than_the_tokenizer_is_not_held_back(fake: ScriptedUpstream, tmp_path: Path,
+                                                                stream: bool) -> None:
+    # the gateway waited (up to 1 s) for a prompt count still running when the upstream answered:
+    # a unary reply reached the client that much later, every duration was that much longer, and
+    # a client closing its connection after the reply turned the success into "cancelled"
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({"hi": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    release = threading.Event()
+    log_path = tmp_path / "log.jsonl"
+    async with run_gateway(fake.url, tokenizer=str(path), inject_usage=False, request_log=str(log_path)) as gw:
+        counter = gw.gateway.prompt_counter
+        assert counter is not None
+        real_count = counter.count
+
+        def slow_count(obj: dict[str, Any]) -> int | None:
+            release.wait(10.0)  # a long prompt: the count ends after the reply
+            return real_count(obj)
+
+        counter.count = slow_count  # type: ignore[method-assign]
+        try:
+            t0 = time.perf_counter()
+            # a client that closes its connection once it has the reply (as HTTP/1.0 clients do)
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as once:
+                status, _ = await post(once, gw.url, json.dumps(chat(stream=stream)).encode())
+            elapsed_s = time.perf_counter() - t0
+            assert status == 200
+            await gw.gateway.wait_finished(1)
+        finally:
+            release.set()
+        assert elapsed_s < 0.5, elapsed_s
+        (entry,) = read_request_log(log_path)
+        assert entry["status"] == "success"
+        assert isinstance(entry["duration_s"], float) and entry["duration_s"] < 0.5, entry["duration_s"]

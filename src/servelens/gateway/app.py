@@ -392,6 +392,7 @@ class Gateway:
         live = self.metrics.begin(model, endpoint, request_type, arrival_ns)
         out = _Outcome()
         counting = self._count_prompt(obj, live) if self.prompt_counter is not None else None
+        end_ns: int | None = None
         try:
             url = self._url(upstream, request.path)
             if stream:
@@ -399,11 +400,19 @@ class Gateway:
             else:
                 resp = await self._unary(request, live, out, body, url)
             if counting is not None and not counting.done():
-                await asyncio.wait({counting}, timeout=1.0)  # a reply faster than the tokenizer
+                # a reply faster than the tokenizer: send it and end the request's timing now, then
+                # give the count a moment to set the bucket (a client leaving meanwhile changes nothing)
+                if not resp.prepared:
+                    with contextlib.suppress(ConnectionError):
+                        await resp.prepare(request)
+                        await resp.write_eof()
+                end_ns = _now()
+                await asyncio.wait({counting}, timeout=1.0)
             return resp
         except asyncio.CancelledError:
-            out.fail("cancelled", 499)
-            state.client_disconnected()
+            if end_ns is None:
+                out.fail("cancelled", 499)
+                state.client_disconnected()
             raise
         except _UpstreamFailed as exc:
             if exc.error_type == "response_timeout":
@@ -416,7 +425,7 @@ class Gateway:
             out.fail("internal", 500)
             return openai_error(500, "internal error in the servelens gateway", "server_error", "internal")
         finally:
-            self._finish(live, out)
+            self._finish(live, out, end_ns)
 
     def _count_prompt(self, obj: dict[str, Any], live: LiveRequest) -> asyncio.Future[int | None]:
         """Count the prompt's tokens in a worker thread, concurrently with the upstream request;
@@ -456,9 +465,10 @@ class Gateway:
         self.metrics.state.count_unknown_model(endpoint, request_type, error_type)
         self._counted()
 
-    def _finish(self, live: LiveRequest, out: _Outcome) -> None:
+    def _finish(self, live: LiveRequest, out: _Outcome, end_ns: int | None = None) -> None:
+        """Count the request once; ``end_ns``: when it ended (default: now)."""
         rec = live.finish(
-            _now(), out.status, "" if out.status == "success" else out.error_type,
+            _now() if end_ns is None else end_ns, out.status, "" if out.status == "success" else out.error_type,
             osl=out.osl, cached_tokens=out.cached_tokens, isl_source=out.isl_source,
         )
         self._counted()
