@@ -32,7 +32,9 @@ def add_parser(subparsers: Any) -> None:
                      "VictoriaMetrics)")
     p.add_argument("--metrics-before", metavar="URL|FILE",
                    help="with --metrics: an earlier scrape; report the difference")
-    p.add_argument("--window", default="5m", help="with --prometheus: rate window (default: 5m)")
+    p.add_argument("--window", default="5m",
+                   help="with --prometheus: the window of the rate() percentiles and of the Requests count "
+                   "(exact: last value in the window minus the value at its start; default: 5m)")
     p.add_argument("--range", dest="range_", default="1h", metavar="DURATION",
                    help="with --prometheus: span of the p95-over-time chart in --html (default: 1h)")
     p.add_argument("--metrics-prefix", default=DEFAULT_PREFIX,

@@ -19,7 +19,7 @@ from pathlib import Path
 from servelens.core.buckets import IslBuckets, label_sort_key
 from servelens.core.quantiles import percentile
 from servelens.core.summary import ALL_LABEL, BucketRow, rows_from_histograms, rows_from_samples
-from servelens.dashboards.queries import FIGURE_BY_KEY, count_expr, model_matcher
+from servelens.dashboards.queries import FIGURE_BY_KEY, model_matcher
 from servelens.prometheus.names import MetricNames
 from servelens.report.metrics_text import Scrape, bucket_histograms, parse_scrape
 from servelens.report.promapi import PromClient, parse_duration_s
@@ -178,17 +178,67 @@ def discover_buckets(client: PromClient, names: MetricNames, model: str | None =
     return sorted(labels, key=label_sort_key)
 
 
+def _series_key(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, v) for k, v in labels.items() if k != "__name__"))
+
+
+def counter_increase(points: Sequence[tuple[float, float]], start: float | None) -> float:
+    """How much a counter grew over its samples in a window: the sum of the steps between
+    consecutive samples, starting from ``start`` (the value at or before the window start; None
+    when the series is younger than the window: count from the first sample in it). A drop is a
+    counter reset: the step is then the new value (as in Prometheus' ``increase``). Never negative;
+    no extrapolation. Points are ``(unix time s, value)`` in time order.
+    """
+    total = 0.0
+    prev = start
+    for _, v in points:
+        if prev is not None:
+            total += v - prev if v >= prev else v
+        prev = v
+    return total
+
+
+def exact_counts(
+    client: PromClient, counter: str, model: str, window: str, at_s: float, by: str | None = "isl_bucket"
+) -> dict[str, float]:
+    """Observations counted by ``counter`` (a ``_count`` series) in ``(at_s - window, at_s]``, per
+    value of label ``by`` (``""`` key for ``by`` None), summed over series (models, instances).
+
+    Per series: its raw samples in the window (``counter[window]``) minus its value at or before the
+    window start (``counter offset window``, within the server's lookback); falling back to the
+    first sample in the window when the series is younger than the window; resets handled as in
+    :func:`counter_increase`. Unlike ``increase()``, which extrapolates to the window edges (up to
+    about 2x the true count when the window holds few samples), this is the count the scrapes saw.
+    Raises PromApiError.
+    """
+    sel = f"{counter}{{{model}}}"
+    before = {_series_key(s.labels): s.value for s in client.query(f"{sel} offset {window}", at_s)}
+    out: dict[str, float] = {}
+    for s in client.query(f"{sel}[{window}]", at_s):
+        start = before.get(_series_key(s.labels))
+        if start is not None and math.isnan(start):
+            start = None
+        key = s.labels.get(by, "") if by else ""
+        out[key] = out.get(key, 0.0) + counter_increase([p for p in s.points if not math.isnan(p[1])], start)
+    return out
+
+
 def _prom_row(
-    client: PromClient, names: MetricNames, bucket: str | None, window: str, model: str, at_s: float
+    client: PromClient,
+    names: MetricNames,
+    bucket: str | None,
+    window: str,
+    model: str,
+    at_s: float,
+    counts: dict[str, float],
 ) -> BucketRow:
     def fig(key: str) -> float | None:
         return client.scalar(FIGURE_BY_KEY[key].expr(names, bucket, window, model), at_s)
 
-    hist = names.duration_by_isl if bucket is not None else names.duration
-    requests = client.scalar(count_expr(hist, bucket, window, model, "increase"), at_s)
+    requests = counts.get(bucket if bucket is not None else "", 0.0)
     return BucketRow(
         bucket=bucket if bucket is not None else ALL_LABEL,
-        requests=round(requests) if requests is not None else 0,
+        requests=max(round(requests), 0),
         errors=None,
         ttft_p50_s=fig("ttft_p50"),
         ttft_p95_s=fig("ttft_p95"),
@@ -213,9 +263,11 @@ def report_from_prometheus(
 ) -> Report:
     """Rows from a Prometheus-compatible API over the last ``window`` before ``end_s`` (unix s,
     default now), using the dashboard's per-bucket queries (one query per bucket and figure); the
-    "all" row uses the stock histograms. ``requests`` is ``increase`` of the by-ISL duration count
-    over the window (Prometheus extrapolates it to the window edges, so it can be fractional and is
-    rounded). With ``range_s``, also p95 TTFT per bucket over ``[end_s - range_s, end_s]``
+    "all" row uses the stock histograms. ``requests`` is the exact number of requests the scrapes
+    saw end in the window (:func:`exact_counts` of the duration ``_count``: last value in the window
+    minus the value at or before its start, not ``increase()``, which extrapolates); the percentiles
+    and means are the dashboard's ``rate()`` ratios, where extrapolation cancels. With ``range_s``,
+    also p95 TTFT per bucket over ``[end_s - range_s, end_s]``
     (``query_range``).
 
     ``buckets`` None: discover the bucket labels on the server (ordered numerically).
@@ -235,8 +287,10 @@ def report_from_prometheus(
             )
     else:
         labels = buckets.labels if isinstance(buckets, IslBuckets) else tuple(buckets)
-    rows = [_prom_row(client, names, label, window, m, at) for label in labels]
-    rows.append(_prom_row(client, names, None, window, m, at))
+    by_bucket = exact_counts(client, f"{names.duration_by_isl}_count", m, window, at)
+    total = exact_counts(client, f"{names.duration}_count", m, window, at, by=None)
+    rows = [_prom_row(client, names, label, window, m, at, by_bucket) for label in labels]
+    rows.append(_prom_row(client, names, None, window, m, at, total))
     series: tuple[TimeSeries, ...] = ()
     if range_s:
         step = max(range_s / 240, 1.0)
