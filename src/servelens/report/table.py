@@ -37,11 +37,22 @@ def _cached(x: float | None) -> str:
     return "-" if x is None else f"{x:,.0f}"
 
 
+def starred(row: BucketRow) -> bool:
+    """True when the row is marked ``*``: a bucket (not "all") with some, but fewer than
+    :data:`~servelens.core.summary.LOW_COUNT`, requests."""
+    return bool(row.requests) and row.low_count and row.bucket != "all"
+
+
+def low_count_note(rows: Sequence[BucketRow]) -> str | None:
+    """The footnote for ``*``, or None when no row is starred."""
+    return f"* fewer than {LOW_COUNT} requests" if any(starred(r) for r in rows) else None
+
+
 def _requests(row: BucketRow) -> str:
     text = f"{row.requests:,}"
     if row.errors:
         text += f" ({row.errors} err)"
-    if row.requests and row.low_count and row.bucket != "all":
+    if starred(row):
         text += " *"
     return text
 
@@ -63,8 +74,9 @@ def row_cells(row: BucketRow) -> list[str]:
 def rich_table(rows: Sequence[BucketRow], title: str | None = None, caption: str | None = None) -> Table:
     """A rich Table of the rows (buckets in the order given; "all" separated by a line)."""
     exact = all(r.exact for r in rows) if rows else True
-    note = f"* fewer than {LOW_COUNT} requests" + ("" if exact else "; percentiles interpolated from le buckets")
-    table = Table(title=title, caption=(caption + "\n" if caption else "") + note)
+    notes = [n for n in (low_count_note(rows), None if exact else "percentiles interpolated from le buckets") if n]
+    lines = ([caption] if caption else []) + (["; ".join(notes)] if notes else [])
+    table = Table(title=title, caption="\n".join(lines) or None)
     for i, h in enumerate(HEADERS):
         table.add_column(h, justify="left" if i == 0 else "right")
     for row in rows:
@@ -79,8 +91,9 @@ def side_by_side(
 ) -> Table:
     """One table with client and server TTFT/ITL columns per bucket, matched by bucket label."""
     srv = {r.bucket: r for r in server}
-    table = Table(title=title, caption=f"client: exact percentiles; server: histogram_quantile over le buckets; "
-                  f"* fewer than {LOW_COUNT} requests")
+    caption = "client: exact percentiles; server: histogram_quantile over le buckets"
+    note = low_count_note(client)
+    table = Table(title=title, caption=caption + (f"; {note}" if note else ""))
     for h in ("Input length (tokens)", "Requests client/server", "TTFT p50 client/server",
               "TTFT p95 client/server", "TTFT p99 client/server", "ITL p50 client/server",
               "ITL p95 client/server", "Avg cached client/server"):
@@ -107,7 +120,8 @@ def side_by_side(
 def format_rows(rows: Sequence[BucketRow], fmt: str, title: str | None = None) -> str:
     """Render rows as ``table`` (rich, plain text), ``csv``, ``json`` or ``markdown``.
 
-    Raises ValueError for an unknown format. CSV/JSON carry raw seconds and tokens.
+    ``table`` and ``markdown`` mark low-count buckets ``*`` and then, only then, end with the
+    footnote. Raises ValueError for an unknown format. CSV/JSON carry raw seconds and tokens.
     """
     if fmt == "table":
         console = Console(file=io.StringIO(), record=True, width=140, force_terminal=False)
@@ -130,5 +144,8 @@ def format_rows(rows: Sequence[BucketRow], fmt: str, title: str | None = None) -
             if r.bucket == "all":
                 cells = [f"**{c}**" for c in cells]
             lines.append("| " + " | ".join(cells) + " |")
+        note = low_count_note(rows)
+        if note:
+            lines += ["", "\\" + note]  # escaped: a line starting "* " is a list item
         return ("# " + title + "\n\n" if title else "") + "\n".join(lines) + "\n"
     raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
