@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import io
+import os
+import shutil
+import sys
+from pathlib import Path
 
 import pytest
 from rich.console import Console
 
+from servelens.cli.main import main
+from servelens.core.buckets import IslBuckets
 from servelens.core.summary import BucketRow
+from servelens.prometheus.frontend import FrontendMetrics
+from servelens.report import table
 from servelens.report.table import format_rows, side_by_side
+from servelens.testing.exporter import feed, synthetic_samples
 
 NOTE = "fewer than 20 requests"
 
@@ -44,3 +53,62 @@ def test_markdown_footnote_is_not_a_list_item() -> None:
 def test_side_by_side_footnote_only_when_a_client_row_is_starred() -> None:
     assert NOTE in _render(side_by_side(FEW, FEW), 200)
     assert NOTE not in _render(side_by_side(MANY, MANY), 200)
+
+
+def _lines_of(text: str, label: str) -> list[str]:
+    return [line for line in text.splitlines() if label in line]
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_narrow_terminal_keeps_bucket_labels_and_numbers_whole(width: int) -> None:
+    rows = [_row("0-512", 120), _row("513-1024", 15), _row("1025-2048", 0), _row("16385+", 3),
+            _row("all", 138)]
+    out = format_rows(rows, "table", width=width)
+    assert max(len(line) for line in out.splitlines()) <= width
+    assert "…" not in "".join(line for line in out.splitlines() if "│" in line)  # no cell cut
+    for label in ("0-512", "513-1024", "1025-2048", "16385+"):
+        assert len(_lines_of(out, f"│ {label} ")) == 1, (label, out)
+    assert "12,345" in out
+
+
+def test_table_uses_the_width_given_and_a_wide_default() -> None:
+    rows = [_row("0-512", 120), _row("all", 120)]
+    wide = format_rows(rows, "table")
+    # one line per row at the default width (not a file-width squeeze)
+    assert len(_lines_of(wide, "│ 0-512 ")) == 1 and "20.4 ms" in wide
+
+
+def test_side_by_side_cells_do_not_wrap_at_150_columns() -> None:
+    client = [_row("0-512", 120), _row("513-1024", 15, 1.2), _row("16385+", 3, 0.95), _row("all", 138)]
+    server = [_row("0-512", 121, 0.0206), _row("513-1024", 15, 1.31), _row("16385+", 3, 1.1),
+              _row("all", 139)]
+    out = _render(side_by_side(client, server), 150)
+    assert max(len(line) for line in out.splitlines()) <= 150
+    body = [line for line in out.splitlines() if line.startswith("│")]
+    assert len(body) == len(client), out  # one line per bucket
+    assert "20.4/20.6 ms" in out and "1.20/1.31 s" in out and "950.0 ms/1.10 s" in out
+
+
+def _scrape_file(tmp_path: Path) -> Path:
+    metrics = FrontendMetrics(isl_buckets=IslBuckets.default())
+    metrics.register_model("m")
+    feed(metrics, synthetic_samples(60, IslBuckets.default(), seed=1), "m")
+    path = tmp_path / "metrics.txt"
+    path.write_bytes(metrics.exposition())
+    return path
+
+
+def test_report_cli_uses_the_terminal_width_and_a_wide_one_otherwise(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _scrape_file(tmp_path)
+    assert main(["report", "--metrics", str(path)]) == 0
+    piped = capsys.readouterr().out
+    assert 80 < max(len(line) for line in piped.splitlines()) <= table.WIDE_WIDTH
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    monkeypatch.setattr(shutil, "get_terminal_size", lambda *a, **k: os.terminal_size((80, 24)))
+    assert main(["report", "--metrics", str(path)]) == 0
+    tty = capsys.readouterr().out
+    assert max(len(line) for line in tty.splitlines()) <= 80
+    assert len(_lines_of(tty, "│ 513-1024 ")) == 1
+    assert "…" not in "".join(line for line in tty.splitlines() if "│" in line)  # no cell cut

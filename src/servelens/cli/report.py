@@ -4,6 +4,7 @@ or a Prometheus-compatible HTTP API; optionally a self-contained HTML report."""
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from typing import Any
 
@@ -68,7 +69,9 @@ def build_report(args: argparse.Namespace) -> Report:
 def run(args: argparse.Namespace) -> int:
     """Print the table; write the HTML report when asked."""
     report = build_report(args)
-    sys.stdout.write(format_rows(report.rows, args.format, args.title))
+    # a terminal: its real width; a file or pipe: format_rows' wide default
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+    sys.stdout.write(format_rows(report.rows, args.format, args.title, width))
     sys.stdout.flush()
     if args.html:
         path = write_html(args.html, report.rows, report.timeseries, args.title, report.source)

@@ -37,6 +37,10 @@ def _cached(x: float | None) -> str:
     return "-" if x is None else f"{x:,.0f}"
 
 
+WIDE_WIDTH = 160
+"""Width (columns) of the ``table`` format when the output is not a terminal (a file, a pipe)."""
+
+
 def starred(row: BucketRow) -> bool:
     """True when the row is marked ``*``: a bucket (not "all") with some, but fewer than
     :data:`~servelens.core.summary.LOW_COUNT`, requests."""
@@ -55,6 +59,20 @@ def _requests(row: BucketRow) -> str:
     if starred(row):
         text += " *"
     return text
+
+
+def _label_column(table: Table, rows: Sequence[BucketRow]) -> None:
+    """The bucket label column: never truncated or wrapped (its header on two lines)."""
+    longest = max((len(r.bucket) for r in rows), default=0)
+    table.add_column("Input length\n(tokens)", justify="left", no_wrap=True, min_width=max(longest, 12))
+
+
+def _value_columns(table: Table, headers: Sequence[str], cells: Sequence[Sequence[str]]) -> None:
+    """Right-aligned columns that may wrap between words but are never narrower than their
+    longest word (rich would otherwise cut ``1,234`` to ``1,2…`` on a narrow terminal)."""
+    for i, h in enumerate(headers):
+        words = [w for row in cells for w in row[i].split()]
+        table.add_column(h, justify="right", min_width=max((len(w) for w in words), default=1))
 
 
 def row_cells(row: BucketRow) -> list[str]:
@@ -77,54 +95,78 @@ def rich_table(rows: Sequence[BucketRow], title: str | None = None, caption: str
     notes = [n for n in (low_count_note(rows), None if exact else "percentiles interpolated from le buckets") if n]
     lines = ([caption] if caption else []) + (["; ".join(notes)] if notes else [])
     table = Table(title=title, caption="\n".join(lines) or None)
-    for i, h in enumerate(HEADERS):
-        table.add_column(h, justify="left" if i == 0 else "right")
-    for row in rows:
+    cells = [row_cells(r) for r in rows]
+    _label_column(table, rows)
+    _value_columns(table, HEADERS[1:], [c[1:] for c in cells])
+    for row, c in zip(rows, cells, strict=True):
         if row.bucket == "all":
             table.add_section()
-        table.add_row(*row_cells(row), style="bold" if row.bucket == "all" else None)
+        table.add_row(*c, style="bold" if row.bucket == "all" else None)
     return table
+
+
+def _pair(a: float | None, b: float | None) -> str:
+    """``client/server`` times with one unit when both share it: ``20.4/20.6 ms``, ``1.20/1.31 s``."""
+    if a is None and b is None:
+        return "-"
+    vals = [x for x in (a, b) if x is not None]
+    if all(x < 1 for x in vals):
+        return "/".join("-" if x is None else f"{x * 1000:.1f}" for x in (a, b)) + " ms"
+    if all(x >= 1 for x in vals):
+        return "/".join("-" if x is None else f"{x:.2f}" for x in (a, b)) + " s"
+    return f"{_ms(a)}/{_ms(b)}"
 
 
 def side_by_side(
     client: Sequence[BucketRow], server: Sequence[BucketRow], title: str = "Client vs server (gateway /metrics)"
 ) -> Table:
-    """One table with client and server TTFT/ITL columns per bucket, matched by bucket label."""
+    """One table with client and server TTFT/ITL columns per bucket, matched by bucket label.
+
+    Cells are ``client/server`` (``20.4/20.6 ms``); the label column never truncates or wraps.
+    """
     srv = {r.bucket: r for r in server}
     caption = "client: exact percentiles; server: histogram_quantile over le buckets"
     note = low_count_note(client)
     table = Table(title=title, caption=caption + (f"; {note}" if note else ""))
-    for h in ("Input length (tokens)", "Requests client/server", "TTFT p50 client/server",
-              "TTFT p95 client/server", "TTFT p99 client/server", "ITL p50 client/server",
-              "ITL p95 client/server", "Avg cached client/server"):
-        table.add_column(h, justify="right")
+    headers = ("Requests client/server", "TTFT p50 client/server", "TTFT p95 client/server",
+               "TTFT p99 client/server", "ITL p50 client/server", "ITL p95 client/server",
+               "Avg cached client/server")
+    cells = []
     for c in client:
         s = srv.get(c.bucket)
-        def pair(a: float | None, b: float | None) -> str:
-            return f"{_ms(a)} / {_ms(b)}"
+        req = f"{c.requests:,}/{f'{s.requests:,}' if s else '-'}"
+        if c.errors:
+            req += f" ({c.errors} err)"
+        if starred(c):
+            req += " *"
+        cells.append([
+            req,
+            _pair(c.ttft_p50_s, s.ttft_p50_s if s else None),
+            _pair(c.ttft_p95_s, s.ttft_p95_s if s else None),
+            _pair(c.ttft_p99_s, s.ttft_p99_s if s else None),
+            _pair(c.itl_p50_s, s.itl_p50_s if s else None),
+            _pair(c.itl_p95_s, s.itl_p95_s if s else None),
+            f"{_cached(c.mean_cached_tokens)}/{_cached(s.mean_cached_tokens if s else None)}",
+        ])
+    _label_column(table, client)
+    _value_columns(table, headers, cells)
+    for c, row in zip(client, cells, strict=True):
         if c.bucket == "all":
             table.add_section()
-        table.add_row(
-            c.bucket,
-            f"{_requests(c)} / {s.requests if s else '-'}",
-            pair(c.ttft_p50_s, s.ttft_p50_s if s else None),
-            pair(c.ttft_p95_s, s.ttft_p95_s if s else None),
-            pair(c.ttft_p99_s, s.ttft_p99_s if s else None),
-            pair(c.itl_p50_s, s.itl_p50_s if s else None),
-            pair(c.itl_p95_s, s.itl_p95_s if s else None),
-            f"{_cached(c.mean_cached_tokens)} / {_cached(s.mean_cached_tokens if s else None)}",
-        )
+        table.add_row(c.bucket, *row)
     return table
 
 
-def format_rows(rows: Sequence[BucketRow], fmt: str, title: str | None = None) -> str:
+def format_rows(rows: Sequence[BucketRow], fmt: str, title: str | None = None, width: int | None = None) -> str:
     """Render rows as ``table`` (rich, plain text), ``csv``, ``json`` or ``markdown``.
 
-    ``table`` and ``markdown`` mark low-count buckets ``*`` and then, only then, end with the
-    footnote. Raises ValueError for an unknown format. CSV/JSON carry raw seconds and tokens.
+    ``width``: columns available to ``table`` (the terminal's width when printing to one; default
+    :data:`WIDE_WIDTH`). ``table`` and ``markdown`` mark low-count buckets ``*`` and then, only then,
+    end with the footnote. Raises ValueError for an unknown format. CSV/JSON carry raw seconds and
+    tokens (JSON also ``low_count``).
     """
     if fmt == "table":
-        console = Console(file=io.StringIO(), record=True, width=140, force_terminal=False)
+        console = Console(file=io.StringIO(), record=True, width=width or WIDE_WIDTH, force_terminal=False)
         console.print(rich_table(rows, title))
         return console.export_text()
     if fmt == "json":
