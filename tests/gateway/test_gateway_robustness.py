@@ -241,3 +241,40 @@ async def test_reply_faster_than_the_tokenizer_is_not_held_back(fake: ScriptedUp
         (entry,) = read_request_log(log_path)
         assert entry["status"] == "success"
         assert isinstance(entry["duration_s"], float) and entry["duration_s"] < 0.5, entry["duration_s"]
+
+
+@pytest.mark.parametrize("target", ["/v1/files?purpose=a%26b&name=x%2Fy%3D", "/v1/%2e%2e/admin", "/v1/x/../../admin",
+                                    "/v1/a%20b/c%3Fd", "/v1//x"])
+async def test_passthrough_request_target_is_relayed_unchanged(target: str) -> None:
+    # the upstream URL was rebuilt from the decoded URL: escapes in the query were decoded
+    # (a%26b became two parameters) and dot segments resolved (a /v1/ path reached /admin)
+    seen: list[str] = []
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": FAKE_MODEL, "object": "model"}]})
+
+    async def anything(request: web.Request) -> web.Response:
+        seen.append(request.raw_path)
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_route("*", "/{tail:.*}", anything)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        async with run_gateway(f"http://127.0.0.1:{port}") as gw:
+            reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+            writer.write(f"GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+            await writer.drain()
+            answer = await asyncio.wait_for(reader.read(), 5.0)
+            writer.close()
+            await writer.wait_closed()
+            assert answer.startswith(b"HTTP/1.1 200 ")
+            assert seen == [target]
+    finally:
+        await runner.cleanup()
+

@@ -302,8 +302,11 @@ class Gateway:
         headers = forward_request_headers(request.headers, measured=False)
         try:
             async with asyncio.timeout(self.config.response_timeout_s):
+                # the request target exactly as the client sent it (no decoding, no dot-segment
+                # resolution: the upstream sees the same path and query)
                 up = await self.session.request(
-                    request.method, f"{upstream}{request.rel_url}", data=body or None, headers=headers
+                    request.method, URL(upstream + request.raw_path, encoded=True), data=body or None,
+                    headers=headers,
                 )
         except TimeoutError:
             return openai_error(504, "upstream did not answer in time", "server_error", "upstream_timeout")
