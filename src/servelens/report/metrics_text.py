@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from servelens.core.summary import BucketHistograms, CumulativeHistogram
@@ -83,6 +83,19 @@ def parse_scrape(text: str) -> Scrape:
     return Scrape(parse_exposition(text))
 
 
+def decreased_counters(after: Scrape, before: Scrape, histograms: Iterable[str]) -> list[str]:
+    """The ``_count``/``_bucket`` series of ``histograms`` that are lower in ``after`` than in
+    ``before`` (as ``name{labels}``, sorted): counters never decrease, so the scrapes are swapped
+    or the server restarted between them. Series present in only one scrape are not compared."""
+    names = {f"{h}{suffix}" for h in histograms for suffix in ("_count", "_bucket")}
+    out = []
+    for key, value in after.samples.items():
+        sample, labels = key
+        if sample in names and key in before.samples and value < before.samples[key]:
+            out.append(sample + "{" + ",".join(f'{k}="{v}"' for k, v in labels) + "}")
+    return sorted(out)
+
+
 def _sub(a: CumulativeHistogram | None, b: CumulativeHistogram | None) -> CumulativeHistogram | None:
     if a is None:
         return None
@@ -99,15 +112,25 @@ def bucket_histograms(
     difference ``after - before`` of two scrapes. Summed over models unless ``model`` is given.
 
     Returns ``(per_bucket, all_requests)``; ``per_bucket`` is empty when the scrape has no by-ISL
-    families (bucketing off on that server).
+    families (bucketing off on that server). Raises ValueError when a counter is lower in
+    ``after`` than in ``before`` (swapped scrapes, or a restart in between).
     """
     match = {"model": model} if model else None
+    stock = (names.ttft, names.itl, names.duration, names.cached)
     fams = {
         "ttft": names.ttft_by_isl,
         "itl": names.itl_by_isl,
         "duration": names.duration_by_isl,
         "cached": names.cached_by_isl,
     }
+    if before is not None:
+        down = decreased_counters(after, before, (*fams.values(), *stock))
+        if down:
+            raise ValueError(
+                f"counters decreased between the two scrapes ({len(down)} series, e.g. {down[0]}): "
+                "the scrapes are swapped (--metrics-before must be the earlier one) or the server "
+                "restarted in between"
+            )
     got: dict[str, dict[tuple[str, ...], CumulativeHistogram]] = {}
     for key, fam in fams.items():
         a = after.histograms_by(fam, ("isl_bucket",), match)

@@ -1,0 +1,59 @@
+"""``servelens report --metrics``: swapped or reset scrapes, and buckets that do not match the server's."""
+
+from __future__ import annotations
+
+import io
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import pytest
+
+from servelens.cli.main import main
+from servelens.core.buckets import IslBuckets
+from servelens.prometheus.frontend import FrontendMetrics
+from servelens.testing.exporter import feed, synthetic_samples
+
+BUCKETS = IslBuckets.parse("512,1024,2048")
+
+
+def _run(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        rc = main(argv)
+    return rc, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture
+def scrapes(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """An earlier and a later scrape of one server, and a scrape of a restarted one (fewer counts)."""
+    m = FrontendMetrics(isl_buckets=BUCKETS)
+    m.register_model("a")
+    feed(m, synthetic_samples(40, BUCKETS, seed=1), "a")
+    before = tmp_path / "before.txt"
+    before.write_bytes(m.exposition())
+    feed(m, synthetic_samples(40, BUCKETS, seed=2), "a")
+    after = tmp_path / "after.txt"
+    after.write_bytes(m.exposition())
+    fresh = FrontendMetrics(isl_buckets=BUCKETS)
+    fresh.register_model("a")
+    feed(fresh, synthetic_samples(8, BUCKETS, seed=3), "a")
+    restarted = tmp_path / "restarted.txt"
+    restarted.write_bytes(fresh.exposition())
+    return before, after, restarted
+
+
+def test_difference_of_two_scrapes_in_order(scrapes: tuple[Path, Path, Path]) -> None:
+    before, after, _ = scrapes
+    rc, out, err = _run(["report", "--metrics", str(after), "--metrics-before", str(before), "--format", "csv"])
+    assert rc == 0, err
+    assert out.splitlines()[-1].startswith("all,40,")
+
+
+@pytest.mark.parametrize("which", ["swapped", "restarted"])
+def test_counters_that_decreased_are_a_one_line_error(scrapes: tuple[Path, Path, Path], which: str) -> None:
+    before, after, restarted = scrapes
+    later, earlier = (before, after) if which == "swapped" else (restarted, after)
+    rc, out, err = _run(["report", "--metrics", str(later), "--metrics-before", str(earlier)])
+    assert rc == 2 and out == ""
+    assert err.startswith("servelens: error: counters decreased between the two scrapes") and err.count("\n") == 1
+    assert "swapped" in err and "restarted" in err
