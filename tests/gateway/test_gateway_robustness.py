@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from yarl import URL
 
 from servelens.gateway.prompt import PromptCounter
 from servelens.gateway.requestlog import read_request_log
@@ -278,3 +279,16 @@ async def test_passthrough_request_target_is_relayed_unchanged(target: str) -> N
     finally:
         await runner.cleanup()
 
+
+async def test_measured_request_keeps_its_query_string(fake: ScriptedUpstream, http: aiohttp.ClientSession) -> None:
+    # e.g. Azure-style clients send ?api-version=...; the measured routes dropped the query
+    async with run_gateway(fake.url) as gw:
+        for stream in (False, True):
+            target = URL(gw.url + "/v1/chat/completions?api-version=2024-06-01&x=a%2Fb", encoded=True)
+            async with http.post(target, json=chat(stream=stream)) as r:
+                assert r.status == 200
+                await r.read()
+        await gw.gateway.wait_finished(2)
+        assert requests_total(gw.metrics, model=FAKE_MODEL, status="success") == 2
+    assert [r.path for r in fake.completions()] == ["/v1/chat/completions"] * 2
+    assert [r.query for r in fake.completions()] == ["api-version=2024-06-01&x=a%2Fb"] * 2

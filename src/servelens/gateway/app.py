@@ -397,7 +397,7 @@ class Gateway:
         counting = self._count_prompt(obj, live) if self.prompt_counter is not None else None
         end_ns: int | None = None
         try:
-            url = self._url(upstream, request.path)
+            url = self._url(upstream, request.path, request.raw_path)
             if stream:
                 resp = await self._stream(request, live, out, obj, body, upstream, url)
             else:
@@ -506,8 +506,11 @@ class Gateway:
             log.warning("request log %s disabled: %s", self.request_log.path, exc)
             self.request_log.close()
 
-    def _url(self, upstream: str, path: str) -> URL:
-        """The upstream URL for a measured path (parsed once per upstream and path)."""
+    def _url(self, upstream: str, path: str, raw_target: str) -> URL:
+        """The upstream URL for a measured path (parsed once per upstream and path); a request
+        target with a query string keeps it exactly as sent (not cached: clients choose it)."""
+        if "?" in raw_target:
+            return URL(upstream + raw_target, encoded=True)
         key = (upstream, path)
         url = self._urls.get(key)
         if url is None:

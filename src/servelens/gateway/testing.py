@@ -77,6 +77,7 @@ class Received:
     path: str
     headers: dict[str, str]
     body: bytes
+    query: str = ""  # the raw query string (as sent, escapes kept)
 
     @property
     def json(self) -> Any:
@@ -165,7 +166,8 @@ class ScriptedUpstream:
 
     async def _complete(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
-        self.requests.append(Received(request.method, request.path, dict(request.headers), raw))
+        self.requests.append(Received(request.method, request.path, dict(request.headers), raw,
+                                      request.raw_path.partition("?")[2]))
         if self.stall is not None:
             await self.stall.wait()
         body = json.loads(raw)
