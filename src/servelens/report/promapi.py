@@ -62,7 +62,7 @@ class PromClient:
             body = exc.read()
             try:
                 doc = json.loads(body)
-            except ValueError:
+            except (ValueError, RecursionError):
                 raise PromApiError(f"{self.url}{path}: HTTP {exc.code}") from None
             raise PromApiError(
                 f"{self.url}{path}: {doc.get('errorType', 'error')}: {doc.get('error', exc.reason)}"
@@ -72,7 +72,7 @@ class PromClient:
             raise PromApiError(f"cannot reach Prometheus API at {self.url}: {reason}") from None
         try:
             doc = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested too deeply to decode
             raise PromApiError(f"{self.url}{path}: answer is not JSON (is this a Prometheus API?)") from None
         if doc.get("status") != "success":
             raise PromApiError(f"{self.url}{path}: {doc.get('errorType', 'error')}: {doc.get('error', '')}")
