@@ -284,7 +284,10 @@ async def _get_json(session: aiohttp.ClientSession, url: str, headers: dict[str,
     async with session.get(url, headers=headers) as resp:
         if resp.status != 200:
             raise ValueError(f"GET {url} answered HTTP {resp.status}")
-        return await resp.json(content_type=None)
+        try:
+            return await resp.json(content_type=None)
+        except (ValueError, RecursionError):  # RecursionError: nested too deeply to decode
+            raise ValueError(f"GET {url}: the answer is not JSON (is this an OpenAI-compatible server?)") from None
 
 
 async def _discover(

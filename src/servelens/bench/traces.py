@@ -103,6 +103,8 @@ def read_mooncake(path: str | Path, max_rows: int | None = None) -> list[TraceRo
                 obj = json.loads(s)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{where}: not JSON ({exc.msg})") from None
+            except RecursionError:
+                raise ValueError(f"{where}: not JSON (nested too deeply)") from None
             if not isinstance(obj, dict):
                 raise ValueError(f"{where}: expected a JSON object")
             ts = obj.get("timestamp")

@@ -1,0 +1,57 @@
+"""The bench against hostile files and servers: a clear one-line error, never a traceback."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from servelens.bench.traces import read_trace
+from servelens.cli.main import main
+
+DEEP = b"[" * 200_000 + b"]" * 200_000
+
+
+def test_trace_line_nested_too_deep_names_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "trace.jsonl"
+    path.write_bytes(b'{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [1]}\n' + DEEP + b"\n")
+    with pytest.raises(ValueError, match=r"trace\.jsonl:2: not JSON"):
+        read_trace(path, "mooncake")
+
+
+@pytest.fixture(params=[DEEP, b"<html><body>not an API</body></html>"], ids=["deep_json", "html"])
+def models_server(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A loopback HTTP server whose ``/v1/models`` answers 200 with a body that is not a model list."""
+    body: bytes = request.param
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def test_model_list_that_is_not_json_is_one_line(models_server: str, capsys: Any) -> None:
+    assert main(["bench", "--url", models_server, "--num-requests", "1", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("servelens: error: ") and err.count("\n") == 1, err
+    assert "/v1/models" in err and "not JSON" in err
