@@ -57,3 +57,14 @@ async def test_client_gone_during_a_write_is_cancelled_without_a_traceback(
         rec = await sim.wait_truth("gone")
         assert rec.outcome == "cancelled"
     assert not [r for r in caplog.records if r.name == "aiohttp.server"], "handler error logged"
+
+
+@pytest.mark.parametrize(("headers", "param"), [({"x-servelens-fault": "nope"}, "x-servelens-fault"),
+                                                ({"x-servelens-fault-delay-ms": "soon"}, "x-servelens-fault-delay-ms"),
+                                                ({"x-servelens-fault-delay-ms": "-1"}, "x-servelens-fault-delay-ms")])
+async def test_bad_fault_header_names_that_header(headers: dict[str, str], param: str) -> None:
+    body = {"model": "sim-model", "prompt": "hi", "max_tokens": 2}
+    async with run_sim(speedup=50) as sim, aiohttp.ClientSession() as s, \
+            s.post(sim.url + "/v1/completions", json=body, headers=headers) as r:
+        assert r.status == 400
+        assert json.loads(await r.read())["error"]["param"] == param

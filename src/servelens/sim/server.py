@@ -422,7 +422,8 @@ async def _handle(request: web.Request, endpoint: str) -> web.StreamResponse:
             try:
                 plan = st.faults.plan(request.headers.get(F.FAULT_HEADER), request.headers.get(F.DELAY_HEADER))
             except ValueError as exc:
-                raise BadRequest(str(exc), param=F.FAULT_HEADER) from None
+                param = F.DELAY_HEADER if F.DELAY_HEADER in str(exc) else F.FAULT_HEADER
+                raise BadRequest(str(exc), param=param) from None
         except BadRequest as exc:
             out.outcome, out.status = "invalid", exc.status
             return _error_response(exc.status, str(exc), exc.type_, rid, exc.param)
