@@ -57,3 +57,17 @@ def test_counters_that_decreased_are_a_one_line_error(scrapes: tuple[Path, Path,
     assert rc == 2 and out == ""
     assert err.startswith("servelens: error: counters decreased between the two scrapes") and err.count("\n") == 1
     assert "swapped" in err and "restarted" in err
+
+
+def test_isl_buckets_that_do_not_match_the_server_are_a_one_line_error(scrapes: tuple[Path, Path, Path]) -> None:
+    _, after, _ = scrapes
+    rc, out, err = _run(["report", "--metrics", str(after), "--isl-buckets", "100,200"])
+    assert rc == 2 and out == ""
+    assert err.count("\n") == 1
+    assert "0-512, 513-1024, 1025-2048, 2049+" in err and "--isl-buckets 512,1024,2048" in err
+    # the server's own buckets without --isl-buckets, or matching boundaries
+    for extra in ([], ["--isl-buckets", "512,1024,2048"]):
+        rc, out, err = _run(["report", "--metrics", str(after), "--format", "csv", *extra])
+        assert rc == 0, err
+        assert [line.split(",")[0] for line in out.splitlines()[1:4]] == ["0-512", "513-1024", "1025-2048"]
+        assert "101-200" not in out

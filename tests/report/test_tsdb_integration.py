@@ -199,6 +199,7 @@ def test_bad_input_is_one_line(fed: Fed, server: str) -> None:
     for argv, message in (
         (["--window", "5q"], "duration"),
         (["--metrics-prefix", "nothing_here"], "has no nothing_here_request_duration_by_isl_seconds_count"),
+        (["--isl-buckets", "100,200"], f"does not match the server's ISL buckets ({', '.join(BUCKETS.labels)})"),
     ):
         err = io.StringIO()
         with redirect_stderr(err), redirect_stdout(io.StringIO()):

@@ -12,7 +12,7 @@ import math
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,7 +133,7 @@ def report_from_metrics(
 ) -> Report:
     """Rows from a scrape (since-start counts) or from ``source - before`` (two scrapes), with
     ``histogram_quantile`` interpolation. ``buckets`` (optional) lists buckets the server may not
-    have exported yet, as empty rows.
+    have exported yet, as empty rows; it must cover the server's labels (:func:`check_buckets_match`).
 
     Raises ValueError when a source cannot be read or parsed, or has no by-ISL families of
     ``names`` (wrong ``--metrics-prefix``, or bucketing off).
@@ -147,11 +147,26 @@ def report_from_metrics(
             + (f" for model {model!r}" if model else "")
             + " (check --metrics-prefix and that the server exports ISL buckets)"
         )
+    if buckets is not None:
+        check_buckets_match(per_bucket, buckets)
     rows = rows_from_histograms(per_bucket, all_h)
     if buckets is not None:
         rows = _with_empty_buckets(rows, buckets)
     desc = f"/metrics {source}" + (f" minus {before}" if before else " (since start)")
     return Report(tuple(rows), (), desc)
+
+
+def check_buckets_match(server_labels: Iterable[str], buckets: IslBuckets) -> None:
+    """Raise ValueError (one line naming the server's buckets and boundaries) when the server
+    exports an ``isl_bucket`` label that ``buckets`` (the user's ``--isl-buckets``) does not have.
+    A server exporting a subset of ``buckets`` is fine (the rest show as empty rows)."""
+    have = sorted(set(server_labels), key=label_sort_key)
+    if not set(have) <= set(buckets.labels):
+        uppers = [label.split("-", 1)[1] for label in have if "-" in label]
+        raise ValueError(
+            f"--isl-buckets {buckets.spec} does not match the server's ISL buckets ({', '.join(have)}); "
+            f"pass --isl-buckets {','.join(uppers)} or leave it out to use the server's"
+        )
 
 
 def _empty_row(label: str) -> BucketRow:
@@ -270,7 +285,8 @@ def report_from_prometheus(
     also p95 TTFT per bucket over ``[end_s - range_s, end_s]``
     (``query_range``).
 
-    ``buckets`` None: discover the bucket labels on the server (ordered numerically).
+    ``buckets`` None: discover the bucket labels on the server (ordered numerically); an
+    :class:`IslBuckets` must cover the server's labels (:func:`check_buckets_match`).
     Raises ValueError (a bad URL or window, an unreachable server, a rejected query).
     """
     parse_duration_s(window)  # a bad window is a one-line error before any query
@@ -286,6 +302,8 @@ def report_from_prometheus(
                 + " (check --metrics-prefix and the scrape config)"
             )
     else:
+        if isinstance(buckets, IslBuckets):
+            check_buckets_match(discover_buckets(client, names, model), buckets)
         labels = buckets.labels if isinstance(buckets, IslBuckets) else tuple(buckets)
     by_bucket = exact_counts(client, f"{names.duration_by_isl}_count", m, window, at)
     total = exact_counts(client, f"{names.duration}_count", m, window, at, by=None)
