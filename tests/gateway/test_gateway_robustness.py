@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -292,3 +293,51 @@ async def test_measured_request_keeps_its_query_string(fake: ScriptedUpstream, h
         assert requests_total(gw.metrics, model=FAKE_MODEL, status="success") == 2
     assert [r.path for r in fake.completions()] == ["/v1/chat/completions"] * 2
     assert [r.query for r in fake.completions()] == ["api-version=2024-06-01&x=a%2Fb"] * 2
+
+
+async def test_passthrough_client_gone_during_a_write_is_not_a_handler_error(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a write to a client connection already closing raises ConnectionResetError before aiohttp
+    # cancels the handler (seen under load): the passthrough let it escape (a logged traceback
+    # and an attempted 500 on the dead connection)
+    body = b'{"object":"list","data":[{"id":"fake-model","object":"model"}]}'
+
+    async def upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # plain asyncio (not aiohttp), so the patched aiohttp write below only hits the gateway
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                await reader.readexactly(length)
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                             % len(body) + body)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    server = await asyncio.start_server(upstream, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+
+    async def gone(self: web.StreamResponse, data: bytes) -> None:
+        raise aiohttp.ClientConnectionResetError("Cannot write to closing transport")
+
+    try:
+        async with run_gateway(f"http://127.0.0.1:{port}") as gw:
+            monkeypatch.setattr(web.StreamResponse, "write", gone)
+            caplog.set_level(logging.ERROR, logger="aiohttp.server")
+            reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+            writer.write(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+            await writer.drain()
+            answer = await asyncio.wait_for(reader.read(), 5.0)  # the gateway closes the connection
+            writer.close()
+            await writer.wait_closed()
+            monkeypatch.undo()
+            assert b" 500 " not in answer.split(b"\r\n", 1)[0]
+            assert not [r for r in caplog.records if r.name == "aiohttp.server"], "handler error logged"
+    finally:
+        server.close()
+        await server.wait_closed()

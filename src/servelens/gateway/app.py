@@ -327,6 +327,9 @@ class Gateway:
                 await resp.write(data)
             await resp.write_eof()
             return resp
+        except ConnectionError:  # the client went away (a write failed)
+            request_gone(request)
+            return resp
         finally:
             up.close()
 
