@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import logging
 import threading
@@ -341,3 +342,36 @@ async def test_passthrough_client_gone_during_a_write_is_not_a_handler_error(
     finally:
         server.close()
         await server.wait_closed()
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/embeddings"])
+async def test_gzip_request_body_is_forwarded_decoded(fake: ScriptedUpstream, http: aiohttp.ClientSession,
+                                                      path: str) -> None:
+    # aiohttp decodes a gzip request body for the gateway; the header went upstream with the
+    # decoded bytes, so the upstream failed to decode them again
+    plain = json.dumps(chat()).encode()
+    async with run_gateway(fake.url) as gw, http.post(
+        gw.url + path, data=gzip.compress(plain),
+        headers={"Content-Type": "application/json", "Content-Encoding": "gzip"},
+    ) as r:
+        assert r.status == 200
+        await r.read()
+    (got,) = [q for q in fake.requests if q.path == path]
+    assert got.body == plain
+    assert "content-encoding" not in {k.lower() for k in got.headers}
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/embeddings"])
+async def test_request_body_that_cannot_be_decoded_is_400(fake: ScriptedUpstream, http: aiohttp.ClientSession,
+                                                          path: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.ERROR, logger="aiohttp.server")
+    async with run_gateway(fake.url) as gw:
+        async with http.post(gw.url + path, data=json.dumps(chat()).encode(),
+                             headers={"Content-Type": "application/json", "Content-Encoding": "gzip"}) as r:
+            assert r.status == 400
+            assert_openai_error(await r.read(), "invalid_body")
+        if path == "/v1/chat/completions":
+            assert requests_total(gw.metrics, model="unknown_model", error_type="validation") == 1
+            assert requests_total(gw.metrics) == 1 and inflight(gw.metrics) == 0
+    assert not [q for q in fake.requests if q.path == path]
+    assert not [r for r in caplog.records if r.name == "aiohttp.server"], "error logged"

@@ -10,12 +10,13 @@ Routes:
 * ``GET /metrics`` (Prometheus text), ``GET /health`` (the gateway), ``GET /ready`` (every
   upstream answers ``/v1/models`` with a status below 500).
 
-Request and response headers are forwarded except hop-by-hop ones; ``Authorization`` passes
+Request and response headers are forwarded except hop-by-hop ones (and a request's
+``Content-Encoding``: aiohttp decodes the body, which goes upstream decoded); ``Authorization`` passes
 through and is never logged. Measured requests ask the upstream for an uncompressed body.
 
 Outcomes, counted once each in ``requests_total`` (Dynamo's ``error_type`` vocabulary):
-invalid JSON (nesting too deep included), a missing ``model`` or a ``stream`` that is not a
-boolean -> 400 ``validation``; body over ``max_body_bytes`` -> 413
+a body that cannot be read (bad ``Content-Encoding``), invalid JSON (nesting too deep included),
+a missing ``model`` or a ``stream`` that is not a boolean -> 400 ``validation``; body over ``max_body_bytes`` -> 413
 ``validation``; unknown model -> 404 ``not_found`` under ``model="unknown_model"`` (502
 ``unavailable`` there when the upstream's model list cannot be fetched); upstream unreachable ->
 502 ``unavailable``; no response headers (or body, for unary) within ``response_timeout_s``, or
@@ -72,7 +73,8 @@ HOP_BY_HOP = frozenset(
         "te", "trailer", "trailers", "transfer-encoding", "upgrade",
     }
 )
-_REQ_DROP = HOP_BY_HOP | {"host", "content-length", "expect"}
+# aiohttp hands the gateway a request body already decoded (gzip, deflate, br): it goes upstream as is
+_REQ_DROP = HOP_BY_HOP | {"host", "content-length", "expect", "content-encoding"}
 _RESP_DROP = HOP_BY_HOP | {"content-length"}
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -293,6 +295,8 @@ class Gateway:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return self._too_large()
+        except web.RequestPayloadError as exc:
+            return self._unreadable(request, exc)
         upstream = self.config.upstream or self.config.upstreams[0]
         if body and len(self.config.upstreams) > 1:
             with contextlib.suppress(msgspec.DecodeError):
@@ -348,6 +352,14 @@ class Gateway:
             "request_too_large",
         )
 
+    @staticmethod
+    def _unreadable(request: web.Request, exc: web.RequestPayloadError) -> web.Response:
+        """The request body could not be read (a bad Content-Encoding, a broken chunked body)."""
+        request.content.feed_eof()  # else aiohttp reads the broken body again after the reply and logs it
+        cause = exc.__cause__
+        why = getattr(cause, "message", None) or str(cause or exc)
+        return openai_error(400, f"cannot read the request body: {why}", "invalid_request_error", "invalid_body")
+
     async def _measured(self, request: web.Request, endpoint: str) -> web.StreamResponse:
         arrival_ns = _now()
         state = self.metrics.state
@@ -356,6 +368,9 @@ class Gateway:
         except web.HTTPRequestEntityTooLarge:
             self._rejected(endpoint, "unary", "validation")
             return self._too_large()
+        except web.RequestPayloadError as exc:
+            self._rejected(endpoint, "unary", "validation")
+            return self._unreadable(request, exc)
         except (asyncio.CancelledError, ConnectionError):
             # the client went away while sending its body: counted once, model unknown
             self._rejected(endpoint, "unary", "cancelled")
