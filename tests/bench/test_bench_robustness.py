@@ -55,3 +55,11 @@ def test_model_list_that_is_not_json_is_one_line(models_server: str, capsys: Any
     err = capsys.readouterr().err
     assert err.startswith("servelens: error: ") and err.count("\n") == 1, err
     assert "/v1/models" in err and "not JSON" in err
+
+
+@pytest.mark.parametrize("fmt", [None, "mooncake", "azure"])
+def test_trace_that_is_not_utf8_names_the_file(tmp_path: Path, fmt: str | None) -> None:
+    path = tmp_path / "trace.bin"
+    path.write_bytes(b'{"timestamp": 0, "input_length": 10, "output_length": 5}\n\xff\xfe\x00junk\n')
+    with pytest.raises(ValueError, match=r"trace\.bin.*not UTF-8 text"):
+        read_trace(path, fmt)

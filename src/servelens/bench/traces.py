@@ -175,13 +175,16 @@ def read_trace(path: str | Path, fmt: str | None = None, max_rows: int | None = 
     Rows come back sorted by offset (stable). Raises ValueError for an unknown format or bad rows,
     OSError when the file cannot be read.
     """
-    fmt = fmt or detect_format(path)
-    if fmt == "mooncake":
-        rows = read_mooncake(path, max_rows)
-    elif fmt == "azure":
-        rows = read_azure(path, max_rows)
-    else:
-        raise ValueError(f"unknown trace format {fmt!r}; expected one of {', '.join(TRACE_FORMATS)}")
+    try:
+        fmt = fmt or detect_format(path)
+        if fmt == "mooncake":
+            rows = read_mooncake(path, max_rows)
+        elif fmt == "azure":
+            rows = read_azure(path, max_rows)
+        else:
+            raise ValueError(f"unknown trace format {fmt!r}; expected one of {', '.join(TRACE_FORMATS)}")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"trace {path} is not UTF-8 text ({exc.reason})") from None
     if not rows:
         raise ValueError(f"trace {path} has no requests")
     rows.sort(key=lambda r: r.offset_ns)
