@@ -68,3 +68,13 @@ async def test_bad_fault_header_names_that_header(headers: dict[str, str], param
             s.post(sim.url + "/v1/completions", json=body, headers=headers) as r:
         assert r.status == 400
         assert json.loads(await r.read())["error"]["param"] == param
+
+
+async def test_body_that_cannot_be_decoded_is_400(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.ERROR, logger="aiohttp.server")
+    body = json.dumps({"model": "sim-model", "prompt": "hi", "max_tokens": 2}).encode()
+    async with run_sim(speedup=50) as sim, aiohttp.ClientSession() as s, \
+            s.post(sim.url + "/v1/completions", data=body, headers={"Content-Encoding": "gzip"}) as r:
+        assert r.status == 400
+        assert "content-encoding" in json.loads(await r.read())["error"]["message"].lower()
+    assert not [r for r in caplog.records if r.name == "aiohttp.server"], "error logged"

@@ -413,7 +413,12 @@ async def _handle(request: web.Request, endpoint: str) -> web.StreamResponse:
     stream = False
     try:
         try:
-            raw = await request.read()
+            try:
+                raw = await request.read()
+            except web.RequestPayloadError as exc:  # e.g. a Content-Encoding the body does not match
+                request.content.feed_eof()  # else aiohttp reads the broken body again and logs it
+                why = getattr(exc.__cause__, "message", None) or str(exc.__cause__ or exc)
+                raise BadRequest(f"cannot read the request body: {why}") from None
             try:
                 obj = decode_json(raw)  # DecodeError also for nesting too deep
             except msgspec.DecodeError:
