@@ -375,3 +375,31 @@ async def test_request_body_that_cannot_be_decoded_is_400(fake: ScriptedUpstream
             assert requests_total(gw.metrics) == 1 and inflight(gw.metrics) == 0
     assert not [q for q in fake.requests if q.path == path]
     assert not [r for r in caplog.records if r.name == "aiohttp.server"], "error logged"
+
+
+async def test_client_error_naming_stream_options_does_not_stop_usage_injection(http: aiohttp.ClientSession) -> None:
+    # a validation error can echo the whole request (pydantic's input_value), injected
+    # stream_options included: one bad client request must not turn injection off for everyone
+    seen: list[dict[str, Any]] = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        obj = json.loads(await request.read())
+        seen.append(obj)
+        if "tool_choice" in obj and "tools" not in obj:
+            return web.json_response({"error": {"message": f"Value error, tool_choice needs tools "
+                                                f"[input_value={json.dumps(obj)}]", "type": "BadRequestError",
+                                                "param": None, "code": 400}}, status=400)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(LAST)
+        await resp.write_eof()
+        return resp
+
+    async with raw_upstream(handler) as url, run_gateway(url) as gw:
+        status, got = await post(http, gw.url, json.dumps(chat(stream=True, tool_choice="auto")).encode())
+        assert status == 400 and b"tool_choice needs tools" in got  # the client's error, relayed
+        status, _ = await post(http, gw.url, json.dumps(chat(stream=True)).encode())
+        assert status == 200
+        await gw.gateway.wait_finished(2)
+    # the good request still got usage (continuous) injected
+    assert seen[-1]["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}

@@ -630,23 +630,34 @@ class Gateway:
         self, obj: dict[str, Any], body: bytes, upstream: str, url: URL, headers: CIMultiDict[str],
         inj: Injection, learn: bool, up: aiohttp.ClientResponse,
     ) -> tuple[Injection, bool, aiohttp.ClientResponse]:
-        """An upstream rejected what we added (400 naming the field): learn it and resend once."""
+        """An upstream rejected what we added (400 naming the field): resend once without it, and
+        learn that only when the resent request is not rejected too (a 400 for another reason can
+        name the field, e.g. a validation error echoing the whole request)."""
         try:
             async with asyncio.timeout(self.config.response_timeout_s):
                 text = await up.read()
         except (aiohttp.ClientError, OSError, TimeoutError):
             return inj, learn, up
+        flags: dict[str, bool]
         if inj.continuous and b"continuous_usage_stats" in text:
-            self.continuous_ok[upstream] = False
-            log.info("upstream %s rejects continuous_usage_stats; not sending it again", upstream)
+            flags, field = self.continuous_ok, "continuous_usage_stats"
         elif b"stream_options" in text or b"include_usage" in text:
-            self.stream_options_ok[upstream] = False
-            log.info("upstream %s rejects stream_options; token counts only when clients ask", upstream)
+            flags, field = self.stream_options_ok, "stream_options"
         else:
             return inj, learn, up  # a genuine client error: relay it (body already read, still readable)
         up.close()
+        before = flags.get(upstream)
+        flags[upstream] = False
         inj, learn = self._plan(obj, body, upstream)
-        return inj, learn, await self._send(url, inj.body, headers)
+        retry = await self._send(url, inj.body, headers)
+        if retry.status == 400:  # rejected without the field too: it was not the cause
+            if before is None:
+                flags.pop(upstream, None)
+            else:
+                flags[upstream] = before
+        else:
+            log.info("upstream %s rejects %s; not sending it again", upstream, field)
+        return inj, learn, retry
 
     async def _relay(
         self, request: web.Request, out: _Outcome, up: aiohttp.ClientResponse, meter: StreamMeter
