@@ -349,6 +349,8 @@ async def test_plain_endpoints_and_passthrough(fake: ScriptedUpstream, http: aio
             assert r.status == 200 and r.headers["X-Echo"] == "1"
             assert await r.json() == {"path": "/v1/embeddings", "query": "x=1", "len": 3}
         assert fake.requests[-1].headers["Authorization"] == "Bearer k"
+        async with http.post(gw.url + "/tokenize", data=b"ab") as r:  # the engine's non-/v1 paths too
+            assert r.status == 200 and await r.json() == {"path": "/tokenize", "query": "", "len": 2}
         async with http.get(gw.url + "/metrics") as r:
             text = await r.text()
             assert r.status == 200 and r.headers["Content-Type"].startswith("text/plain")

@@ -203,6 +203,9 @@ class Gateway:
         app.router.add_get("/health", self.health)
         app.router.add_get("/ready", self.ready)
         app.router.add_route("*", "/v1/{tail:.*}", self.passthrough)
+        # the engine's other endpoints (vLLM's /tokenize, /detokenize, /version, ...): relayed too, so
+        # the gateway stays invisible; the gateway's own /metrics, /health and /ready take precedence
+        app.router.add_route("*", "/{tail:.*}", self.passthrough)
         app.cleanup_ctx.append(self._lifecycle)
         return app
 
@@ -290,7 +293,8 @@ class Gateway:
         return web.json_response({"object": "list", "data": data})
 
     async def passthrough(self, request: web.Request) -> web.StreamResponse:
-        """Any other ``/v1/*`` request: forwarded unmeasured (routed by ``model`` when mapped)."""
+        """Any other request (``/v1/*`` and the engine's own paths): forwarded unmeasured (routed by
+        ``model`` when mapped)."""
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:

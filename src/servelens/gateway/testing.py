@@ -227,6 +227,7 @@ class ScriptedUpstream:
         app.router.add_post("/v1/chat/completions", self._complete)
         app.router.add_post("/v1/completions", self._complete)
         app.router.add_route("*", "/v1/{tail:.*}", self._echo)
+        app.router.add_route("*", "/tokenize", self._echo)  # an engine's own non-/v1 endpoint (vLLM has it)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
