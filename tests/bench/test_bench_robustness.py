@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +10,7 @@ import pytest
 
 from servelens.bench.traces import read_trace
 from servelens.cli.main import main
+from servelens.testing.static import serve_static
 
 DEEP = b"[" * 200_000 + b"]" * 200_000
 
@@ -26,28 +25,8 @@ def test_trace_line_nested_too_deep_names_the_line(tmp_path: Path) -> None:
 @pytest.fixture(params=[DEEP, b"<html><body>not an API</body></html>"], ids=["deep_json", "html"])
 def models_server(request: pytest.FixtureRequest) -> Iterator[str]:
     """A loopback HTTP server whose ``/v1/models`` answers 200 with a body that is not a model list."""
-    body: bytes = request.param
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+    with serve_static(request.param) as url:
+        yield url
 
 
 def test_model_list_that_is_not_json_is_one_line(models_server: str, capsys: Any) -> None:
