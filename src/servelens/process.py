@@ -121,7 +121,8 @@ class ServerProcess:
                 log.close()
 
     def stop(self, grace_s: float = 5.0) -> int | None:
-        """SIGTERM the child (its whole process group), SIGKILL after ``grace_s``; returns its status."""
+        """SIGTERM the child (its whole process group), SIGKILL after ``grace_s``; returns its status
+        (None if it has still not exited). Never raises."""
         proc = self.proc
         if proc is None:
             return None
@@ -133,7 +134,9 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=grace_s)
+                # never raise from here (it would mask the error that made us stop the child)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=grace_s)
         if self._pump is not None:
             self._pump.join(timeout=2)
         return proc.returncode
