@@ -96,3 +96,19 @@ async def test_user_errors(upstream: Upstream) -> None:
         BenchConfig(url=upstream.url, endpoint="embeddings")
     with pytest.raises(ValueError, match="uniform"):
         BenchConfig(url=upstream.url, isl="uniform:3")
+
+
+async def test_interrupted_run_keeps_finished_requests(upstream: Upstream, tmp_path: Path) -> None:
+    import asyncio
+
+    upstream.gap_s = 0.01
+    task = asyncio.create_task(run_bench(BenchConfig(url=upstream.url, isl="50", osl="4", num_requests=500,
+                                                     concurrency=1, output_dir=str(tmp_path))))
+    async with asyncio.timeout(30):  # wait until a few requests went through, then "Ctrl-C"
+        while len(upstream.bodies) < 5:
+            await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    kept = load_results(tmp_path / "results.jsonl")
+    assert 3 <= len(kept) < 500 and all(r.ok for r in kept)

@@ -503,6 +503,10 @@ async def run_bench(config: BenchConfig) -> BenchResult:
                 workers = min(cap or 1, len(items))
                 ramp = config.ramp_up_s if config.ramp_up_s is not None else min(2.0, workers * 0.001)
                 await _closed_loop(len(items), one, workers, stop_ns, ramp)
+        except asyncio.CancelledError:  # Ctrl-C: keep what finished (servelens report --results reads it)
+            if config.output_dir:
+                write_results(Path(config.output_dir) / RESULTS_FILE, [r for r in records if r is not None])
+            raise
         finally:
             client_cpu_s = time.process_time() - cpu_start
             lag_report = await lag.stop()

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+from pathlib import Path
 
+from servelens.bench.results import RESULTS_FILE
 from servelens.bench.runner import BenchConfig, print_result, run_bench_sync
 from servelens.bench.traces import PACKAGED_TRACES, TRACE_FORMATS, packaged_trace
 from servelens.core.buckets import DEFAULT_ISL_BOUNDARIES
@@ -123,6 +126,14 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 def run(args: argparse.Namespace) -> int:
     """Run the bench and print the table; exit 0 (1 when every request failed)."""
-    result = run_bench_sync(config_from_args(args))
+    config = config_from_args(args)
+    try:
+        result = run_bench_sync(config)
+    except KeyboardInterrupt:
+        if config.output_dir and (Path(config.output_dir) / RESULTS_FILE).exists():
+            print(f"servelens: interrupted; the requests that finished are in {Path(config.output_dir) / RESULTS_FILE}"
+                  f" (servelens report --results {config.output_dir})", file=sys.stderr)
+            return 130
+        raise
     print_result(result)
     return 1 if result.records and result.errors == len(result.records) else 0
