@@ -76,12 +76,17 @@ def test_finish_is_idempotent_and_counts_once() -> None:
     assert st.models["m"].inflight == 0
 
 
-def test_unknown_model_counts_only_requests_total() -> None:
+def test_unknown_model_counts_requests_total_and_duration_only() -> None:
     st = make()
     r = st.begin("nope", "chat_completions", "unary", 0)
     assert r.model == "unknown_model"
-    r.finish(1, "error", "not_found")
-    assert st.unknown_requests == {("chat_completions", "unary", "error", "not_found"): 1}
+    r.finish(3 * MS, "error", "not_found")
+    st.count_unknown_model("completions", "stream", "validation", duration_s=0.5)
+    st.count_unknown_model("completions", "stream", "validation")  # no duration known
+    assert st.unknown_requests == {("chat_completions", "unary", "error", "not_found"): 1,
+                                   ("completions", "stream", "error", "validation"): 2}
+    assert st.unknown_duration is not None and st.unknown_duration.count == 2  # as Dynamo records them
+    assert st.unknown_duration.sum == pytest.approx(0.503)
     assert "nope" not in st.models
     assert st.models["m"].inflight == 0
 

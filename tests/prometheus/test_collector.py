@@ -112,6 +112,8 @@ def test_requests_total_and_inflight_values() -> None:
            for s in fams["servelens_requests"] if s.name.endswith("_total")}
     assert req == {("m", "success", ""): 1, ("unknown_model", "error", "not_found"): 1}
     assert [s.value for s in fams["servelens_output_tokens"] if s.name.endswith("_total")] == [3]
+    dur = {s.labels["model"]: s.value for s in fams["servelens_request_duration_seconds"] if s.name.endswith("_count")}
+    assert dur == {"m": 1, "unknown_model": 1}  # Dynamo also records unknown-model durations
     itl = {s.name: s.value for s in fams["servelens_inter_token_latency_by_isl_seconds"]
            if s.labels["isl_bucket"] == "513-1024" and not s.name.endswith("_bucket")}
     assert itl["servelens_inter_token_latency_by_isl_seconds_count"] == 2

@@ -122,6 +122,8 @@ class FrontendState:
         self.lock = threading.Lock()
         self.models: dict[str, ModelState] = {}
         self.unknown_requests: dict[tuple[str, str, str, str], int] = {}
+        self.unknown_duration: HistogramState | None = None
+        """Durations of requests counted under ``unknown_model`` (created on the first one)."""
         self.disconnected_clients = 0
 
     def register_model(self, name: str) -> ModelState:
@@ -170,11 +172,21 @@ class FrontendState:
                 ms.inflight += 1
         return LiveRequest(self, ms, endpoint, request_type, arrival_ns, keep_itl_values)
 
-    def count_unknown_model(self, endpoint: str, request_type: str, error_type: str = "not_found") -> None:
-        """Count one failed request naming an unknown model under ``model="unknown_model"``."""
+    def count_unknown_model(
+        self, endpoint: str, request_type: str, error_type: str = "not_found", duration_s: float | None = None
+    ) -> None:
+        """Count one failed request naming an unknown model under ``model="unknown_model"``; its duration
+        (seconds), when given, goes to the stock duration histogram under that label (Dynamo does both)."""
         key = (endpoint, request_type, ERROR, check_error_type(error_type))
         with self.lock:
             self.unknown_requests[key] = self.unknown_requests.get(key, 0) + 1
+            if duration_s is not None:
+                self._observe_unknown_duration(duration_s)
+
+    def _observe_unknown_duration(self, duration_s: float) -> None:
+        if self.unknown_duration is None:
+            self.unknown_duration = HistogramState(self.edges.duration_s)
+        self.unknown_duration.observe(duration_s)
 
     def client_disconnected(self) -> None:
         """Count a client that went away before its response was complete."""
@@ -306,6 +318,7 @@ class LiveRequest:
         if ms is None:
             with state.lock:
                 state.unknown_requests[key] = state.unknown_requests.get(key, 0) + 1
+                state._observe_unknown_duration(rec.duration_s)
             return rec
         got_output = rec.first_output_ns is not None or (self.request_type == "unary" and status == SUCCESS)
         with state.lock:

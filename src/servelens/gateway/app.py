@@ -370,14 +370,14 @@ class Gateway:
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            self._rejected(endpoint, "unary", "validation")
+            self._rejected(endpoint, "unary", "validation", arrival_ns)
             return self._too_large()
         except web.RequestPayloadError as exc:
-            self._rejected(endpoint, "unary", "validation")
+            self._rejected(endpoint, "unary", "validation", arrival_ns)
             return self._unreadable(request, exc)
         except (asyncio.CancelledError, ConnectionError):
             # the client went away while sending its body: counted once, model unknown
-            self._rejected(endpoint, "unary", "cancelled")
+            self._rejected(endpoint, "unary", "cancelled", arrival_ns)
             state.client_disconnected()
             raise
         try:
@@ -385,33 +385,33 @@ class Gateway:
         except msgspec.DecodeError:
             obj = None
         if not isinstance(obj, dict):
-            self._rejected(endpoint, "unary", "validation")
+            self._rejected(endpoint, "unary", "validation", arrival_ns)
             return openai_error(400, "request body must be a JSON object", "invalid_request_error", "invalid_json")
         stream = obj.get("stream")
         if stream is not None and not isinstance(stream, bool):
             # an upstream may coerce "true" or 1 to a stream (pydantic does) that would then be
             # read as a unary answer: reject it, as the OpenAI API does
-            self._rejected(endpoint, "unary", "validation")
+            self._rejected(endpoint, "unary", "validation", arrival_ns)
             return openai_error(400, f"'stream' must be a boolean, got {type(stream).__name__}",
                                 "invalid_request_error", "invalid_type", "stream")
         stream = stream is True
         request_type = "stream" if stream else "unary"
         model = obj.get("model")
         if not isinstance(model, str) or not model:
-            self._rejected(endpoint, request_type, "validation")
+            self._rejected(endpoint, request_type, "validation", arrival_ns)
             return openai_error(400, "'model' is required (a string)", "invalid_request_error", "missing_model")
         try:
             upstream = await self.router.resolve(model, self.session)  # awaits only for unknown names
         except asyncio.CancelledError:
-            self._rejected(endpoint, request_type, "cancelled")
+            self._rejected(endpoint, request_type, "cancelled", arrival_ns)
             state.client_disconnected()
             raise
         if upstream is None:
             if self.router.upstream_down:
-                self._rejected(endpoint, request_type, "unavailable")
+                self._rejected(endpoint, request_type, "unavailable", arrival_ns)
                 return openai_error(502, "upstream unreachable: cannot list its models", "server_error",
                                     "upstream_unavailable")
-            self._rejected(endpoint, request_type, "not_found")
+            self._rejected(endpoint, request_type, "not_found", arrival_ns)
             return openai_error(404, f"The model '{model}' does not exist.", "invalid_request_error",
                                 "model_not_found")
         live = self.metrics.begin(model, endpoint, request_type, arrival_ns)
@@ -485,9 +485,11 @@ class Gateway:
             self._finished_event = None
             ev.set()
 
-    def _rejected(self, endpoint: str, request_type: str, error_type: str) -> None:
-        """Count a request that failed before its model was known (``model="unknown_model"``)."""
-        self.metrics.state.count_unknown_model(endpoint, request_type, error_type)
+    def _rejected(self, endpoint: str, request_type: str, error_type: str, arrival_ns: int) -> None:
+        """Count a request that failed before its model was known (``model="unknown_model"``), with its
+        duration, as Dynamo's frontend does."""
+        self.metrics.state.count_unknown_model(endpoint, request_type, error_type,
+                                               duration_s=max(0, _now() - arrival_ns) / 1e9)
         self._counted()
 
     def _finish(self, live: LiveRequest, out: _Outcome, end_ns: int | None = None) -> None:
