@@ -3,10 +3,8 @@ served over HTTP on 127.0.0.1, fed with synthetic requests whose exact values ar
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 
@@ -14,6 +12,7 @@ from servelens.core.buckets import IslBuckets
 from servelens.core.summary import RequestSample
 from servelens.core.timing import NS_PER_S
 from servelens.prometheus.frontend import FrontendMetrics
+from servelens.testing.static import serve_static
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -24,32 +23,8 @@ def serve_metrics(metrics: FrontendMetrics) -> Iterator[str]:
 
     Yields the metrics URL; the server thread is shut down on exit.
     """
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            if self.path.split("?")[0] != "/metrics":
-                self.send_error(404)
-                return
-            body = metrics.exposition()
-            self.send_response(200)
-            self.send_header("Content-Type", CONTENT_TYPE)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: object) -> None:  # quiet
-            return
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, name="servelens-test-exporter", daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+    with serve_static(metrics.exposition, CONTENT_TYPE, path="/metrics") as base:
+        yield base + "/metrics"
 
 
 def synthetic_samples(

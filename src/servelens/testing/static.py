@@ -1,27 +1,37 @@
-"""A loopback HTTP server that answers every GET with the same bytes (for error-path tests)."""
+"""A loopback HTTP server that answers GETs with fixed (or freshly computed) bytes, for tests."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 @contextmanager
-def serve_static(body: bytes, content_type: str = "application/json", status: int = 200) -> Iterator[str]:
-    """Serve ``body`` with ``status`` to every GET on ``http://127.0.0.1:PORT`` (a free port).
+def serve_static(
+    body: bytes | Callable[[], bytes],
+    content_type: str = "application/json",
+    status: int = 200,
+    path: str | None = None,
+) -> Iterator[str]:
+    """Serve ``body`` (bytes, or a callable called per request) with ``status`` to every GET on
+    ``http://127.0.0.1:PORT`` (a free port); with ``path``, other paths get a 404.
 
     Yields the base URL (no trailing slash); the server thread is stopped on exit.
     """
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            if path is not None and self.path.split("?")[0] != path:
+                self.send_error(404)
+                return
+            data = body() if callable(body) else body
             self.send_response(status)
             self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Content-Length", str(len(data)))
             self.end_headers()
-            self.wfile.write(body)
+            self.wfile.write(data)
 
         def log_message(self, format: str, *args: object) -> None:  # quiet
             return
