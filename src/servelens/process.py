@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import selectors
 import signal
 import subprocess
@@ -22,7 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-_READY = re.compile(r"^servelens (\w+) listening on (http://\S+)\s*$")
+from servelens.serving import READY_RE
 
 
 class ServerStartError(RuntimeError):
@@ -86,7 +85,7 @@ class ServerProcess:
                     raw, buf = buf.split(b"\n", 1)
                     line = raw.decode(errors="replace")
                     seen.append(line)
-                    m = _READY.match(line)
+                    m = READY_RE.match(line)
                     if m:
                         self.url = m.group(2).rstrip("/")
         except BaseException:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
 from typing import Any
 
+from servelens.serving import serve_until_signal
 from servelens.sim.faults import FAULT_MODES, parse_modes
 from servelens.sim.model import ModelParams
 from servelens.sim.presets import DEFAULT_PRESET, PRESETS
@@ -76,15 +76,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
 
 async def _serve(config: SimConfig) -> None:
     server = await start_server(config)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    print(f"servelens sim listening on {server.url}", flush=True)
-    try:
-        await stop.wait()
-    finally:
-        await server.stop()
+    await serve_until_signal("sim", server.url, server.stop)
 
 
 def run(args: argparse.Namespace) -> int:

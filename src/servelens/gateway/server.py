@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import signal
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +11,7 @@ from aiohttp import web
 from servelens.gateway.app import Gateway
 from servelens.gateway.config import GatewayConfig
 from servelens.prometheus import FrontendMetrics
+from servelens.serving import serve_until_signal
 
 
 @dataclass(frozen=True)
@@ -64,18 +63,7 @@ async def start_gateway(config: GatewayConfig, metrics: FrontendMetrics | None =
 async def serve_forever(config: GatewayConfig) -> None:
     """Run until SIGTERM/SIGINT; print ``servelens gateway listening on URL`` once ready."""
     running = await start_gateway(config)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    print(f"servelens gateway listening on {running.url}", flush=True)
-    try:
-        await stop.wait()
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
-        await running.close()
-        sys.stdout.flush()
+    await serve_until_signal("gateway", running.url, running.close)
 
 
 def run(config: GatewayConfig, use_uvloop: bool = True) -> None:
