@@ -551,15 +551,19 @@ class Gateway:
         except (aiohttp.ClientError, OSError) as exc:
             raise _UpstreamFailed("unavailable", f"upstream unreachable: {type(exc).__name__}") from None
 
-    async def _error_reply(self, up: aiohttp.ClientResponse, out: _Outcome) -> web.Response:
-        """Relay an upstream error response (status, headers, body) unchanged."""
+    async def _read_body(self, up: aiohttp.ClientResponse) -> bytes:
+        """The whole upstream body within ``response_timeout_s``; raises _UpstreamFailed otherwise."""
         try:
             async with asyncio.timeout(self.config.response_timeout_s):
-                body = await up.read()
+                return await up.read()
         except TimeoutError:
             raise _UpstreamFailed("response_timeout", "upstream did not answer in time") from None
         except (aiohttp.ClientError, OSError) as exc:
             raise _UpstreamFailed("unavailable", f"upstream failed: {type(exc).__name__}") from None
+
+    async def _error_reply(self, up: aiohttp.ClientResponse, out: _Outcome) -> web.Response:
+        """Relay an upstream error response (status, headers, body) unchanged."""
+        body = await self._read_body(up)
         out.fail(error_type_for_status(up.status), up.status)
         return web.Response(status=up.status, reason=up.reason, body=body,
                             headers=forward_response_headers(up.headers))
@@ -588,13 +592,7 @@ class Gateway:
             out.upstream_request_id = up.headers.get("x-request-id")
             if up.status != 200:
                 return await self._error_reply(up, out)
-            try:
-                async with asyncio.timeout(self.config.response_timeout_s):
-                    data = await up.read()
-            except TimeoutError:
-                raise _UpstreamFailed("response_timeout", "upstream did not answer in time") from None
-            except (aiohttp.ClientError, OSError) as exc:
-                raise _UpstreamFailed("unavailable", f"upstream failed: {type(exc).__name__}") from None
+            data = await self._read_body(up)
             info = parse_response(data)
             if info.error is not None or info.malformed:
                 out.fail("backend_error", 200)
