@@ -57,7 +57,12 @@ async def test_error_mid_stream() -> None:
         assert sum(i.has_output for i in infos) == 5
         assert all(i.finish_reason is None for i in infos)
         rec = await sim.wait_truth(cap.headers["x-request-id"])
-        assert rec.outcome == "error" and rec.osl <= 6
+        # the engine's step loop runs on while the stream writer waits on the socket, so it may have
+        # generated tokens beyond the 5 sent when the fault cancels it (on a stalled machine even all
+        # 10); the truth holds every token generated up to the cancel plus at most one step in flight
+        assert rec.outcome == "error" and rec.osl >= 5
+        if rec.tokens_at_cancel is not None:
+            assert 5 <= rec.tokens_at_cancel <= rec.osl <= rec.tokens_at_cancel + 1
 
 
 async def test_reset_mid_stream_is_a_tcp_reset() -> None:
