@@ -42,7 +42,7 @@ from typing import Any
 import aiohttp
 import msgspec
 from aiohttp import web
-from multidict import CIMultiDict, CIMultiDictProxy
+from multidict import CIMultiDict, CIMultiDictProxy, MultiMapping
 from yarl import URL
 
 from servelens.core.openai import decode_json, error_body, parse_response
@@ -53,6 +53,7 @@ from servelens.gateway.models import ModelRouter
 from servelens.gateway.prompt import PromptCounter
 from servelens.gateway.relay import StreamMeter
 from servelens.gateway.requestlog import RequestLog, RequestLogEntry
+from servelens.gateway.upstream import UpstreamClient, UpstreamError, UpstreamResponse
 from servelens.gateway.usage import (
     STRIP_CONTINUOUS,
     STRIP_CONTINUOUS_NULL,
@@ -81,7 +82,7 @@ METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("servelens_gateway")
 
 
-def _dropped(headers: CIMultiDictProxy[str], base: frozenset[str]) -> frozenset[str]:
+def _dropped(headers: MultiMapping[str], base: frozenset[str]) -> frozenset[str]:
     conn = headers.get("Connection")
     if not conn:
         return base
@@ -102,7 +103,7 @@ def forward_request_headers(headers: CIMultiDictProxy[str], measured: bool) -> C
     return out
 
 
-def forward_response_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
+def forward_response_headers(headers: MultiMapping[str]) -> CIMultiDict[str]:
     """Upstream response headers to send to the client: hop-by-hop and Content-Length removed."""
     drop = _dropped(headers, _RESP_DROP)
     return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in drop)
@@ -186,6 +187,7 @@ class Gateway:
         # per upstream: sends "usage": null on chunks of an include_usage stream (None: not known yet)
         self.usage_null: dict[str, bool] = {}
         self._session: aiohttp.ClientSession | None = None
+        self._upstream: UpstreamClient | None = None
         self._urls: dict[tuple[str, str], URL] = {}
         self.finished_total = 0
         """Requests to the measured endpoints counted in ``requests_total`` so far."""
@@ -219,6 +221,8 @@ class Gateway:
             skip_auto_headers=("User-Agent", "Accept-Encoding"),
             cookie_jar=aiohttp.DummyCookieJar(),  # a proxy keeps no cookies (and skips their cost)
         )
+        # measured requests go through the gateway's own HTTP/1.1 client (see gateway.upstream)
+        self._upstream = UpstreamClient(connect_timeout_s=cfg.connect_timeout_s, read_timeout_s=cfg.read_timeout_s)
         result = await self.router.poll(self._session)
         if result is not None and not result.ok:
             log.warning("cannot list models at %s yet: %s (will retry)", cfg.upstream, result.error)
@@ -230,6 +234,7 @@ class Gateway:
             with contextlib.suppress(asyncio.CancelledError):
                 await refresher
             await self._session.close()
+            await self._upstream.close()
             if self.request_log is not None:
                 self.request_log.close()
 
@@ -239,6 +244,13 @@ class Gateway:
         if self._session is None:
             raise RuntimeError("gateway is not running")
         return self._session
+
+    @property
+    def upstream(self) -> UpstreamClient:
+        """The client of the measured requests (exists while the app runs)."""
+        if self._upstream is None:
+            raise RuntimeError("gateway is not running")
+        return self._upstream
 
     # -- plain endpoints -------------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
@@ -541,27 +553,31 @@ class Gateway:
             url = self._urls[key] = URL(upstream + path, encoded=True)
         return url
 
-    async def _send(self, url: URL, body: bytes, headers: CIMultiDict[str]) -> aiohttp.ClientResponse:
+    async def _send(self, url: URL, body: bytes, headers: CIMultiDict[str]) -> UpstreamResponse:
         """POST upstream and wait for the response headers (``response_timeout_s``)."""
         try:
             async with asyncio.timeout(self.config.response_timeout_s):
-                return await self.session.post(url, data=body, headers=headers)
+                return await self.upstream.request("POST", url, headers, body)
         except TimeoutError:
             raise _UpstreamFailed("response_timeout", "upstream did not answer in time") from None
-        except (aiohttp.ClientError, OSError) as exc:
-            raise _UpstreamFailed("unavailable", f"upstream unreachable: {type(exc).__name__}") from None
+        except UpstreamError as exc:
+            if exc.error_type == "response_timeout":
+                raise _UpstreamFailed("response_timeout", "upstream did not answer in time") from None
+            raise _UpstreamFailed("unavailable", f"upstream unreachable: {exc}") from None
 
-    async def _read_body(self, up: aiohttp.ClientResponse) -> bytes:
+    async def _read_body(self, up: UpstreamResponse) -> bytes:
         """The whole upstream body within ``response_timeout_s``; raises _UpstreamFailed otherwise."""
         try:
             async with asyncio.timeout(self.config.response_timeout_s):
                 return await up.read()
         except TimeoutError:
             raise _UpstreamFailed("response_timeout", "upstream did not answer in time") from None
-        except (aiohttp.ClientError, OSError) as exc:
-            raise _UpstreamFailed("unavailable", f"upstream failed: {type(exc).__name__}") from None
+        except UpstreamError as exc:
+            if exc.error_type == "response_timeout":
+                raise _UpstreamFailed("response_timeout", "upstream did not answer in time") from None
+            raise _UpstreamFailed("unavailable", f"upstream failed: {exc}") from None
 
-    async def _error_reply(self, up: aiohttp.ClientResponse, out: _Outcome) -> web.Response:
+    async def _error_reply(self, up: UpstreamResponse, out: _Outcome) -> web.Response:
         """Relay an upstream error response (status, headers, body) unchanged."""
         body = await self._read_body(up)
         out.fail(error_type_for_status(up.status), up.status)
@@ -632,15 +648,15 @@ class Gateway:
 
     async def _retry_without_injection(
         self, obj: dict[str, Any], body: bytes, upstream: str, url: URL, headers: CIMultiDict[str],
-        inj: Injection, learn: bool, up: aiohttp.ClientResponse,
-    ) -> tuple[Injection, bool, aiohttp.ClientResponse]:
+        inj: Injection, learn: bool, up: UpstreamResponse,
+    ) -> tuple[Injection, bool, UpstreamResponse]:
         """An upstream rejected what we added (400 naming the field): resend once without it, and
         learn that only when the resent request is not rejected too (a 400 for another reason can
         name the field, e.g. a validation error echoing the whole request)."""
         try:
             async with asyncio.timeout(self.config.response_timeout_s):
                 text = await up.read()
-        except (aiohttp.ClientError, OSError, TimeoutError):
+        except (UpstreamError, TimeoutError):
             return inj, learn, up
         flags: dict[str, bool]
         if inj.continuous and b"continuous_usage_stats" in text:
@@ -664,49 +680,76 @@ class Gateway:
         return inj, learn, retry
 
     async def _relay(
-        self, request: web.Request, out: _Outcome, up: aiohttp.ClientResponse, meter: StreamMeter
+        self, request: web.Request, out: _Outcome, up: UpstreamResponse, meter: StreamMeter
     ) -> web.StreamResponse:
-        """Relay a 200 stream chunk by chunk, measuring it on the way."""
+        """Relay a 200 stream chunk by chunk, measuring it on the way.
+
+        Each upstream read is metered and written to the client's transport inside the upstream
+        connection's callback (no task switch per chunk); reading from the upstream pauses while the
+        client's write buffer is over its high-water mark.
+        """
         resp = web.StreamResponse(status=up.status, reason=up.reason, headers=forward_response_headers(up.headers))
         strip = meter.strip != STRIP_NONE
         out.fail("cancelled", 499)  # until the stream ends one way or the other
+        if request.version >= aiohttp.HttpVersion11:
+            resp.enable_chunked_encoding()  # the sink below writes the chunk frames itself
         try:
             await resp.prepare(request)
             # aiohttp holds the headers back until the first body write; the upstream sent its
             # headers now (e.g. before a long prefill), so does the gateway
-            send_headers = getattr(getattr(resp, "_payload_writer", None), "send_headers", None)
+            writer: Any = getattr(resp, "_payload_writer", None)
+            send_headers = getattr(writer, "send_headers", None)
             if send_headers is not None:
                 send_headers()
         except ConnectionError:
             request_gone(request)
             return resp
-        write = resp.write
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            self.metrics.state.client_disconnected()
+            return resp
+        chunked = resp.chunked
+        high = transport.get_write_buffer_limits()[1]
+        write = transport.write
+        buffered = transport.get_write_buffer_size
+        closing = transport.is_closing
         feed = meter.feed
-        readany = up.content.readany
+        failure: list[BaseException] = []
+
+        def sink(data: bytes) -> bool:
+            try:
+                t = _now()
+                chunk = feed(t, data) if strip else data
+                if closing():
+                    failure.append(ConnectionResetError("the client went away"))
+                    return True
+                if chunk:
+                    write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
+                if not strip:
+                    feed(t, data)
+                return buffered() > high
+            except Exception as exc:  # a bug of ours: stop reading, let the relay coroutine report it
+                failure.append(exc)
+                return True
+
+        async def drain() -> None:
+            if failure:
+                raise failure[0]
+            if writer is not None:
+                await writer.drain()
+
         cut: str | None = None
         try:
-            while True:
-                try:
-                    data = await readany()
-                except TimeoutError:
-                    cut = "response_timeout"
-                    break
-                except (aiohttp.ClientError, OSError):
-                    cut = "truncated_stream"
-                    break
-                t = _now()
-                if not data:
-                    tail = meter.end(t)
-                    if tail:
-                        await write(tail)
-                    break
-                if strip:
-                    chunk = feed(t, data)
-                    if chunk:
-                        await write(chunk)
-                else:
-                    await write(data)
-                    feed(t, data)
+            try:
+                await up.pump(sink, drain)
+            except UpstreamError as exc:
+                cut = exc.error_type if exc.error_type == "response_timeout" else "truncated_stream"
+            if failure:
+                raise failure[0]
+            if cut is None:
+                tail = meter.end(_now())
+                if tail:
+                    await resp.write(tail)
         except ConnectionError:  # the client went away (a write failed)
             self.metrics.state.client_disconnected()
             return resp
