@@ -72,8 +72,8 @@ async def test_request_head_and_keep_alive_reuse() -> None:
         client = UpstreamClient(connect_timeout_s=2)
         try:
             for i in range(3):
-                resp = await client.request("POST", url.with_query(a=str(i)), CIMultiDict({"Authorization": "Bearer t"}),
-                                            b'{"x": 1}')
+                auth = CIMultiDict({"Authorization": "Bearer t"})
+                resp = await client.request("POST", url.with_query(a=str(i)), auth, b'{"x": 1}')
                 assert (resp.status, resp.reason, resp.headers["x-request-id"]) == (200, "OK", "abc")
                 assert await resp.read() == b"hello" and await resp.read() == b"hello"
                 resp.close()
