@@ -105,10 +105,17 @@ async def test_stale_kept_alive_connection_is_retried_once_on_a_new_one() -> Non
     assert len(conns) == 2
 
 
-async def test_chunked_and_close_delimited_bodies() -> None:
+async def test_chunked_close_delimited_and_after_interim_responses() -> None:
     async def chunked(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         await read_request(r)
         w.write(OK_HEAD + chunk(b"data: 1\n\n") + chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        await w.drain()
+        await r.read()
+
+    async def interim_first(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n"
+                b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nbody")
         await w.drain()
         await r.read()
 
@@ -117,7 +124,8 @@ async def test_chunked_and_close_delimited_bodies() -> None:
         w.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nall of it")
         await w.drain()
 
-    for handler, want in ((chunked, b"data: 1\n\ndata: [DONE]\n\n"), (close_delimited, b"all of it")):
+    cases = ((chunked, b"data: 1\n\ndata: [DONE]\n\n"), (close_delimited, b"all of it"), (interim_first, b"body"))
+    for handler, want in cases:
         async with raw_server(handler) as (url, _):
             client = UpstreamClient(connect_timeout_s=2)
             try:

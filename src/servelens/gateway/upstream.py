@@ -193,6 +193,7 @@ class _Connection(asyncio.Protocol):
         self.reused = False
         self.closed = False
         self.reading_paused = False
+        self.interim = False
         self.last_read = 0.0
         self._status_reason = ""
         self._name = b""
@@ -255,8 +256,14 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         assert self.resp is not None
+        status = int(self.parser.get_status_code())
+        if 100 <= status < 200:  # an interim response (100 Continue, 103 Early Hints): the real one follows
+            self.interim = True
+            self.resp._header_pairs.clear()
+            self._status_reason = ""
+            return
         self.keep_alive = bool(self.parser.should_keep_alive())
-        self.resp._on_headers(int(self.parser.get_status_code()), self._status_reason)
+        self.resp._on_headers(status, self._status_reason)
 
     def on_body(self, body: bytes) -> None:
         assert self.resp is not None
@@ -265,6 +272,9 @@ class _Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         resp = self.resp
         assert resp is not None
+        if self.interim:
+            self.interim = False
+            return
         if self._watch is not None:
             self._watch.cancel()
             self._watch = None
@@ -279,6 +289,7 @@ class _Connection(asyncio.Protocol):
         self.resp = UpstreamResponse(self)
         self.parser = httptools.HttpResponseParser(self)
         self._status_reason = ""
+        self.interim = False
         self.got_bytes = False
         self.last_read = self.loop.time()
         self._arm_watch(self.client.read_timeout_s)
