@@ -10,6 +10,10 @@ Routes:
 * ``GET /metrics`` (Prometheus text), ``GET /health`` (the gateway), ``GET /ready`` (every
   upstream answers ``/v1/models`` with a status below 500).
 
+Measured requests go upstream through :mod:`servelens.gateway.upstream` (a keep-alive HTTP/1.1
+client whose connection callback meters each read and writes it to the client at once); the other
+routes use aiohttp's client.
+
 Request and response headers are forwarded except hop-by-hop ones (and a request's
 ``Content-Encoding``: aiohttp decodes the body, which goes upstream decoded); ``Authorization`` passes
 through and is never logged. Measured requests ask the upstream for an uncompressed body.
