@@ -34,3 +34,9 @@ async def serve_until_signal(name: str, url: str, stop: Callable[[], Awaitable[N
             loop.remove_signal_handler(sig)
         await stop()
         sys.stdout.flush()
+
+
+def listen_error(host: str, port: int, exc: OSError) -> OSError:
+    """A one-line error for an address that cannot be listened on (``exc`` from binding or resolving
+    ``host``): ``cannot listen on HOST:PORT: <reason>``."""
+    return OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}")

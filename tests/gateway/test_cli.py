@@ -98,3 +98,19 @@ async def test_cli_serves_measures_and_stops_cleanly(tmp_path: Path) -> None:
 def test_unreachable_upstream_still_starts() -> None:
     with ServerProcess(["gateway", "--upstream", "http://127.0.0.1:9"]) as gw:
         assert gw.url
+
+
+@pytest.mark.parametrize("command", ["gateway", "sim"])
+def test_address_that_cannot_be_listened_on_is_one_line(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        extra = ["--upstream", "http://127.0.0.1:9"] if command == "gateway" else []
+        assert main([command, *extra, "--host", "127.0.0.1", "--port", str(port)]) == 2
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last.startswith(f"servelens: error: cannot listen on 127.0.0.1:{port}: ") and "in use" in last
+    assert main([command, *extra, "--host", "256.1.1.1", "--port", "0"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1].startswith("servelens: error: cannot listen on 256.1.1.1:0: ")

@@ -11,7 +11,7 @@ from aiohttp import web
 from servelens.gateway.app import Gateway
 from servelens.gateway.config import GatewayConfig
 from servelens.prometheus import FrontendMetrics
-from servelens.serving import serve_until_signal
+from servelens.serving import listen_error, serve_until_signal
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,9 @@ async def start_gateway(config: GatewayConfig, metrics: FrontendMetrics | None =
     try:
         site = web.TCPSite(runner, config.host, config.port, backlog=1024)
         await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise listen_error(config.host, config.port, exc) from None
     except BaseException:
         await runner.cleanup()
         raise

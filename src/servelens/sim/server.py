@@ -45,6 +45,7 @@ from aiohttp import web
 
 from servelens.core.openai import decode_json, error_body
 from servelens.prometheus.sim_engine import SimMetrics
+from servelens.serving import listen_error
 from servelens.sim import faults as F
 from servelens.sim.faults import FaultInjector, FaultPlan
 from servelens.sim.model import ModelParams
@@ -767,9 +768,9 @@ async def start_server(config: SimConfig) -> RunningServer:
     site = web.TCPSite(runner, config.host, config.port)
     try:
         await site.start()
-    except OSError:
+    except OSError as exc:
         await runner.cleanup()
-        raise
+        raise listen_error(config.host, config.port, exc) from None
     server = site._server
     assert server is not None
     port = int(server.sockets[0].getsockname()[1])  # type: ignore[attr-defined]
