@@ -418,3 +418,30 @@ async def test_client_gone_while_sending_body_counted_once(fake: ScriptedUpstrea
         assert requests_total(gw.metrics) == 1
         assert gw.metrics.state.disconnected_clients == 1
         assert not fake.completions()
+
+
+@pytest.mark.parametrize("stream_options", [None, {"include_usage": False}])
+async def test_lone_surrogate_escapes_pass_as_the_engine_would_take_them(
+    fake: ScriptedUpstream, http: aiohttp.ClientSession, stream_options: Any
+) -> None:
+    # Python's json (vLLM's request parsing) accepts an escaped lone surrogate; msgspec alone does not
+    payload = b'{"model": "fake-model", "messages": [{"role": "user", "content": "a \\ud800 b"}], "max_tokens": 3'
+    if stream_options is not None:  # the gateway must re-encode the whole object to add to stream_options
+        payload += b', "stream_options": ' + json.dumps(stream_options).encode()
+    async with run_gateway(fake.url) as gw:
+        status, _, _ = await post(http, gw.url, payload + b"}")
+        assert status == 200
+        status, body, _ = await post(http, gw.url, payload + b', "stream": true}')
+        assert status == 200 and body.endswith(b"data: [DONE]\n\n")
+        await gw.gateway.wait_finished(2)
+        assert requests_total(gw.metrics, status="success") == 2
+    unary, stream = fake.completions()
+    assert unary.body == payload + b"}"  # passed on as sent
+    assert stream.json["messages"][0]["content"] == "a \ud800 b" and stream.json["stream_options"]["include_usage"]
+
+
+async def test_invalid_json_says_why(fake: ScriptedUpstream, http: aiohttp.ClientSession) -> None:
+    async with run_gateway(fake.url) as gw:
+        status, body, _ = await post(http, gw.url, b'{"model": "fake-model", "max_tokens": }')
+    err = json.loads(body)["error"]
+    assert status == 400 and err["code"] == "invalid_json" and err["message"].startswith("invalid JSON in the request")

@@ -8,6 +8,7 @@ Formats: OpenAI Chat Completions / Completions streaming chunks (``chat.completi
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,12 +18,19 @@ _decode = msgspec.json.Decoder().decode
 
 
 def decode_json(data: bytes | str) -> Any:
-    """Decode JSON (any value). Raises ``msgspec.DecodeError`` for invalid JSON, including
-    JSON nested too deeply to decode (msgspec raises RecursionError for that)."""
+    """Decode JSON (any value) with msgspec; what msgspec refuses but Python's ``json`` module (which
+    vLLM's and most Python engines' request parsing uses) accepts is decoded by the latter: escaped
+    lone surrogates (``"\\ud800"``), ``NaN``/``Infinity``. Raises ``msgspec.DecodeError`` for invalid
+    JSON, including JSON nested too deeply to decode."""
     try:
         return _decode(data)
     except RecursionError:
         raise msgspec.DecodeError("JSON is nested too deeply") from None
+    except msgspec.DecodeError as exc:
+        try:
+            return json.loads(data)
+        except (ValueError, RecursionError):
+            raise exc from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -398,8 +398,10 @@ class Gateway:
             raise
         try:
             obj = _decode_json(body)
-        except msgspec.DecodeError:
-            obj = None
+        except msgspec.DecodeError as exc:
+            self._rejected(endpoint, "unary", "validation", arrival_ns)
+            return openai_error(400, f"invalid JSON in the request body: {exc}", "invalid_request_error",
+                                "invalid_json")
         if not isinstance(obj, dict):
             self._rejected(endpoint, "unary", "validation", arrival_ns)
             return openai_error(400, "request body must be a JSON object", "invalid_request_error", "invalid_json")

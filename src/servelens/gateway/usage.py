@@ -22,6 +22,7 @@ was not requested would lose that null member; clients read an absent and a null
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +34,16 @@ STRIP_ALL = 1
 STRIP_CONTINUOUS = 2
 STRIP_CONTINUOUS_NULL = 3
 
-_encode = msgspec.json.encode
+_msgspec_encode = msgspec.json.encode
+
+
+def _encode(obj: Any) -> bytes:
+    """JSON bytes of ``obj``; strings with lone surrogates (which a lenient decoder let in) are
+    written as ``\\uXXXX`` escapes, as the client sent them."""
+    try:
+        return _msgspec_encode(obj)
+    except UnicodeEncodeError:
+        return json.dumps(obj, separators=(",", ":")).encode()
 _KEY = b'"usage"'
 _KEY_RE = re.compile(rb'"usage"\s*:')
 _STR = rb'"[^"]*"'
