@@ -445,3 +445,17 @@ async def test_invalid_json_says_why(fake: ScriptedUpstream, http: aiohttp.Clien
         status, body, _ = await post(http, gw.url, b'{"model": "fake-model", "max_tokens": }')
     err = json.loads(body)["error"]
     assert status == 400 and err["code"] == "invalid_json" and err["message"].startswith("invalid JSON in the request")
+
+
+async def test_json_reply_to_a_stream_request_is_measured_as_a_whole_reply(
+    fake: ScriptedUpstream, http: aiohttp.ClientSession
+) -> None:
+    fake.ignore_stream = True
+    _, direct, _ = await post(http, fake.url, chat(stream=True))
+    async with run_gateway(fake.url) as gw:
+        status, via, headers = await post(http, gw.url, chat(stream=True))
+        assert status == 200 and via == direct and headers["Content-Type"].startswith("application/json")
+        await gw.gateway.wait_finished(1)
+        assert requests_total(gw.metrics, status="success", request_type="stream") == 1
+        assert total(samples(gw.metrics), "servelens_output_sequence_tokens_sum") == 4
+        assert inflight(gw.metrics) == 0

@@ -27,7 +27,8 @@ a missing ``model`` or a ``stream`` that is not a boolean -> 400 ``validation``;
 silence over ``read_timeout_s`` -> 504 ``response_timeout``; upstream 400/4xx -> ``validation``,
 404 -> ``not_found``, 429 and 503 -> ``overload``, other 5xx -> ``backend_error`` (the upstream's
 status and body are relayed); an ``error`` object or malformed chunk inside a 200 stream ->
-``backend_error``; a stream ending with neither ``finish_reason`` nor ``[DONE]``, or cut by the
+``backend_error`` (a whole ``application/json`` reply to a stream request is measured as a unary
+reply); a stream ending with neither ``finish_reason`` nor ``[DONE]``, or cut by the
 upstream -> ``truncated_stream`` (a cut is passed on: the client connection is closed without the
 final chunk); the client going away -> ``cancelled`` (the upstream request is closed at once, so
 the engine stops generating); a bug of ours -> 500 ``internal``.
@@ -614,22 +615,26 @@ class Gateway:
             out.upstream_request_id = up.headers.get("x-request-id")
             if up.status != 200:
                 return await self._error_reply(up, out)
-            data = await self._read_body(up)
-            info = parse_response(data)
-            if info.error is not None or info.malformed:
-                out.fail("backend_error", 200)
-            else:
-                out.status, out.error_type, out.http_status = "success", "", 200
-                usage = info.usage
-                if usage is not None:
-                    if usage.prompt_tokens is not None:
-                        live.set_isl(usage.prompt_tokens, "final_usage")
-                    out.osl = usage.completion_tokens
-                    out.cached_tokens = usage.cached_tokens
-            return web.Response(status=up.status, reason=up.reason, body=data,
-                                headers=forward_response_headers(up.headers))
+            return await self._unary_reply(up, live, out)
         finally:
             up.close()
+
+    async def _unary_reply(self, up: UpstreamResponse, live: LiveRequest, out: _Outcome) -> web.Response:
+        """Read a whole 200 reply, measure it (usage), relay it unchanged."""
+        data = await self._read_body(up)
+        info = parse_response(data)
+        if info.error is not None or info.malformed:
+            out.fail("backend_error", 200)
+        else:
+            out.status, out.error_type, out.http_status = "success", "", 200
+            usage = info.usage
+            if usage is not None:
+                if usage.prompt_tokens is not None:
+                    live.set_isl(usage.prompt_tokens, "final_usage")
+                out.osl = usage.completion_tokens
+                out.cached_tokens = usage.cached_tokens
+        return web.Response(status=up.status, reason=up.reason, body=data,
+                            headers=forward_response_headers(up.headers))
 
     async def _stream(
         self, request: web.Request, live: LiveRequest, out: _Outcome, obj: dict[str, Any], body: bytes,
@@ -644,6 +649,9 @@ class Gateway:
             out.upstream_request_id = up.headers.get("x-request-id")
             if up.status != 200:
                 return await self._error_reply(up, out)
+            if up.headers.get("Content-Type", "").lower().startswith("application/json"):
+                # a whole JSON reply to a stream request (an engine that ignores "stream"): measured as such
+                return await self._unary_reply(up, live, out)
             meter = StreamMeter(live, inj.strip)
             resp = await self._relay(request, out, up, meter)
             if learn and out.status == "success" and meter.usage_key_on_chunks is not None:

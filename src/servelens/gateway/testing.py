@@ -107,6 +107,7 @@ class ScriptedUpstream:
     cached_tokens: int | None = 128
     raw_stream: list[bytes] | None = None  # replaces the generated stream (written one item per write)
     status: int = 200
+    ignore_stream: bool = False  # answer a stream request with a whole JSON reply (as some engines do)
     hold: asyncio.Event | None = None  # stream: wait for this after the first content chunk
     stall: asyncio.Event | None = None  # completions: wait for this before answering at all
     requests: list[Received] = field(default_factory=list)
@@ -186,7 +187,7 @@ class ScriptedUpstream:
             return web.json_response({"error": {"message": f"fake {self.status}", "type": "error", "param": None,
                                                 "code": self.status}}, status=self.status,
                                      headers={"x-request-id": "req-err"})
-        if not body.get("stream"):
+        if not body.get("stream") or self.ignore_stream:
             n = int(body.get("max_tokens") or 3)
             text = "".join(WORDS[i % len(WORDS)] for i in range(n))
             choice: dict[str, Any] = ({"index": 0, "message": {"role": "assistant", "content": text},
