@@ -40,9 +40,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import msgspec
@@ -83,6 +83,8 @@ HOP_BY_HOP = frozenset(
 _REQ_DROP = HOP_BY_HOP | {"host", "content-length", "expect", "content-encoding"}
 _RESP_DROP = HOP_BY_HOP | {"content-length"}
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_T = TypeVar("_T")
 
 GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("servelens_gateway")
 
@@ -562,27 +564,23 @@ class Gateway:
 
     async def _send(self, url: URL, body: bytes, headers: CIMultiDict[str]) -> UpstreamResponse:
         """POST upstream and wait for the response headers (``response_timeout_s``)."""
-        try:
-            async with asyncio.timeout(self.config.response_timeout_s):
-                return await self.upstream.request("POST", url, headers, body)
-        except TimeoutError:
-            raise _UpstreamFailed("response_timeout", "upstream did not answer in time") from None
-        except UpstreamError as exc:
-            if exc.error_type == "response_timeout":
-                raise _UpstreamFailed("response_timeout", "upstream did not answer in time") from None
-            raise _UpstreamFailed("unavailable", f"upstream unreachable: {exc}") from None
+        return await self._bounded(self.upstream.request("POST", url, headers, body), "upstream unreachable")
 
     async def _read_body(self, up: UpstreamResponse) -> bytes:
         """The whole upstream body within ``response_timeout_s``; raises _UpstreamFailed otherwise."""
+        return await self._bounded(up.read(), "upstream failed")
+
+    async def _bounded(self, step: Awaitable[_T], what: str) -> _T:
+        """Await ``step`` within ``response_timeout_s``; its failures become :class:`_UpstreamFailed`."""
         try:
             async with asyncio.timeout(self.config.response_timeout_s):
-                return await up.read()
+                return await step
         except TimeoutError:
             raise _UpstreamFailed("response_timeout", "upstream did not answer in time") from None
         except UpstreamError as exc:
             if exc.error_type == "response_timeout":
                 raise _UpstreamFailed("response_timeout", "upstream did not answer in time") from None
-            raise _UpstreamFailed("unavailable", f"upstream failed: {exc}") from None
+            raise _UpstreamFailed("unavailable", f"{what}: {exc}") from None
 
     async def _error_reply(self, up: UpstreamResponse, out: _Outcome) -> web.Response:
         """Relay an upstream error response (status, headers, body) unchanged."""
