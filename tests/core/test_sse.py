@@ -64,3 +64,27 @@ def test_flush_returns_unterminated_event() -> None:
 def test_several_events_in_one_read() -> None:
     blocks = SSEDecoder().decode(b"data: 1\n\ndata: 2\n\ndata: 3\n\n")
     assert [b.data for b in blocks] == ["1", "2", "3"]
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        b'data: {"a":1}\n\n',  # the fast path: one one-line event per read
+        b'data:{"a":1}\n\n',
+        b"data: a\ndata: b\n\n",
+        b"data: a\r\n\r\n",
+        b"data: a\n\n\n",
+        b"data: a\n\ndata: b\n\n",
+        b"data: \xe2\x82\xac\n\n",
+        b"data: \xff\n\n",
+        b"data: a\n",
+        b"data: \n\n",
+        b": ping\n\n",
+    ],
+)
+def test_one_read_decodes_as_byte_by_byte(read: bytes) -> None:
+    whole = SSEDecoder()
+    bytewise = SSEDecoder()
+    got = whole.decode(read) + whole.flush()
+    want = [b for i in range(len(read)) for b in bytewise.decode(read[i : i + 1])] + bytewise.flush()
+    assert got == want

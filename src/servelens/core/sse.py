@@ -91,6 +91,15 @@ class SSEDecoder:
         (so a relay can re-emit stray blank lines byte for byte).
         """
         held = self._buf
+        if (
+            not held
+            and chunk[:6] == b"data: "
+            and chunk.find(b"\n") == len(chunk) - 2
+            and chunk[-1] == 10
+            and 13 not in chunk
+        ):
+            # the common case of a relay: exactly one one-line "data: ..." event per read
+            return [SSEBlock(chunk[6:-2].decode("utf-8", errors="replace"), None, None, chunk)]
         buf: bytes | bytearray
         if held:
             held += chunk  # amortised O(len(chunk)): an event split over many reads is not recopied
