@@ -5,6 +5,7 @@ ready line on stdout once listening, then serve until SIGTERM/SIGINT and stop cl
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import signal
 import sys
@@ -19,8 +20,29 @@ def ready_line(name: str, url: str) -> str:
     return f"servelens {name} listening on {url}"
 
 
+class OneLineBadRequests(logging.Filter):
+    """A malformed client request (bad request line or header, which aiohttp answers with 400) is
+    logged by aiohttp's ``aiohttp.server`` logger with a traceback; this keeps it to one line:
+    ``bad HTTP request from <peer>: <reason>``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from aiohttp.http_exceptions import HttpProcessingError
+
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            reason = (exc.message or type(exc).__name__).strip().splitlines()[0].rstrip(":")
+            peer = record.args[0] if isinstance(record.args, tuple) and record.args else "a client"
+            record.msg, record.args = "bad HTTP request from %s: %s", (peer, reason)
+            record.exc_info = record.exc_text = None
+        return True
+
+
 async def serve_until_signal(name: str, url: str, stop: Callable[[], Awaitable[None]]) -> None:
-    """Print the ready line (flushed), wait for SIGTERM or SIGINT, then await ``stop()``."""
+    """Print the ready line (flushed), wait for SIGTERM or SIGINT, then await ``stop()``. A malformed
+    client request is logged in one line (:class:`OneLineBadRequests`)."""
+    server_log = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, OneLineBadRequests) for f in server_log.filters):
+        server_log.addFilter(OneLineBadRequests())
     event = asyncio.Event()
     loop = asyncio.get_running_loop()
     sigs = (signal.SIGTERM, signal.SIGINT)

@@ -85,24 +85,33 @@ async def test_request_head_and_keep_alive_reuse() -> None:
     assert bodies == [b'{"x": 1}'] * 3
 
 
-async def test_stale_kept_alive_connection_is_retried_once_on_a_new_one() -> None:
+async def test_a_request_is_never_sent_twice() -> None:
+    posts: list[int] = []
+
     async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         await read_request(r)
+        posts.append(1)
         w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
         await w.drain()
-        # keep-alive promised, then the connection is closed once the next request arrives
-        await r.read(1)
+        # keep-alive promised, then the next request is read and the connection closed unanswered
+        await read_request(r)
+        posts.append(1)
 
     async with raw_server(handler) as (url, conns):
         client = UpstreamClient(connect_timeout_s=2)
         try:
-            for _ in range(2):
-                resp = await client.request("POST", url, CIMultiDict(), b"{}")
-                assert await resp.read() == b"ok"
-                resp.close()
+            resp = await client.request("POST", url, CIMultiDict(), b"{}")
+            assert await resp.read() == b"ok"
+            resp.close()
+            with pytest.raises(UpstreamError) as err:  # not resent: the upstream may have acted on it
+                await client.request("POST", url, CIMultiDict(), b"{}")
+            assert err.value.error_type == "unavailable"
+            resp = await client.request("POST", url, CIMultiDict(), b"{}")  # a new connection
+            assert await resp.read() == b"ok"
+            resp.close()
         finally:
             await client.close()
-    assert len(conns) == 2
+    assert len(posts) == 3 and len(conns) == 2
 
 
 async def test_chunked_close_delimited_and_after_interim_responses() -> None:
@@ -181,8 +190,7 @@ async def test_pump_delivers_pieces_in_order_and_a_cut_is_truncated_stream() -> 
         client = UpstreamClient(connect_timeout_s=2)
         got: list[bytes] = []
 
-        def sink(data: bytes) -> bool:
-            got.append(data)
+        def flush() -> bool:
             release.set()
             return False
 
@@ -191,7 +199,7 @@ async def test_pump_delivers_pieces_in_order_and_a_cut_is_truncated_stream() -> 
 
         resp = await client.request("POST", url, CIMultiDict(), b"{}")
         with pytest.raises(UpstreamError) as err:
-            await resp.pump(sink, drain)
+            await resp.pump(got.append, flush, drain)
         assert err.value.error_type == "truncated_stream"
         assert b"".join(got) == b"data: 1\n\ndata: 2\n\n"
         resp.close()
@@ -236,8 +244,7 @@ async def test_sink_pauses_reading_until_drain_returns() -> None:
         drains = 0
         drain_release = asyncio.Event()
 
-        def sink(data: bytes) -> bool:
-            got.append(data)
+        def flush() -> bool:
             return True  # always "the client is slow"
 
         async def drain() -> None:
@@ -251,7 +258,7 @@ async def test_sink_pauses_reading_until_drain_returns() -> None:
 
         resp = await client.request("POST", url, CIMultiDict(), b"{}")
         async with asyncio.timeout(20):
-            await resp.pump(sink, drain)
+            await resp.pump(got.append, flush, drain)
         assert b"".join(got) == payload * n and drains >= 1
         resp.close()
         # the response was read whole: its connection is reused; closed unread, it is not kept
@@ -262,3 +269,185 @@ async def test_sink_pauses_reading_until_drain_returns() -> None:
         resp.close()
         await client.close()
         assert len(conns) == 2
+
+
+async def test_a_second_response_after_the_final_one_is_not_read() -> None:
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            await read_request(r)
+            w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
+                    b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nSMUGGLED!")
+            await w.drain()
+
+    async with raw_server(handler) as (url, conns):
+        client = UpstreamClient(connect_timeout_s=2)
+        for _ in range(2):
+            resp = await client.request("POST", url, CIMultiDict(), b"{}")
+            assert (resp.status, await resp.read()) == (200, b"{}")
+            resp.close()
+        await client.close()
+    assert len(conns) == 2, "a connection that sent more than its response is not reused"
+
+
+async def test_pieces_held_before_pump_can_pause_reading() -> None:
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(OK_HEAD + chunk(b"first"))  # headers and a first piece in one read: held until pump
+        await w.drain()
+        for _ in range(50):
+            w.write(chunk(b"x" * 10_000))
+            await w.drain()
+        w.write(b"0\r\n\r\n")
+        await w.drain()
+        await r.read()
+
+    async with raw_server(handler) as (url, _):
+        client = UpstreamClient(connect_timeout_s=2)
+        resp = await client.request("POST", url, CIMultiDict(), b"{}")
+        got: list[bytes] = []
+        reading_during_drain: list[bool] = []
+
+        async def drain() -> None:
+            transport = resp._conn.transport
+            assert transport is not None
+            reading_during_drain.append(transport.is_reading())
+
+        async with asyncio.timeout(10):
+            await resp.pump(got.append, lambda: True, drain)
+        assert got[0] == b"first" and b"".join(got[1:]) == b"x" * 500_000
+        assert reading_during_drain and not any(reading_during_drain)
+        resp.close()
+        await client.close()
+
+
+async def test_reads_are_flushed_once_each() -> None:
+    events = b"".join(chunk(b"data: %d\n\n" % i) for i in range(50))
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(OK_HEAD + events + b"0\r\n\r\n")  # one write: 50 chunks in (about) one read
+        await w.drain()
+        await r.read()
+
+    async with raw_server(handler) as (url, _):
+        client = UpstreamClient(connect_timeout_s=2)
+        resp = await client.request("POST", url, CIMultiDict(), b"{}")
+        got: list[bytes] = []
+        flushes = 0
+
+        def flush() -> bool:
+            nonlocal flushes
+            flushes += 1
+            return False
+
+        async def drain() -> None:
+            raise AssertionError("never paused")
+
+        await resp.pump(got.append, flush, drain)
+        assert len(got) == 50 and flushes < 5
+        resp.close()
+        await client.close()
+
+
+async def test_close_delimited_body_cut_by_a_reset_is_truncated() -> None:
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(b"HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\ndata: 1\n\n")
+        await w.drain()
+        await r.read(1)  # the client's next move never comes; reset below when the test ends it
+        w.transport.abort()
+
+    async with raw_server(handler) as (url, _):
+        client = UpstreamClient(connect_timeout_s=2)
+        resp = await client.request("POST", url, CIMultiDict(), b"{}")
+        got: list[bytes] = []
+
+        def flush() -> bool:
+            # the reset: SO_LINGER 0 on the server's socket is not reachable from here, so abort the
+            # connection from the server side by closing the reader's peer
+            return False
+
+        async def drain() -> None:
+            raise AssertionError("never paused")
+
+        pumping = asyncio.ensure_future(resp.pump(got.append, flush, drain))
+        async with asyncio.timeout(5):
+            while not got:
+                await asyncio.sleep(0)
+        resp._conn.connection_lost(ConnectionResetError("reset by peer"))  # what the loop reports for a RST
+        with pytest.raises(UpstreamError) as err:
+            await pumping
+        assert err.value.error_type == "truncated_stream"
+        resp.close()
+        await client.close()
+
+
+@pytest.mark.parametrize(
+    ("head", "why"),
+    [
+        (b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * 100_000 + b"\r\n\r\n", "over"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Big: " + b"a" * 100_000 + b"\r\n\r\n{}", "over"),
+        (b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n", "Upgrade"),
+    ],
+    ids=["head-over-64k", "head-over-64k-with-body", "101-upgrade"],
+)
+async def test_oversized_or_upgrade_response_heads_are_unavailable(head: bytes, why: str) -> None:
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(head)
+        await w.drain()
+        await r.read()
+
+    loop_errors: list[dict[str, object]] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: loop_errors.append(ctx))
+    async with raw_server(handler) as (url, _):
+        client = UpstreamClient(connect_timeout_s=2)
+        with pytest.raises(UpstreamError) as err:
+            await client.request("POST", url, CIMultiDict(), b"{}")
+        assert err.value.error_type == "unavailable" and why in str(err.value)
+        await client.close()
+    assert not loop_errors
+
+
+def test_request_head_host_forms_and_url_credentials() -> None:
+    head = UpstreamClient._head("POST", URL("http://[::1]:8000/v1/x?a=1"), CIMultiDict(), 2)
+    assert head.startswith(b"POST /v1/x?a=1 HTTP/1.1\r\nHost: [::1]:8000\r\n")
+    head = UpstreamClient._head("POST", URL("http://u%40x:p%3A@engine/v1/x"), CIMultiDict(), 0)
+    assert b"\r\nHost: engine\r\n" in head and b"\r\nAuthorization: Basic dUB4OnA6\r\n" in head  # u@x:p:
+    own = CIMultiDict({"Authorization": "Bearer k"})
+    head = UpstreamClient._head("POST", URL("http://u:p@engine:81/v1/x"), own, 0)
+    assert b"Basic" not in head and b"\r\nAuthorization: Bearer k\r\n" in head and b"Host: engine:81\r\n" in head
+
+
+async def test_https_upstream() -> None:
+    import ssl
+
+    import trustme
+
+    ca = trustme.CA()
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("localhost").configure_cert(server_ctx)
+    client_ctx = ssl.create_default_context()
+    ca.configure_trust(client_ctx)
+
+    async def on_conn(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nsecret")
+        await w.drain()
+        w.close()
+
+    server = await asyncio.start_server(on_conn, "127.0.0.1", 0, ssl=server_ctx)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        client = UpstreamClient(connect_timeout_s=5, ssl_context=client_ctx)
+        resp = await client.request("POST", URL(f"https://localhost:{port}/v1/completions"), CIMultiDict(), b"{}")
+        assert await resp.read() == b"secret"
+        resp.close()
+        with pytest.raises(UpstreamError) as err:  # the system's CAs do not trust the test CA
+            await UpstreamClient(connect_timeout_s=5).request(
+                "POST", URL(f"https://localhost:{port}/v1/completions"), CIMultiDict(), b"{}")
+        assert err.value.error_type == "unavailable" and "SSL" in str(err.value)
+        await client.close()
+    finally:
+        server.close()
+        await server.wait_closed()

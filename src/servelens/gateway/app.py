@@ -641,9 +641,10 @@ class Gateway:
         headers = forward_request_headers(request.headers, measured=True)
         inj, learn = self._plan(obj, body, upstream)
         up = await self._send(url, inj.body, headers)
-        if up.status == 400 and inj.body is not body and self.config.continuous_usage != "on":
-            inj, learn, up = await self._retry_without_injection(obj, body, upstream, url, headers, inj, learn, up)
         try:
+            if up.status == 400 and inj.body is not body and self.config.continuous_usage != "on":
+                # (the first response is closed by the retry or, on any failure, by the finally below)
+                inj, learn, up = await self._retry_without_injection(obj, body, upstream, url, headers, inj, learn, up)
             out.upstream_request_id = up.headers.get("x-request-id")
             if up.status != 200:
                 return await self._error_reply(up, out)
@@ -704,7 +705,9 @@ class Gateway:
         strip = meter.strip != STRIP_NONE
         out.fail("cancelled", 499)  # until the stream ends one way or the other
         if request.version >= aiohttp.HttpVersion11:
-            resp.enable_chunked_encoding()  # the sink below writes the chunk frames itself
+            resp.enable_chunked_encoding()  # flush() below writes the chunk frames itself
+        else:
+            resp.force_close()  # HTTP/1.0: the body ends with the connection (even if keep-alive was asked)
         try:
             await resp.prepare(request)
             # aiohttp holds the headers back until the first body write; the upstream sent its
@@ -714,6 +717,7 @@ class Gateway:
             if send_headers is not None:
                 send_headers()
         except ConnectionError:
+            self.metrics.state.client_disconnected()
             request_gone(request)
             return resp
         transport = request.transport
@@ -727,17 +731,23 @@ class Gateway:
         closing = transport.is_closing
         feed = meter.feed
         failure: list[BaseException] = []
+        pending: list[bytes] = []
 
-        def sink(data: bytes) -> bool:
+        def flush() -> bool:
+            """After each upstream read: meter what it gave, write it to the client in one send."""
             try:
+                data = pending[0] if len(pending) == 1 else b"".join(pending)
+                pending.clear()
                 t = _now()
-                chunk = feed(t, data) if strip else data
                 if closing():
                     failure.append(ConnectionResetError("the client went away"))
                     return True
-                if chunk:
-                    write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
-                if not strip:
+                if strip:
+                    data = feed(t, data) or b""
+                    if data:
+                        write(b"%x\r\n%b\r\n" % (len(data), data) if chunked else data)
+                else:  # on the wire first, then metered
+                    write(b"%x\r\n%b\r\n" % (len(data), data) if chunked else data)
                     feed(t, data)
                 return buffered() > high
             except Exception as exc:  # a bug of ours: stop reading, let the relay coroutine report it
@@ -753,7 +763,7 @@ class Gateway:
         cut: str | None = None
         try:
             try:
-                await up.pump(sink, drain)
+                await up.pump(pending.append, flush, drain)
             except UpstreamError as exc:
                 cut = exc.error_type if exc.error_type == "response_timeout" else "truncated_stream"
             if failure:

@@ -6,10 +6,16 @@ Why not ``aiohttp.ClientSession`` here: its per-request machinery (about 0.3 ms 
 per-chunk ``StreamReader`` hand-off (a task switch for every SSE event) were most of the gateway's cost
 against nginx (docs/benchmarks.md, issue 4). This client does what a reverse proxy needs and no more:
 
+* ``http://`` and ``https://`` upstreams (IPv6 literals included); credentials in the URL
+  (``http://user:pass@host``) are sent as ``Authorization: Basic`` unless the request has its own
+  ``Authorization``;
 * one ``write`` per request (head and body together), ``Host`` and ``Content-Length`` set here;
 * no redirects, no cookies, no decompression (bodies are relayed as the upstream sent them);
-* connections kept alive ``keepalive_s`` after use (LIFO); a request that finds its reused connection
-  closed by the upstream before any response byte is sent once more on a new connection;
+* connections kept alive ``keepalive_s`` after use (LIFO; below the 5 s keep-alive of uvicorn, which
+  serves vLLM and SGLang, so the upstream rarely closes a connection just as it is reused); a request
+  is never sent twice (like nginx and aiohttp for POST: an upstream that read it may have acted on it);
+* limits: response head (status line and headers) at most :data:`MAX_HEAD_BYTES`; a response after
+  the final one on the same connection is not read (the connection is dropped);
 * timeouts: ``connect_timeout_s`` to connect; ``read_timeout_s`` of silence from the upstream at any
   point (not counted while the gateway itself holds reading back because its client is slow);
   the caller bounds the wait for headers (``asyncio.timeout`` around :meth:`UpstreamClient.request`).
@@ -22,7 +28,9 @@ was cut).
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
@@ -30,8 +38,15 @@ import httptools
 from multidict import CIMultiDict
 from yarl import URL
 
-Sink = Callable[[bytes], bool]
-"""Receives each body piece as it arrives; returns True to pause reading from the upstream."""
+MAX_HEAD_BYTES = 64 * 1024
+"""Largest response head accepted (bytes; nginx's default is 4-8 KiB, aiohttp's 8 KiB per field)."""
+
+Sink = Callable[[bytes], None]
+"""Receives each body piece as it is parsed (in the connection's callback)."""
+Flush = Callable[[], bool]
+"""Called once after each read from the upstream that gave body pieces; returns True to pause reading."""
+
+_PARSE_ERRORS = (httptools.HttpParserError, httptools.HttpParserUpgrade)
 
 
 class UpstreamError(Exception):
@@ -54,6 +69,8 @@ class UpstreamResponse:
         "_done",
         "_ended",
         "_error",
+        "_flush",
+        "_fresh",
         "_header_pairs",
         "_headers_fut",
         "_paused",
@@ -72,7 +89,9 @@ class UpstreamResponse:
         self._header_pairs: list[tuple[str, str]] = []
         self._pieces: list[bytes] = []
         self._sink: Sink | None = None
+        self._flush: Flush | None = None
         self._waiter: asyncio.Future[None] | None = None
+        self._fresh = False  # pieces arrived in this read
         self._ended = False
         self._done = False
         self._paused = False
@@ -96,21 +115,35 @@ class UpstreamResponse:
         sink = self._sink
         if sink is None:
             self._pieces.append(data)
+        else:
+            sink(data)
+        self._fresh = True
+
+    def _after_read(self) -> None:
+        """One upstream read was parsed: write out (flush) or wake the reader."""
+        if not self._fresh:
+            return
+        self._fresh = False
+        flush = self._flush
+        if flush is None:
             self._wake()
-        elif sink(data) and not self._paused:
-            self._paused = True
-            self._conn.pause_reading()
-            self._wake()
+        elif flush() and not self._paused:
+            self._pause()
+
+    def _pause(self) -> None:
+        self._paused = True
+        self._conn.pause_reading()
+        self._wake()
 
     def _on_end(self) -> None:
         self._ended = True
         self._wake()
 
-    def _on_fail(self, err: UpstreamError) -> None:
+    def _on_fail(self, err: UpstreamError, clean_eof: bool = False) -> None:
         if self._ended or self._error is not None:
             return
-        if self._headers_fut.done() and not self._sized and err.error_type == "truncated_stream":
-            self._ended = True  # a body delimited by the connection's close: complete
+        if clean_eof and self._headers_fut.done() and not self._sized:
+            self._ended = True  # a body delimited by the connection's orderly close: complete
         else:
             self._error = err
             if not self._headers_fut.done():
@@ -147,15 +180,18 @@ class UpstreamResponse:
         self._pieces = [data]  # read() again gives the same body
         return data
 
-    async def pump(self, sink: Sink, drain: Callable[[], Awaitable[None]]) -> None:
-        """Hand every body piece to ``sink`` as it arrives (in the connection's callback, no task
-        switch); returns when the body ended. When ``sink`` returns True, reading from the upstream
-        pauses until ``drain()`` returns. Raises :class:`UpstreamError` (cut, silence)."""
+    async def pump(self, sink: Sink, flush: Flush, drain: Callable[[], Awaitable[None]]) -> None:
+        """Hand every body piece to ``sink`` as it is parsed and call ``flush()`` after each upstream
+        read (both in the connection's callback: no task switch); returns when the body ended. When
+        ``flush`` returns True, reading from the upstream pauses until ``drain()`` returns. Raises
+        :class:`UpstreamError` (cut, silence) and whatever ``drain`` raises."""
         self._sink = sink
+        self._flush = flush
         held, self._pieces = self._pieces, []
         for piece in held:
-            if sink(piece):
-                self._paused = True
+            sink(piece)
+        if held and flush():
+            self._pause()
         while True:
             if self._paused:
                 await drain()
@@ -175,13 +211,14 @@ class UpstreamResponse:
             return
         self._done = True
         self._sink = None
+        self._flush = None
         self._conn.release(self._ended and self._error is None)
 
 
 class _Connection(asyncio.Protocol):
     """One upstream connection: writes requests, feeds the parser, drives the current response."""
 
-    def __init__(self, client: UpstreamClient, key: tuple[str, int]) -> None:
+    def __init__(self, client: UpstreamClient, key: tuple[str, str, int]) -> None:
         self.client = client
         self.key = key
         self.loop = asyncio.get_running_loop()
@@ -190,13 +227,16 @@ class _Connection(asyncio.Protocol):
         self.resp: UpstreamResponse | None = None
         self.got_bytes = False
         self.keep_alive = False
-        self.reused = False
         self.closed = False
         self.reading_paused = False
-        self.interim = False
+        self.interim = False  # parsing a 1xx interim response
+        self.final_done = False  # the final response is complete: anything after it is not read
+        self.trailing = False  # the upstream sent more after the final response
+        self.head_done = False
+        self.head_bytes = 0  # bytes read while the head was incomplete (or the head's size, when too big)
+        self.head_size = 0  # status and header bytes parsed
         self.last_read = 0.0
         self._status_reason = ""
-        self._name = b""
         self._idle: asyncio.TimerHandle | None = None
         self._watch: asyncio.TimerHandle | None = None
 
@@ -206,20 +246,27 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.last_read = self.loop.time()
-        if self.resp is None:  # bytes while idle: the connection cannot be trusted any more
-            self.close()
+        resp = self.resp
+        if resp is None or self.trailing:  # bytes while idle, or after the final response: not trusted
+            self.keep_alive = False
+            if resp is None:
+                self.close()
             return
         self.got_bytes = True
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self._fail(
-                UpstreamError(
-                    "truncated_stream" if self.resp.status else "unavailable",
-                    f"malformed HTTP response from the upstream: {exc}",
-                )
-            )
+        except _PARSE_ERRORS as exc:
+            self._fail(UpstreamError("truncated_stream" if resp.status else "unavailable",
+                                     f"malformed HTTP response from the upstream: {type(exc).__name__}: {exc}"))
             self.close()
+            return
+        if not self.head_done:
+            self.head_bytes += len(data)  # a head arriving in many reads is bounded before it completes
+        if self.head_bytes > MAX_HEAD_BYTES:
+            self._fail(UpstreamError("unavailable", f"the upstream's response head is over {MAX_HEAD_BYTES} bytes"))
+            self.close()
+            return
+        resp._after_read()
 
     def eof_received(self) -> bool | None:
         return None  # close the transport; connection_lost follows
@@ -228,33 +275,37 @@ class _Connection(asyncio.Protocol):
         self.closed = True
         self._cancel_timers()
         self.client._forget(self)
-        if self.resp is not None:
-            if self.resp.status:
-                self._fail(UpstreamError("truncated_stream", "the upstream closed the connection mid-body"))
-            else:
-                self._fail(
-                    UpstreamError(
-                        "unavailable",
-                        f"the upstream closed the connection: {type(exc).__name__ if exc else 'EOF'}",
-                        before_response=not self.got_bytes,
-                    )
-                )
+        resp = self.resp
+        if resp is None:
+            return
+        if resp.status:
+            resp._on_fail(UpstreamError("truncated_stream", "the upstream closed the connection mid-body"),
+                          clean_eof=exc is None)
+        else:
+            why = f"{type(exc).__name__}" if exc is not None else "EOF"
+            resp._on_fail(UpstreamError("unavailable", f"the upstream closed the connection: {why}",
+                                        before_response=not self.got_bytes))
 
-    def pause_writing(self) -> None:  # request bodies are written at once; nothing to hold back
-        pass
+    # -- httptools callbacks (all ignored once the final response is complete) -----------
+    def on_message_begin(self) -> None:
+        if self.final_done:
+            self.trailing = True
+            self.keep_alive = False
 
-    def resume_writing(self) -> None:
-        pass
-
-    # -- httptools callbacks -------------------------------------------------------------
     def on_status(self, status: bytes) -> None:
-        self._status_reason += status.decode("latin-1")
+        if not self.trailing:
+            self.head_size += len(status)
+            self._status_reason += status.decode("latin-1")
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        assert self.resp is not None
-        self.resp._header_pairs.append((name.decode("latin-1"), value.decode("utf-8", "surrogateescape")))
+        if not self.trailing:
+            assert self.resp is not None
+            self.head_size += len(name) + len(value) + 4
+            self.resp._header_pairs.append((name.decode("latin-1"), value.decode("utf-8", "surrogateescape")))
 
     def on_headers_complete(self) -> None:
+        if self.trailing:
+            return
         assert self.resp is not None
         status = int(self.parser.get_status_code())
         if 100 <= status < 200:  # an interim response (100 Continue, 103 Early Hints): the real one follows
@@ -262,19 +313,28 @@ class _Connection(asyncio.Protocol):
             self.resp._header_pairs.clear()
             self._status_reason = ""
             return
+        self.head_done = True
+        if self.head_size > MAX_HEAD_BYTES:  # a head that came in one read: failed after this read
+            self.head_bytes = self.head_size
+            self.trailing = True  # nothing more of this connection is read
+            return
         self.keep_alive = bool(self.parser.should_keep_alive())
         self.resp._on_headers(status, self._status_reason)
 
     def on_body(self, body: bytes) -> None:
-        assert self.resp is not None
-        self.resp._on_body(body)
+        if not self.trailing:
+            assert self.resp is not None
+            self.resp._on_body(body)
 
     def on_message_complete(self) -> None:
-        resp = self.resp
-        assert resp is not None
+        if self.trailing:
+            return
         if self.interim:
             self.interim = False
             return
+        resp = self.resp
+        assert resp is not None
+        self.final_done = True
         if self._watch is not None:
             self._watch.cancel()
             self._watch = None
@@ -289,14 +349,12 @@ class _Connection(asyncio.Protocol):
         self.resp = UpstreamResponse(self)
         self.parser = httptools.HttpResponseParser(self)
         self._status_reason = ""
-        self.interim = False
+        self.interim = self.final_done = self.trailing = self.head_done = False
+        self.head_bytes = self.head_size = 0
         self.got_bytes = False
         self.last_read = self.loop.time()
         self._arm_watch(self.client.read_timeout_s)
-        if body:
-            self.transport.write(head + body)
-        else:
-            self.transport.write(head)
+        self.transport.write(head + body if body else head)
         return self.resp
 
     def _arm_watch(self, after: float | None) -> None:
@@ -342,7 +400,6 @@ class _Connection(asyncio.Protocol):
             self._watch.cancel()
             self._watch = None
         if reusable and self.keep_alive and not self.closed and not self.reading_paused:
-            self.reused = True
             self._idle = self.loop.call_later(self.client.keepalive_s, self.close)
             self.client._park(self)
         else:
@@ -363,80 +420,83 @@ class _Connection(asyncio.Protocol):
 
 
 class UpstreamClient:
-    """Keep-alive HTTP/1.1 connections to upstreams (``http://`` only), for the gateway's measured
-    requests. Create and use it inside a running event loop; :meth:`close` at the end.
+    """Keep-alive HTTP/1.1 connections to upstreams, for the gateway's measured requests. Create and
+    use it inside a running event loop; :meth:`close` at the end.
 
     Args:
-        connect_timeout_s: bound on connecting (seconds).
+        connect_timeout_s: bound on connecting, TLS handshake included (seconds).
         read_timeout_s: bound on silence from the upstream while a response is awaited or read
             (seconds; None: none).
         keepalive_s: how long an idle connection is kept (seconds).
+        ssl_context: for ``https://`` upstreams (default: the system's trusted CAs, hostname checked).
     """
 
-    def __init__(
-        self, connect_timeout_s: float = 10.0, read_timeout_s: float | None = None, keepalive_s: float = 4.0
-    ) -> None:
+    def __init__(self, connect_timeout_s: float = 10.0, read_timeout_s: float | None = None,
+                 keepalive_s: float = 4.0, ssl_context: ssl.SSLContext | None = None) -> None:
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
         self.keepalive_s = keepalive_s
-        self._idle: dict[tuple[str, int], list[_Connection]] = {}
+        self._ssl = ssl_context
+        self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
         self._all: set[_Connection] = set()
 
     async def request(self, method: str, url: URL, headers: CIMultiDict[str], body: bytes = b"") -> UpstreamResponse:
         """Send a request and wait for the response headers.
 
-        ``url``: absolute ``http://`` URL (its raw path and query are sent as they are);
-        ``headers``: sent as given, plus ``Host`` and ``Content-Length`` (set here). Returns the
+        ``url``: absolute ``http://`` or ``https://`` URL (its raw path and query are sent as they
+        are); ``headers``: sent as given, plus ``Host`` and ``Content-Length`` (set here), and
+        ``Authorization: Basic`` from the URL's credentials when ``headers`` has none. Returns the
         response with status and headers; read its body with :meth:`UpstreamResponse.read` or
         :meth:`UpstreamResponse.pump`. Raises :class:`UpstreamError` (``unavailable``,
         ``response_timeout``); bound the wait with ``asyncio.timeout`` for a response deadline.
         """
-        if url.scheme != "http" or not url.host:
-            raise UpstreamError("unavailable", f"unsupported upstream URL {url} (http:// only)", True)
-        host, port = url.host, url.port or 80
-        head = self._head(method, url, headers, len(body))
-        for attempt in range(2):
-            conn = await self._acquire((host, port))
-            resp = conn.send(head, body)
-            try:
-                await resp._headers_fut
-            except UpstreamError as exc:
-                resp.close()
-                if attempt == 0 and conn.reused and exc.before_response:
-                    continue  # the upstream had closed the idle connection: once more, on a new one
-                raise
-            except BaseException:
-                resp.close()
-                raise
-            return resp
-        raise AssertionError("unreachable")
+        if url.scheme not in ("http", "https") or not url.host:
+            raise UpstreamError("unavailable", f"unsupported upstream URL {url} (http:// or https://)", True)
+        conn = await self._acquire((url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80)))
+        resp = conn.send(self._head(method, url, headers, len(body)), body)
+        try:
+            await resp._headers_fut
+        except BaseException:
+            resp.close()
+            raise
+        return resp
 
-    def _head(self, method: str, url: URL, headers: CIMultiDict[str], length: int) -> bytes:
-        target = url.raw_path_qs
+    @staticmethod
+    def _head(method: str, url: URL, headers: CIMultiDict[str], length: int) -> bytes:
         host = url.raw_host or ""
+        if ":" in host:  # an IPv6 literal
+            host = f"[{host}]"
         if url.explicit_port:
             host = f"{host}:{url.port}"
-        lines = [f"{method} {target} HTTP/1.1\r\nHost: {host}\r\n"]
+        lines = [f"{method} {url.raw_path_qs} HTTP/1.1\r\nHost: {host}\r\n"]
         lines.extend(f"{k}: {v}\r\n" for k, v in headers.items())
+        if url.user is not None and "Authorization" not in headers:
+            token = base64.b64encode(f"{url.user}:{url.password or ''}".encode()).decode()
+            lines.append(f"Authorization: Basic {token}\r\n")
         lines.append(f"Content-Length: {length}\r\n\r\n")
         return "".join(lines).encode("utf-8", "surrogateescape")
 
-    async def _acquire(self, key: tuple[str, int]) -> _Connection:
+    async def _acquire(self, key: tuple[str, str, int]) -> _Connection:
         idle = self._idle.get(key)
         while idle:
             conn = idle.pop()
             if not conn.closed and conn.transport is not None and not conn.transport.is_closing():
                 return conn
+        scheme, host, port = key
         loop = asyncio.get_running_loop()
+        tls: dict[str, Any] = {}
+        if scheme == "https":
+            if self._ssl is None:
+                self._ssl = ssl.create_default_context()
+            tls = {"ssl": self._ssl, "server_hostname": host}
         try:
             async with asyncio.timeout(self.connect_timeout_s):
-                _, proto = await loop.create_connection(lambda: _Connection(self, key), key[0], key[1])
+                _, proto = await loop.create_connection(lambda: _Connection(self, key), host, port, **tls)
         except TimeoutError:
-            raise UpstreamError("unavailable", f"cannot connect to {key[0]}:{key[1]}: timed out", True) from None
-        except OSError as exc:
-            raise UpstreamError(
-                "unavailable", f"cannot connect to {key[0]}:{key[1]}: {type(exc).__name__}", True
-            ) from None
+            raise UpstreamError("unavailable", f"cannot connect to {host}:{port}: timed out", True) from None
+        except OSError as exc:  # ssl.SSLError included
+            raise UpstreamError("unavailable", f"cannot connect to {host}:{port}: {type(exc).__name__}: {exc}",
+                                True) from None
         self._all.add(proto)
         return proto
 

@@ -1,0 +1,151 @@
+"""The gateway's measured path against raw upstreams that misbehave at the HTTP level."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+from servelens.gateway.testing import inflight, requests_total, run_gateway, samples, total
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                   "stream": True}).encode()
+
+
+@asynccontextmanager
+async def raw_upstream(handler: Handler) -> AsyncIterator[str]:
+    """A raw TCP upstream on 127.0.0.1 (free port) running ``handler`` per connection."""
+
+    async def on_conn(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        try:
+            await handler(r, w)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            w.close()
+
+    server = await asyncio.start_server(on_conn, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def read_request(r: asyncio.StreamReader) -> bytes:
+    head = await r.readuntil(b"\r\n\r\n")
+    lines = head.lower().split(b"\r\n")
+    length = next(int(line.split(b":")[1]) for line in lines if line.startswith(b"content-length"))
+    return await r.readexactly(length)
+
+
+async def raw_post(port: int, head_extra: bytes = b"", version: bytes = b"1.1") -> tuple[asyncio.StreamReader,
+                                                                                        asyncio.StreamWriter]:
+    r, w = await asyncio.open_connection("127.0.0.1", port)
+    w.write(b"POST /v1/chat/completions HTTP/" + version + b"\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + head_extra + b"Content-Length: %d\r\n\r\n" % len(BODY) + BODY)
+    await w.drain()
+    return r, w
+
+
+SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+EVENTS = [b'data: {"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}\n\n',
+          b'data: {"choices":[{"index":0,"delta":{"content":"b"},"finish_reason":"length"}]}\n\n',
+          b"data: [DONE]\n\n"]
+
+
+def chunked(data: bytes) -> bytes:
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
+async def test_client_leaving_while_a_rejected_injection_is_read_closes_the_upstream_connection() -> None:
+    sent_part = asyncio.Event()
+    upstream_saw_close = asyncio.Event()
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        # a 400 naming stream_options (the gateway may resend without it), its body sent in part only
+        w.write(b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+                b'{"error": {"message": "stream_options')
+        await w.drain()
+        sent_part.set()
+        if not await r.read(1):
+            upstream_saw_close.set()
+
+    async with raw_upstream(handler) as url, run_gateway(url, models=["m"]) as gw:
+        _, w = await raw_post(gw.port)
+        async with asyncio.timeout(5):
+            await sent_part.wait()
+        w.close()
+        async with asyncio.timeout(5):
+            await upstream_saw_close.wait()
+        await gw.gateway.wait_finished(1)
+        assert requests_total(gw.metrics, error_type="cancelled") == 1 and inflight(gw.metrics) == 0
+
+
+async def test_second_response_on_the_connection_is_not_relayed() -> None:
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            await read_request(r)
+            w.write(SSE_HEAD + b"".join(chunked(e) for e in EVENTS) + b"0\r\n\r\n"
+                    b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nSMUGGLED!")
+            await w.drain()
+
+    async with raw_upstream(handler) as url, run_gateway(url, models=["m"], inject_usage=False) as gw:
+        for _ in range(2):
+            r, w = await raw_post(gw.port, b"Connection: close\r\n")
+            async with asyncio.timeout(5):
+                got = await r.read()
+            w.close()
+            assert got.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n") and b"SMUGGLED" not in got
+        await gw.gateway.wait_finished(2)
+        assert requests_total(gw.metrics, status="success") == 2
+
+
+async def test_http10_client_asking_keep_alive_gets_the_stream_ended_by_close() -> None:
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(SSE_HEAD + b"".join(chunked(e) for e in EVENTS) + b"0\r\n\r\n")
+        await w.drain()
+        await r.read()
+
+    async with raw_upstream(handler) as url, run_gateway(url, models=["m"], inject_usage=False) as gw:
+        r, w = await raw_post(gw.port, b"Connection: keep-alive\r\n", version=b"1.0")
+        async with asyncio.timeout(5):
+            got = await r.read()  # EOF: an HTTP/1.0 body without length ends with the connection
+        w.close()
+        head, _, body = got.partition(b"\r\n\r\n")
+        assert b"Transfer-Encoding" not in head and body == b"".join(EVENTS)
+        await gw.gateway.wait_finished(1)
+        assert requests_total(gw.metrics, status="success") == 1
+
+
+async def test_many_events_in_one_read_are_relayed_and_counted() -> None:
+    n = 300
+    events = [b'data: {"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":null}]}\n\n'] * (n - 1)
+    events.append(b'data: {"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":"length"}]}\n\n')
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(SSE_HEAD + b"".join(chunked(e) for e in events) + chunked(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        await w.drain()
+        await r.read()
+
+    async with raw_upstream(handler) as url, run_gateway(url, models=["m"], inject_usage=False) as gw:
+        r, w = await raw_post(gw.port, b"Connection: close\r\n")
+        async with asyncio.timeout(5):
+            got = await r.read()
+        w.close()
+        body = got.partition(b"\r\n\r\n")[2]
+        # de-chunk what the gateway sent
+        out = b""
+        while body:
+            size, _, rest = body.partition(b"\r\n")
+            k = int(size, 16)
+            out, body = out + rest[:k], rest[k + 2:]
+        assert out == b"".join(events) + b"data: [DONE]\n\n"
+        await gw.gateway.wait_finished(1)
+        assert requests_total(gw.metrics, status="success") == 1
+        assert total(samples(gw.metrics), "servelens_output_sequence_tokens_sum") == n
