@@ -10,7 +10,7 @@ The upstream streams ``/v1/completions`` like vLLM: a fixed "prefill" delay, the
 event every ``--itl-ms`` (cumulative usage on every chunk when ``continuous_usage_stats`` is asked
 for, a final usage chunk when ``include_usage`` is). Measured at the client per request: TTFT
 (send to the first event) and ITL (gap between events). Proxy CPU: user+system seconds of the
-proxy's processes (``/proc/<pid>/stat``) over the run, divided by the events relayed.
+proxy's processes (``/proc/<pid>/task/*/schedstat``) over the run, divided by the events relayed.
 
 Usage: ``python benchmarks/gateway_overhead.py [--levels 1,64,256] [--tokens 32] [--itl-ms 20]``
 """
@@ -34,8 +34,6 @@ from pathlib import Path
 import numpy as np
 
 from servelens.process import ServerProcess
-
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 # ---------------------------------------------------------------- the upstream (own process)
@@ -179,15 +177,16 @@ http {{
 
 # ---------------------------------------------------------------- measurement
 def cpu_seconds(pids: list[int]) -> float:
-    """user + system CPU seconds of the processes (and their reaped children)."""
-    total = 0.0
+    """CPU seconds the processes' threads have run (``/proc/<pid>/task/*/schedstat``, ns resolution;
+    the 10 ms ticks of ``/proc/<pid>/stat`` are too coarse for a few thousand events)."""
+    total_ns = 0
     for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / CLK_TCK
-    return total
+        for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+            try:
+                total_ns += int(stat.read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue  # a thread that just ended
+    return total_ns / 1e9
 
 
 @dataclass

@@ -5,6 +5,7 @@ ready line on stdout once listening, then serve until SIGTERM/SIGINT and stop cl
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import re
 import signal
@@ -38,8 +39,14 @@ class OneLineBadRequests(logging.Filter):
 
 
 async def serve_until_signal(name: str, url: str, stop: Callable[[], Awaitable[None]]) -> None:
-    """Print the ready line (flushed), wait for SIGTERM or SIGINT, then await ``stop()``. A malformed
-    client request is logged in one line (:class:`OneLineBadRequests`)."""
+    """Print the ready line (flushed), wait for SIGTERM or SIGINT, then await ``stop()``. The heap
+    built at startup is frozen out of garbage collection (``gc.freeze``); a malformed client request
+    is logged in one line (:class:`OneLineBadRequests`)."""
+    # What exists once the server is up (modules, app, metric families) lives as long as the process:
+    # frozen out of the garbage collector, so a full collection scans only what requests allocate
+    # (a full scan of the startup heap took ~10 ms, a p99 latency spike for every stream in flight).
+    gc.collect()
+    gc.freeze()
     server_log = logging.getLogger("aiohttp.server")
     if not any(isinstance(f, OneLineBadRequests) for f in server_log.filters):
         server_log.addFilter(OneLineBadRequests())
