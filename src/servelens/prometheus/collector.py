@@ -106,6 +106,8 @@ class FrontendCollector(Collector):
                     out_tokens.add_metric([model], ms.output_tokens)
                 for (endpoint, rtype, status, etype), count in sorted(st.unknown_requests.items()):
                     requests.add_metric([endpoint, etype, UNKNOWN_MODEL, rtype, status], count)
+                if st.unknown_requests:  # Dynamo keeps an inflight series at 0 for unknown_model too
+                    inflight.add_metric([UNKNOWN_MODEL], 0)
                 if st.unknown_duration is not None:  # Dynamo records these durations too
                     hists[2].add_metric([UNKNOWN_MODEL], _buckets(st.unknown_duration), st.unknown_duration.sum)
                 families.extend(hists)
