@@ -710,12 +710,23 @@ class Gateway:
             resp.force_close()  # HTTP/1.0: the body ends with the connection (even if keep-alive was asked)
         try:
             await resp.prepare(request)
-            # aiohttp holds the headers back until the first body write; the upstream sent its
-            # headers now (e.g. before a long prefill), so does the gateway
             writer: Any = getattr(resp, "_payload_writer", None)
-            send_headers = getattr(writer, "send_headers", None)
-            if send_headers is not None:
-                send_headers()
+            # body bytes that came with the upstream's headers go out with ours, in one send; else
+            # the headers go now (aiohttp would hold them until the first body write, and the upstream
+            # sent its headers now, e.g. before a long prefill)
+            held = up.take_held()
+            first = b""
+            if held:
+                t = _now()
+                first = (meter.feed(t, held) or b"") if strip else held
+                if first:
+                    await resp.write(first)
+                if not strip:
+                    meter.feed(t, held)
+            if not first:
+                send_headers = getattr(writer, "send_headers", None)
+                if send_headers is not None:
+                    send_headers()
         except ConnectionError:
             self.metrics.state.client_disconnected()
             request_gone(request)

@@ -180,6 +180,11 @@ class UpstreamResponse:
         self._pieces = [data]  # read() again gives the same body
         return data
 
+    def take_held(self) -> bytes:
+        """The body bytes received so far and not yet read (they are then gone from the response)."""
+        held, self._pieces = self._pieces, []
+        return held[0] if len(held) == 1 else b"".join(held)
+
     async def pump(self, sink: Sink, flush: Flush, drain: Callable[[], Awaitable[None]]) -> None:
         """Hand every body piece to ``sink`` as it is parsed and call ``flush()`` after each upstream
         read (both in the connection's callback: no task switch); returns when the body ended. When
