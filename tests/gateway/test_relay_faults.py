@@ -4,41 +4,34 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from servelens.gateway.testing import inflight, requests_total, run_gateway, samples, total
-
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
-                   "stream": True}).encode()
+from servelens.gateway.testing import (
+    RawHandler,
+    inflight,
+    raw_tcp_server,
+    read_http_request,
+    requests_total,
+    run_gateway,
+    samples,
+    total,
+)
 
 
 @asynccontextmanager
-async def raw_upstream(handler: Handler) -> AsyncIterator[str]:
-    """A raw TCP upstream on 127.0.0.1 (free port) running ``handler`` per connection."""
-
-    async def on_conn(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        try:
-            await handler(r, w)
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            w.close()
-
-    server = await asyncio.start_server(on_conn, "127.0.0.1", 0)
-    try:
-        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    finally:
-        server.close()
-        await server.wait_closed()
+async def raw_upstream(handler: RawHandler) -> AsyncIterator[str]:
+    """:func:`raw_tcp_server` as an upstream base URL."""
+    async with raw_tcp_server(handler) as (port, _):
+        yield f"http://127.0.0.1:{port}"
 
 
 async def read_request(r: asyncio.StreamReader) -> bytes:
-    head = await r.readuntil(b"\r\n\r\n")
-    lines = head.lower().split(b"\r\n")
-    length = next(int(line.split(b":")[1]) for line in lines if line.startswith(b"content-length"))
-    return await r.readexactly(length)
+    return (await read_http_request(r))[1]
+
+
+BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                   "stream": True}).encode()
 
 
 async def raw_post(port: int, head_extra: bytes = b"", version: bytes = b"1.1") -> tuple[asyncio.StreamReader,

@@ -3,50 +3,24 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import pytest
 from multidict import CIMultiDict
 from yarl import URL
 
+from servelens.gateway.testing import RawHandler, raw_tcp_server, read_http_request
 from servelens.gateway.upstream import UpstreamClient, UpstreamError
 
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+read_request = read_http_request
 
 
 @asynccontextmanager
-async def raw_server(handler: Handler) -> AsyncIterator[tuple[URL, list[int]]]:
-    """A TCP server on 127.0.0.1 (free port) running ``handler`` per connection; yields its URL and a
-    list that gets one entry per accepted connection."""
-    conns: list[int] = []
-
-    async def on_conn(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        conns.append(1)
-        try:
-            await handler(r, w)
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            w.close()
-
-    server = await asyncio.start_server(on_conn, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
+async def raw_server(handler: RawHandler) -> AsyncIterator[tuple[URL, list[int]]]:
+    """:func:`raw_tcp_server` with the URL of its completions path."""
+    async with raw_tcp_server(handler) as (port, conns):
         yield URL(f"http://127.0.0.1:{port}/v1/completions"), conns
-    finally:
-        server.close()
-        await server.wait_closed()
-
-
-async def read_request(r: asyncio.StreamReader) -> tuple[bytes, bytes]:
-    """One request: (head, body) (Content-Length bodies only)."""
-    head = await r.readuntil(b"\r\n\r\n")
-    length = 0
-    for line in head.split(b"\r\n"):
-        if line.lower().startswith(b"content-length:"):
-            length = int(line.split(b":")[1])
-    return head, await r.readexactly(length)
 
 
 def chunk(data: bytes) -> bytes:

@@ -1,6 +1,7 @@
 """Test helpers: a gateway in the current event loop on a free loopback port
 (:func:`run_gateway`), a scripted OpenAI-compatible upstream whose bytes are exactly known
-(:class:`ScriptedUpstream`), and readers of the gateway's metrics.
+(:class:`ScriptedUpstream`), a raw TCP server for upstreams that misbehave at the HTTP level
+(:func:`raw_tcp_server`, :func:`read_http_request`), and readers of the gateway's metrics.
 
 Example::
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,6 +64,42 @@ async def run_gateway(
         yield GatewayHandle(running.url, running.metrics, running.gateway, running.port)
     finally:
         await running.close()
+
+
+RawHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@asynccontextmanager
+async def raw_tcp_server(handler: RawHandler) -> AsyncIterator[tuple[int, list[int]]]:
+    """A TCP server on 127.0.0.1 (free port) running ``handler(reader, writer)`` per connection (the
+    connection is closed after it; a peer that goes away ends it quietly). Yields the port and a list
+    that gets one entry per accepted connection."""
+    conns: list[int] = []
+
+    async def on_conn(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        conns.append(1)
+        try:
+            await handler(r, w)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            w.close()
+
+    server = await asyncio.start_server(on_conn, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1], conns
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def read_http_request(r: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    """Read one HTTP/1.1 request with a ``Content-Length`` body: ``(head, body)``. Raises
+    asyncio.IncompleteReadError when the peer closes first."""
+    head = await r.readuntil(b"\r\n\r\n")
+    lines = head.lower().split(b"\r\n")
+    length = next((int(line.split(b":")[1]) for line in lines if line.startswith(b"content-length:")), 0)
+    return head, await r.readexactly(length)
 
 
 FAKE_MODEL = "fake-model"
