@@ -425,3 +425,17 @@ async def test_https_upstream() -> None:
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def test_no_headers_within_the_deadline_is_response_timeout() -> None:
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        await r.read()  # never answers
+
+    async with raw_server(handler) as (url, _):
+        client = UpstreamClient(connect_timeout_s=2, headers_timeout_s=0.2)  # no read timeout at all
+        with pytest.raises(UpstreamError) as err:
+            async with asyncio.timeout(10):
+                await client.request("POST", url, CIMultiDict(), b"{}")
+        assert err.value.error_type == "response_timeout" and "did not answer in time" in str(err.value)
+        await client.close()

@@ -229,7 +229,8 @@ class Gateway:
             cookie_jar=aiohttp.DummyCookieJar(),  # a proxy keeps no cookies (and skips their cost)
         )
         # measured requests go through the gateway's own HTTP/1.1 client (see gateway.upstream)
-        self._upstream = UpstreamClient(connect_timeout_s=cfg.connect_timeout_s, read_timeout_s=cfg.read_timeout_s)
+        self._upstream = UpstreamClient(connect_timeout_s=cfg.connect_timeout_s, read_timeout_s=cfg.read_timeout_s,
+                                        headers_timeout_s=cfg.response_timeout_s)
         result = await self.router.poll(self._session)
         if result is not None and not result.ok:
             log.warning("cannot list models at %s yet: %s (will retry)", cfg.upstream, result.error)
@@ -564,7 +565,10 @@ class Gateway:
 
     async def _send(self, url: URL, body: bytes, headers: CIMultiDict[str]) -> UpstreamResponse:
         """POST upstream and wait for the response headers (``response_timeout_s``)."""
-        return await self._bounded(self.upstream.request("POST", url, headers, body), "upstream unreachable")
+        try:  # the client's own timer bounds the wait for headers (no asyncio.timeout per request)
+            return await self.upstream.request("POST", url, headers, body)
+        except UpstreamError as exc:
+            raise self._failed(exc, "upstream unreachable") from None
 
     async def _read_body(self, up: UpstreamResponse) -> bytes:
         """The whole upstream body within ``response_timeout_s``; raises _UpstreamFailed otherwise."""
@@ -578,9 +582,13 @@ class Gateway:
         except TimeoutError:
             raise _UpstreamFailed("response_timeout", "upstream did not answer in time") from None
         except UpstreamError as exc:
-            if exc.error_type == "response_timeout":
-                raise _UpstreamFailed("response_timeout", "upstream did not answer in time") from None
-            raise _UpstreamFailed("unavailable", f"{what}: {exc}") from None
+            raise self._failed(exc, what) from None
+
+    @staticmethod
+    def _failed(exc: UpstreamError, what: str) -> _UpstreamFailed:
+        if exc.error_type == "response_timeout":
+            return _UpstreamFailed("response_timeout", "upstream did not answer in time")
+        return _UpstreamFailed("unavailable", f"{what}: {exc}")
 
     async def _error_reply(self, up: UpstreamResponse, out: _Outcome) -> web.Response:
         """Relay an upstream error response (status, headers, body) unchanged."""
@@ -699,11 +707,14 @@ class Gateway:
 
         Each upstream read is metered and written to the client's transport inside the upstream
         connection's callback (no task switch per chunk); reading from the upstream pauses while the
-        client's write buffer is over its high-water mark.
+        client's write buffer is over its high-water mark. Bytes that came with the upstream's headers
+        go out with the client's headers, and the read that ends the body goes out with the final
+        chunk (one send each).
         """
         resp = web.StreamResponse(status=up.status, reason=up.reason, headers=forward_response_headers(up.headers))
         strip = meter.strip != STRIP_NONE
         out.fail("cancelled", 499)  # until the stream ends one way or the other
+        last: list[bytes] = []  # what the read that ended the body gave: sent with the final chunk
         if request.version >= aiohttp.HttpVersion11:
             resp.enable_chunked_encoding()  # flush() below writes the chunk frames itself
         else:
@@ -719,11 +730,13 @@ class Gateway:
             if held:
                 t = _now()
                 first = (meter.feed(t, held) or b"") if strip else held
-                if first:
+                if up.ended:  # the whole body came with the headers: all of it goes in one send at the end
+                    last.append(first)
+                elif first:
                     await resp.write(first)
                 if not strip:
                     meter.feed(t, held)
-            if not first:
+            if not first and not up.ended:
                 send_headers = getattr(writer, "send_headers", None)
                 if send_headers is not None:
                     send_headers()
@@ -753,6 +766,11 @@ class Gateway:
                 if closing():
                     failure.append(ConnectionResetError("the client went away"))
                     return True
+                if up.ended:  # the body ended in this read: the relay sends it and the final chunk at once
+                    last.append((feed(t, data) or b"") if strip else data)
+                    if not strip:
+                        feed(t, data)
+                    return False
                 if strip:
                     data = feed(t, data) or b""
                     if data:
@@ -780,9 +798,7 @@ class Gateway:
             if failure:
                 raise failure[0]
             if cut is None:
-                tail = meter.end(_now())
-                if tail:
-                    await resp.write(tail)
+                last.append(meter.end(_now()) or b"")
         except ConnectionError:  # the client went away (a write failed)
             self.metrics.state.client_disconnected()
             return resp
@@ -799,10 +815,15 @@ class Gateway:
             out.fail(cut, 200)
             request_gone(request)  # pass the cut on: no final chunk
             return resp
+        end = b"".join(last)
+        try:
+            await resp.write_eof(end)  # the last data and the final chunk in one send
+        except ConnectionError:
+            if end:  # the end of the stream did not reach the client
+                self.metrics.state.client_disconnected()
+                return resp
         out.status, out.error_type = meter.outcome()
         out.http_status = 200
-        with contextlib.suppress(ConnectionError):
-            await resp.write_eof()
         return resp
 
 

@@ -16,9 +16,9 @@ against nginx (docs/benchmarks.md, issue 4). This client does what a reverse pro
   is never sent twice (like nginx and aiohttp for POST: an upstream that read it may have acted on it);
 * limits: response head (status line and headers) at most :data:`MAX_HEAD_BYTES`; a response after
   the final one on the same connection is not read (the connection is dropped);
-* timeouts: ``connect_timeout_s`` to connect; ``read_timeout_s`` of silence from the upstream at any
-  point (not counted while the gateway itself holds reading back because its client is slow);
-  the caller bounds the wait for headers (``asyncio.timeout`` around :meth:`UpstreamClient.request`).
+* timeouts: ``connect_timeout_s`` to connect; ``headers_timeout_s`` from sending the request to the
+  response headers; ``read_timeout_s`` of silence from the upstream at any point (not counted while
+  the gateway itself holds reading back because its client is slow); one timer per request.
 
 Errors are :class:`UpstreamError` with a Dynamo ``error_type``: ``unavailable`` (cannot connect, or the
 connection failed before a response), ``response_timeout`` (silence), ``truncated_stream`` (the body
@@ -235,6 +235,7 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.reading_paused = False
         self.interim = False  # parsing a 1xx interim response
+        self.head_deadline: float | None = None
         self.final_done = False  # the final response is complete: anything after it is not read
         self.trailing = False  # the upstream sent more after the final response
         self.head_done = False
@@ -357,29 +358,41 @@ class _Connection(asyncio.Protocol):
         self.interim = self.final_done = self.trailing = self.head_done = False
         self.head_bytes = self.head_size = 0
         self.got_bytes = False
-        self.last_read = self.loop.time()
-        self._arm_watch(self.client.read_timeout_s)
+        now = self.last_read = self.loop.time()
+        ht = self.client.headers_timeout_s
+        self.head_deadline = now + ht if ht is not None else None
+        self._arm_watch(now)
         self.transport.write(head + body if body else head)
         return self.resp
 
-    def _arm_watch(self, after: float | None) -> None:
-        if after is not None and after > 0:
-            self._watch = self.loop.call_later(after, self._check_silence)
+    def _arm_watch(self, now: float) -> None:
+        """One timer for both bounds: the next moment silence or the headers deadline could expire."""
+        due: float | None = None
+        rt = self.client.read_timeout_s
+        if rt is not None:
+            due = self.last_read + rt
+        if self.head_deadline is not None and not self.head_done:
+            due = self.head_deadline if due is None else min(due, self.head_deadline)
+        if due is not None:
+            self._watch = self.loop.call_later(max(due - now, 0.001), self._check_timeouts)
 
-    def _check_silence(self) -> None:
+    def _check_timeouts(self) -> None:
         self._watch = None
-        timeout = self.client.read_timeout_s
-        if self.resp is None or timeout is None:
+        if self.resp is None:
             return
-        if self.reading_paused:  # the gateway holds reading back: not the upstream's silence
-            self._arm_watch(timeout)
-            return
-        idle = self.loop.time() - self.last_read
-        if idle >= timeout:
-            self._fail(UpstreamError("response_timeout", f"no data from the upstream for {timeout:g} s"))
+        now = self.loop.time()
+        if self.head_deadline is not None and not self.head_done and now >= self.head_deadline:
+            self._fail(UpstreamError("response_timeout", "upstream did not answer in time"))
             self.close()
-        else:
-            self._arm_watch(timeout - idle)
+            return
+        rt = self.client.read_timeout_s
+        if self.reading_paused:  # the gateway holds reading back: not the upstream's silence
+            self.last_read = now
+        elif rt is not None and now - self.last_read >= rt:
+            self._fail(UpstreamError("response_timeout", f"no data from the upstream for {rt:g} s"))
+            self.close()
+            return
+        self._arm_watch(now)
 
     def _fail(self, err: UpstreamError) -> None:
         if self.resp is not None:
@@ -434,12 +447,16 @@ class UpstreamClient:
             (seconds; None: none).
         keepalive_s: how long an idle connection is kept (seconds).
         ssl_context: for ``https://`` upstreams (default: the system's trusted CAs, hostname checked).
+        headers_timeout_s: bound on the wait for the response headers once the request is sent
+            (seconds; None: none). One timer per request serves both bounds.
     """
 
     def __init__(self, connect_timeout_s: float = 10.0, read_timeout_s: float | None = None,
-                 keepalive_s: float = 4.0, ssl_context: ssl.SSLContext | None = None) -> None:
+                 keepalive_s: float = 4.0, ssl_context: ssl.SSLContext | None = None,
+                 headers_timeout_s: float | None = None) -> None:
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
+        self.headers_timeout_s = headers_timeout_s
         self.keepalive_s = keepalive_s
         self._ssl = ssl_context
         self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
@@ -453,7 +470,8 @@ class UpstreamClient:
         ``Authorization: Basic`` from the URL's credentials when ``headers`` has none. Returns the
         response with status and headers; read its body with :meth:`UpstreamResponse.read` or
         :meth:`UpstreamResponse.pump`. Raises :class:`UpstreamError` (``unavailable``,
-        ``response_timeout``); bound the wait with ``asyncio.timeout`` for a response deadline.
+        ``response_timeout``: no headers within ``headers_timeout_s``, or silence over
+        ``read_timeout_s``).
         """
         if url.scheme not in ("http", "https") or not url.host:
             raise UpstreamError("unavailable", f"unsupported upstream URL {url} (http:// or https://)", True)
