@@ -83,7 +83,10 @@ async def test_reset_mid_stream_is_a_tcp_reset() -> None:
                     got += chunk
         writer.close()
         rec = await sim.wait_truth("rst-1")
-        assert rec.outcome == "reset" and rec.osl <= 6
+        # as for error_mid_stream: the step loop may run ahead of the writer before the cancel lands
+        assert rec.outcome == "reset" and rec.osl >= 5
+        if rec.tokens_at_cancel is not None:
+            assert 5 <= rec.tokens_at_cancel <= rec.osl <= rec.tokens_at_cancel + 1
         assert b"0\r\n\r\n" not in got
 
 
