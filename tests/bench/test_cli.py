@@ -44,7 +44,10 @@ async def test_cli_trace_by_packaged_name(upstream: Any, tmp_path: Path, capsys:
         run_main, capsys, "--url", upstream.url, "--trace", "azure_conv_2023_500.csv", "--time-scale", "0",
         "--max-requests", "5", "--output-dir", str(tmp_path), "--no-progress")
     assert code == 0, err
-    assert json.loads((tmp_path / "summary.json").read_text())["requests"] == 5
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["requests"] == 5
+    # the synthetic workload's settings were not used: not recorded as if they were
+    assert [summary["config"][k] for k in ("isl", "osl", "num_requests")] == [None, None, None]
 
 
 def test_cli_errors_are_one_line(tmp_path: Path, capsys: Any) -> None:

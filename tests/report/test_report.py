@@ -215,3 +215,14 @@ def test_cli_garbage_files(tmp_path: Path) -> None:
     txt.write_text("this is { not exposition\n")
     rc, _, err = _run(["report", "--metrics", str(txt)])
     assert rc == 2 and err.count("\n") == 1
+
+
+def test_cli_results_use_the_bench_runs_buckets_and_refuse_the_summary(results_file: Path) -> None:
+    summary = results_file.parent / "summary.json"
+    summary.write_text(json.dumps({"format": "servelens-bench-summary/1", "config": {"isl_buckets": [1024, 4096]}}))
+    rc, out, _ = _run(["report", "--results", str(results_file.parent), "--format", "csv"])
+    assert rc == 0 and "0-1024" in out and "4097+" in out and "513-1024" not in out
+    rc, out, _ = _run(["report", "--results", str(results_file), "--format", "csv", "--isl-buckets", "512"])
+    assert rc == 0 and "513+" in out  # the flag wins
+    rc, _, err = _run(["report", "--results", str(summary)])
+    assert rc == 2 and "is the bench's summary; give its results.jsonl" in err and err.count("\n") == 1

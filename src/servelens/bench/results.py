@@ -133,6 +133,8 @@ def load_results(path: str | Path) -> list[BenchRecord]:
     p = Path(path)
     if p.is_dir():
         p = p / RESULTS_FILE
+    elif p.name == SUMMARY_FILE:
+        raise ValueError(f"{p} is the bench's summary; give its {RESULTS_FILE} (or the folder)")
     out: list[BenchRecord] = []
     with open(p, "rb") as f:
         for lineno, line in enumerate(f, 1):
@@ -145,6 +147,19 @@ def load_results(path: str | Path) -> list[BenchRecord]:
             except msgspec.DecodeError as exc:
                 raise ValueError(f"{p}:{lineno}: not JSON: {exc}") from None
     return out
+
+
+def summary_isl_buckets(path: str | Path) -> tuple[int, ...] | None:
+    """The ISL bucket boundaries a bench run used, from the ``summary.json`` beside a results file
+    (``path``: the file or its folder); None when there is no readable summary that says."""
+    p = Path(path)
+    summary = (p if p.is_dir() else p.parent) / SUMMARY_FILE
+    try:
+        cfg = msgspec.json.decode(summary.read_bytes()).get("config") or {}
+        bounds = tuple(int(b) for b in cfg["isl_buckets"])
+    except (OSError, msgspec.DecodeError, AttributeError, KeyError, TypeError, ValueError):
+        return None
+    return bounds or None
 
 
 def to_sample(record: BenchRecord) -> RequestSample:

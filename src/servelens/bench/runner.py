@@ -598,6 +598,9 @@ def _summary(
     out_tokens = sum(r.osl or 0 for r in ok)
     cfg = {k: v for k, v in asdict(config).items() if k != "api_key"}
     cfg["isl_buckets"] = list(config.isl_buckets)
+    if config.trace is not None:  # the synthetic workload's settings were not used
+        for unused in ("isl", "osl", "num_requests"):
+            cfg[unused] = None
     errors_by_type: dict[str, int] = {}
     for r in records:
         if not r.ok:

@@ -8,6 +8,7 @@ import shutil
 import sys
 from typing import Any
 
+from servelens.bench.results import summary_isl_buckets
 from servelens.core.buckets import IslBuckets
 from servelens.prometheus.names import DEFAULT_PREFIX, MetricNames
 from servelens.report.html import write_html
@@ -43,7 +44,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--model", help="only this model (default: all models summed)")
     p.add_argument("--isl-buckets", metavar="B1,B2,...",
                    help="ISL bucket boundaries in tokens (default: the server's buckets for --metrics and "
-                   "--prometheus, 512,...,16384 for --results)")
+                   "--prometheus; for --results the bench run's, from its summary.json, else 512,...,16384)")
     p.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
     p.add_argument("--html", metavar="PATH", help="also write a self-contained HTML report")
     p.add_argument("--title", default="servelens report", help="title of the table and HTML report")
@@ -59,7 +60,9 @@ def build_report(args: argparse.Namespace) -> Report:
     if args.results:
         if args.model:
             raise ValueError("--model applies to --metrics and --prometheus, not --results")
-        return report_from_results(args.results, buckets or IslBuckets.default())
+        bench_bounds = summary_isl_buckets(args.results)  # the buckets the bench run used
+        default = IslBuckets(bench_bounds) if bench_bounds else IslBuckets.default()
+        return report_from_results(args.results, buckets or default)
     if args.metrics:
         return report_from_metrics(args.metrics, names, args.metrics_before, args.model, buckets)
     range_s = parse_duration_s(args.range_) if args.html else None

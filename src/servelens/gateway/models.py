@@ -40,8 +40,10 @@ async def fetch_models(session: aiohttp.ClientSession, upstream: str, timeout_s:
             body = await resp.read()
             if resp.status != 200:
                 return PollResult(False, error=f"HTTP {resp.status}")
+    except aiohttp.ClientConnectorError as exc:  # its own text adds "ssl:default" and repeats the address
+        return PollResult(False, error=f"cannot connect: {exc.os_error.strerror or exc.os_error}")
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-        return PollResult(False, error=f"{type(exc).__name__}: {exc}")
+        return PollResult(False, error=f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
     try:
         obj = decode_json(body)
     except msgspec.DecodeError:
