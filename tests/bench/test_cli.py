@@ -84,3 +84,13 @@ def test_cli_unwritable_output_dir_fails_before_any_load(tmp_path: Path, capsys:
     code, _out, err = run_main(capsys, "--url", "http://127.0.0.1:9", "--num-requests", "1", "--output-dir",
                                str(blocker / "out"), "--no-progress")
     assert code == 2 and "cannot write results to" in err and err.count("\n") == 1, err
+
+
+async def test_cli_unknown_model_says_what_the_server_said(tmp_path: Path, capsys: Any) -> None:
+    from servelens.sim.testing import run_sim
+
+    async with run_sim() as sim:
+        code, _out, err = await asyncio.to_thread(
+            run_main, capsys, "--url", sim.url, "--model", "gpt-4", "--num-requests", "1", "--output-dir",
+            str(tmp_path), "--no-progress")
+    assert code == 2 and "HTTP 404" in err and "gpt-4" in err and "does not exist" in err and err.count("\n") == 1, err

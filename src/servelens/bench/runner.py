@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import msgspec
 import numpy as np
 from rich.console import Console
 
@@ -31,6 +32,7 @@ from servelens.bench.prompts import PromptBuilder, load_tokenizer
 from servelens.bench.results import RESULTS_FILE, SUMMARY_FILE, BenchRecord, to_samples, write_results
 from servelens.bench.traces import TraceRow, clip_row, read_trace
 from servelens.core.buckets import DEFAULT_ISL_BOUNDARIES, IslBuckets
+from servelens.core.openai import decode_json
 from servelens.core.summary import BucketRow, rows_from_histograms, rows_from_samples
 from servelens.core.timing import NS_PER_S
 from servelens.prometheus.names import DEFAULT_PREFIX, MetricNames
@@ -319,6 +321,22 @@ async def _discover(
     return model, ctx if isinstance(ctx, int) and ctx > 0 else None
 
 
+def _error_message(body: bytes) -> str:
+    """The message of an error reply: OpenAI's ``error.message`` (or a top-level ``message``, as Dynamo
+    writes), else the start of the body as text."""
+    try:
+        obj = decode_json(body)
+    except msgspec.DecodeError:
+        obj = None
+    if isinstance(obj, dict):
+        err = obj.get("error")
+        msg = err.get("message") if isinstance(err, dict) else obj.get("message")
+        if isinstance(msg, str) and msg:
+            return msg[:300]
+    text = body.decode("utf-8", "replace").strip()
+    return text[:300] if text else "(empty body)"
+
+
 async def _probe(
     session: aiohttp.ClientSession, url: str, model: str, config: BenchConfig, headers: dict[str, str]
 ) -> tuple[bool, bool]:
@@ -330,11 +348,12 @@ async def _probe(
         body = build_body(config.endpoint, model, "hello", 1, continuous_usage=cont, ignore_eos=eos)
         try:
             async with session.post(url, data=body, headers=headers) as resp:
-                await resp.read()
+                answer = await resp.read()
                 if resp.status == 200:
                     return cont, eos
                 if resp.status not in (400, 422):
-                    raise ValueError(f"POST {url} answered HTTP {resp.status} to a one-token probe request")
+                    raise ValueError(f"POST {url} answered HTTP {resp.status} to a one-token probe request: "
+                                     f"{_error_message(answer)}")
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise ValueError(f"cannot reach {url}: {exc or type(exc).__name__}") from None
     raise ValueError(f"POST {url} rejected a minimal streaming request (HTTP 400); check --model and --endpoint")
