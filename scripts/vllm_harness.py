@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""vLLM CPU engine with a tiny local model (issue 8): ``install | build-model | serve | paths``.
+"""vLLM CPU engine with a tiny local model: ``install | build-model | serve | paths``.
 
 Thin wrapper around :mod:`servelens.engines.vllm_cpu`; works from a source checkout without
 installing servelens. Example: ``python scripts/vllm_harness.py serve --port 0``.
