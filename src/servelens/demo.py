@@ -101,10 +101,10 @@ def _engine(config: DemoConfig, out: Path, console: Console) -> Iterator[tuple[s
                 "--max-model-len", str(config.max_context), "--seed", "0",
                 "--prefix-cache-blocks", str(DEMO_PREFIX_CACHE_BLOCKS)]
         with ServerProcess(args, log_path=out / "sim.log") as sim:
-            console.print(f"[bold]engine[/]  servelens sim ({config.sim_preset}, speedup {config.sim_speedup:g}: "
-                          f"every simulated time divided by {config.sim_speedup:g}; prefix cache of "
-                          f"{DEMO_PREFIX_CACHE_BLOCKS * 16 / 1e6:.0f}M tokens, as with a KV offload store) "
-                          f"at {sim.url}")
+            console.print(f"[bold]engine[/]  servelens sim at {sim.url}")
+            console.print(f"        preset {config.sim_preset}, speedup {config.sim_speedup:g} (every simulated "
+                          f"time divided by {config.sim_speedup:g}), prefix cache of "
+                          f"{DEMO_PREFIX_CACHE_BLOCKS * 16 / 1e6:.0f}M tokens (as with a KV offload store)")
             yield sim.url, None, config.max_context
         return
     from servelens.engines.vllm_cpu import VllmServer

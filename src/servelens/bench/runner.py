@@ -655,7 +655,7 @@ def _summary(
 
 
 def print_result(result: BenchResult, console: Console | None = None) -> None:
-    """Print the client table (and the client/server table when there are server rows) and a
+    """Print the client table (the client/server table instead when there are server rows) and a
     few summary lines to ``console`` (stdout by default)."""
     if console is None:
         console = Console()
@@ -671,11 +671,12 @@ def print_result(result: BenchResult, console: Console | None = None) -> None:
     title = f"servelens bench: {result.model} ({result.endpoint}), {len(result.records)} requests"
     if not result.lag.trustworthy:
         title += " [CLIENT FIGURES NOT TRUSTWORTHY]"
-    console.print(rich_table(result.client_rows, title=title, caption="\n".join(lines)))
-    if result.server_rows is not None:
-        if result.server_rows:
-            console.print(side_by_side(result.client_rows, result.server_rows))
-        else:
+    if result.server_rows:  # one table: the client's figures beside the server's
+        console.print(side_by_side(result.client_rows, result.server_rows, title=title + "\nClient vs server "
+                                   "(gateway /metrics)", notes=lines))
+    else:
+        console.print(rich_table(result.client_rows, title=title, caption="\n".join(lines)))
+        if result.server_rows is not None:
             console.print("server side: the /metrics endpoint has no servelens by-ISL histograms "
                           f"(prefix {s['config']['metrics_prefix']!r})")
     rps = s.get("requests_per_s")

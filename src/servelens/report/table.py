@@ -118,19 +118,21 @@ def _pair(a: float | None, b: float | None) -> str:
 
 
 def side_by_side(
-    client: Sequence[BucketRow], server: Sequence[BucketRow], title: str = "Client vs server (gateway /metrics)"
+    client: Sequence[BucketRow], server: Sequence[BucketRow], title: str = "Client vs server (gateway /metrics)",
+    notes: Sequence[str] = (),
 ) -> Table:
     """One table with client and server TTFT/ITL columns per bucket, matched by bucket label.
 
     Cells are ``client/server`` (``20.4/20.6 ms``); the label column never truncates or wraps.
+    ``notes``: more caption lines.
     """
     srv = {r.bucket: r for r in server}
-    caption = "client: exact percentiles; server: histogram_quantile over le buckets"
+    caption = "client: exact percentiles; server: histogram_quantile over le buckets (coarser at the tail)"
     note = low_count_note(client)
-    table = Table(title=title, caption=caption + (f"; {note}" if note else ""))
+    table = Table(title=title, caption="\n".join([caption + (f"; {note}" if note else ""), *notes]))
     headers = ("Requests client/server", "TTFT p50 client/server", "TTFT p95 client/server",
                "TTFT p99 client/server", "ITL p50 client/server", "ITL p95 client/server",
-               "Avg cached client/server")
+               "Avg cached tokens client/server")
     cells = []
     for c in client:
         s = srv.get(c.bucket)
