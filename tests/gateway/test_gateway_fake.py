@@ -459,3 +459,14 @@ async def test_json_reply_to_a_stream_request_is_measured_as_a_whole_reply(
         assert requests_total(gw.metrics, status="success", request_type="stream") == 1
         assert total(samples(gw.metrics), "servelens_output_sequence_tokens_sum") == 4
         assert inflight(gw.metrics) == 0
+
+
+async def test_other_methods_on_measured_paths_get_an_openai_405(
+    fake: ScriptedUpstream, http: aiohttp.ClientSession
+) -> None:
+    async with run_gateway(fake.url) as gw:
+        for path in ("/v1/chat/completions", "/v1/completions"):
+            async with http.get(gw.url + path) as r:
+                err = json.loads(await r.read())["error"]
+                assert r.status == 405 and r.headers["Allow"] == "POST" and err["code"] == "method_not_allowed"
+        assert requests_total(gw.metrics) == 0 and not fake.completions()

@@ -207,6 +207,8 @@ class Gateway:
         app[GATEWAY_KEY] = self
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/v1/completions", self.completions)
+        for path in ("/v1/chat/completions", "/v1/completions"):  # other methods: an OpenAI error, not text
+            app.router.add_route("*", path, self._post_only)
         app.router.add_get("/v1/models", self.list_models)
         app.router.add_get("/metrics", self.metrics_handler)
         app.router.add_get("/health", self.health)
@@ -360,6 +362,13 @@ class Gateway:
             return resp
         finally:
             up.close()
+
+    async def _post_only(self, request: web.Request) -> web.Response:
+        """Any method but POST on a measured path: 405 in the OpenAI error format."""
+        resp = openai_error(405, f"{request.method} is not allowed on {request.path}; use POST",
+                            "invalid_request_error", "method_not_allowed")
+        resp.headers["Allow"] = "POST"
+        return resp
 
     # -- measured endpoints ----------------------------------------------------------------
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
