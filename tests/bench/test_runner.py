@@ -112,3 +112,26 @@ async def test_interrupted_run_keeps_finished_requests(upstream: Upstream, tmp_p
         await task
     kept = load_results(tmp_path / "results.jsonl")
     assert 3 <= len(kept) < 500 and all(r.ok for r in kept)
+
+
+@pytest.mark.parametrize("width", [80, 100, 200])
+async def test_client_and_server_tables_are_never_cropped(upstream: Upstream, width: int) -> None:
+    import dataclasses
+    import io
+
+    from rich.console import Console
+
+    from servelens.bench.runner import print_result
+
+    res = await run_bench(BenchConfig(url=upstream.url, isl="300:0.5,20000:0.5", osl="3", num_requests=6))
+    res = dataclasses.replace(res, server_rows=res.client_rows)  # as if the server agreed exactly
+    buf = io.StringIO()
+    print_result(res, Console(file=buf, width=width, color_system=None))
+    lines = buf.getvalue().splitlines()
+    tops = [line for line in lines if line.startswith("┏")]
+    assert tops and all(t.endswith("┓") for t in tops), buf.getvalue()  # every table whole
+    assert max(len(line) for line in lines) <= width
+    one = "Client vs server" in buf.getvalue()  # the side-by-side table, else the client's and the server's
+    assert len(tops) == (1 if one else 2) and (one or "Server (gateway /metrics)" in buf.getvalue())
+    if width in (80, 200):  # too narrow for side by side / wide enough
+        assert one == (width == 200)

@@ -37,7 +37,7 @@ from servelens.core.summary import BucketRow, rows_from_histograms, rows_from_sa
 from servelens.core.timing import NS_PER_S
 from servelens.prometheus.names import DEFAULT_PREFIX, MetricNames
 from servelens.report.metrics_text import Scrape, bucket_histograms, parse_scrape
-from servelens.report.table import rich_table, side_by_side
+from servelens.report.table import fits, rich_table, side_by_side
 
 LONG_REQUEST_POLICIES = ("drop", "clip")
 PREBUILD_MAX_TOKENS = 30_000_000
@@ -655,8 +655,9 @@ def _summary(
 
 
 def print_result(result: BenchResult, console: Console | None = None) -> None:
-    """Print the client table (the client/server table instead when there are server rows) and a
-    few summary lines to ``console`` (stdout by default)."""
+    """Print the client table (the client/server table instead when there are server rows; on a
+    terminal too narrow for it, the client's table and then the server's) and a few summary lines to
+    ``console`` (stdout by default)."""
     if console is None:
         console = Console()
         if not console.is_terminal:
@@ -671,9 +672,14 @@ def print_result(result: BenchResult, console: Console | None = None) -> None:
     title = f"servelens bench: {result.model} ({result.endpoint}), {len(result.records)} requests"
     if not result.lag.trustworthy:
         title += " [CLIENT FIGURES NOT TRUSTWORTHY]"
-    if result.server_rows:  # one table: the client's figures beside the server's
-        console.print(side_by_side(result.client_rows, result.server_rows, title=title + "\nClient vs server "
-                                   "(gateway /metrics)", notes=lines))
+    both = side_by_side(result.client_rows, result.server_rows, title=title + "\nClient vs server (gateway "
+                        "/metrics)", notes=lines) if result.server_rows else None
+    if both is not None and fits(both, console.width):  # one table: the client's figures beside the server's
+        console.print(both)
+    elif both is not None:  # a narrow terminal: the client's table, then the server's
+        console.print(rich_table(result.client_rows, title=title + "\nClient (exact percentiles)",
+                                 caption="\n".join(lines)))
+        console.print(rich_table(result.server_rows or [], title="Server (gateway /metrics)"))
     else:
         console.print(rich_table(result.client_rows, title=title, caption="\n".join(lines)))
         if result.server_rows is not None:

@@ -159,6 +159,15 @@ def side_by_side(
     return table
 
 
+def fits(table: Table, width: int) -> bool:
+    """True when rich renders ``table`` within ``width`` columns whole (wrapping cells as needed);
+    False when it would have to crop columns off its right edge."""
+    buf = io.StringIO()
+    Console(file=buf, width=width, force_terminal=False, color_system=None).print(table)
+    border = next((line for line in buf.getvalue().splitlines() if line.startswith(("┏", "┌"))), "")
+    return border.endswith(("┓", "┐"))
+
+
 def format_rows(rows: Sequence[BucketRow], fmt: str, title: str | None = None, width: int | None = None) -> str:
     """Render rows as ``table`` (rich, plain text), ``csv``, ``json`` or ``markdown``.
 
