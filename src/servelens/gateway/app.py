@@ -40,9 +40,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 import msgspec
@@ -83,8 +83,6 @@ HOP_BY_HOP = frozenset(
 _REQ_DROP = HOP_BY_HOP | {"host", "content-length", "expect", "content-encoding"}
 _RESP_DROP = HOP_BY_HOP | {"content-length"}
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-
-_T = TypeVar("_T")
 
 GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("servelens_gateway")
 
@@ -581,17 +579,13 @@ class Gateway:
 
     async def _read_body(self, up: UpstreamResponse) -> bytes:
         """The whole upstream body within ``response_timeout_s``; raises _UpstreamFailed otherwise."""
-        return await self._bounded(up.read(), "upstream failed")
-
-    async def _bounded(self, step: Awaitable[_T], what: str) -> _T:
-        """Await ``step`` within ``response_timeout_s``; its failures become :class:`_UpstreamFailed`."""
         try:
             async with asyncio.timeout(self.config.response_timeout_s):
-                return await step
+                return await up.read()
         except TimeoutError:
             raise _UpstreamFailed("response_timeout", "upstream did not answer in time") from None
         except UpstreamError as exc:
-            raise self._failed(exc, what) from None
+            raise self._failed(exc, "upstream failed") from None
 
     @staticmethod
     def _failed(exc: UpstreamError, what: str) -> _UpstreamFailed:
@@ -684,9 +678,8 @@ class Gateway:
         learn that only when the resent request is not rejected too (a 400 for another reason can
         name the field, e.g. a validation error echoing the whole request)."""
         try:
-            async with asyncio.timeout(self.config.response_timeout_s):
-                text = await up.read()
-        except (UpstreamError, TimeoutError):
+            text = await self._read_body(up)
+        except _UpstreamFailed:
             return inj, learn, up
         flags: dict[str, bool]
         if inj.continuous and b"continuous_usage_stats" in text:
@@ -722,6 +715,13 @@ class Gateway:
         """
         resp = web.StreamResponse(status=up.status, reason=up.reason, headers=forward_response_headers(up.headers))
         strip = meter.strip != STRIP_NONE
+        feed = meter.feed
+
+        def metered(t: int, data: bytes) -> bytes:
+            """Meter ``data``; the bytes to send for it (injected usage cut out when stripping)."""
+            stripped = feed(t, data)  # None when not stripping
+            return data if stripped is None else stripped
+
         out.fail("cancelled", 499)  # until the stream ends one way or the other
         last: list[bytes] = []  # what the read that ended the body gave: sent with the final chunk
         if request.version >= aiohttp.HttpVersion11:
@@ -737,14 +737,11 @@ class Gateway:
             held = up.take_held()
             first = b""
             if held:
-                t = _now()
-                first = (meter.feed(t, held) or b"") if strip else held
+                first = metered(_now(), held)
                 if up.ended:  # the whole body came with the headers: all of it goes in one send at the end
                     last.append(first)
                 elif first:
                     await resp.write(first)
-                if not strip:
-                    meter.feed(t, held)
             if not first and not up.ended:
                 send_headers = getattr(writer, "send_headers", None)
                 if send_headers is not None:
@@ -762,7 +759,6 @@ class Gateway:
         write = transport.write
         buffered = transport.get_write_buffer_size
         closing = transport.is_closing
-        feed = meter.feed
         failure: list[BaseException] = []
         pending: list[bytes] = []
 
@@ -776,9 +772,7 @@ class Gateway:
                     failure.append(ConnectionResetError("the client went away"))
                     return True
                 if up.ended:  # the body ended in this read: the relay sends it and the final chunk at once
-                    last.append((feed(t, data) or b"") if strip else data)
-                    if not strip:
-                        feed(t, data)
+                    last.append(metered(t, data))
                     return False
                 if strip:
                     data = feed(t, data) or b""

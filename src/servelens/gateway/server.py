@@ -51,11 +51,10 @@ async def start_gateway(config: GatewayConfig, metrics: FrontendMetrics | None =
     try:
         site = web.TCPSite(runner, config.host, config.port, backlog=1024)
         await site.start()
-    except OSError as exc:
+    except BaseException as exc:
         await runner.cleanup()
-        raise listen_error(config.host, config.port, exc) from None
-    except BaseException:
-        await runner.cleanup()
+        if isinstance(exc, OSError):
+            raise listen_error(config.host, config.port, exc) from None
         raise
     server: Any = site._server  # aiohttp exposes the bound socket only here (asyncio or uvloop Server)
     port = server.sockets[0].getsockname()[1]

@@ -239,7 +239,7 @@ class _Connection(asyncio.Protocol):
         self.final_done = False  # the final response is complete: anything after it is not read
         self.trailing = False  # the upstream sent more after the final response
         self.head_done = False
-        self.head_bytes = 0  # bytes read while the head was incomplete (or the head's size, when too big)
+        self.head_bytes = 0  # bytes read while the head was incomplete
         self.head_size = 0  # status and header bytes parsed
         self.last_read = 0.0
         self._status_reason = ""
@@ -268,7 +268,7 @@ class _Connection(asyncio.Protocol):
             return
         if not self.head_done:
             self.head_bytes += len(data)  # a head arriving in many reads is bounded before it completes
-        if self.head_bytes > MAX_HEAD_BYTES:
+        if self.head_bytes > MAX_HEAD_BYTES or self.head_size > MAX_HEAD_BYTES:
             self._fail(UpstreamError("unavailable", f"the upstream's response head is over {MAX_HEAD_BYTES} bytes"))
             self.close()
             return
@@ -321,7 +321,6 @@ class _Connection(asyncio.Protocol):
             return
         self.head_done = True
         if self.head_size > MAX_HEAD_BYTES:  # a head that came in one read: failed after this read
-            self.head_bytes = self.head_size
             self.trailing = True  # nothing more of this connection is read
             return
         self.keep_alive = bool(self.parser.should_keep_alive())
