@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import msgspec
 import numpy as np
 from rich.console import Console
 
@@ -32,7 +31,7 @@ from servelens.bench.prompts import PromptBuilder, load_tokenizer
 from servelens.bench.results import RESULTS_FILE, SUMMARY_FILE, BenchRecord, to_samples, write_results
 from servelens.bench.traces import TraceRow, clip_row, read_trace
 from servelens.core.buckets import DEFAULT_ISL_BOUNDARIES, IslBuckets
-from servelens.core.openai import decode_json
+from servelens.core.openai import parse_response
 from servelens.core.summary import BucketRow, rows_from_histograms, rows_from_samples
 from servelens.core.timing import NS_PER_S
 from servelens.prometheus.names import DEFAULT_PREFIX, MetricNames
@@ -322,17 +321,13 @@ async def _discover(
 
 
 def _error_message(body: bytes) -> str:
-    """The message of an error reply: OpenAI's ``error.message`` (or a top-level ``message``, as Dynamo
-    writes), else the start of the body as text."""
-    try:
-        obj = decode_json(body)
-    except msgspec.DecodeError:
-        obj = None
-    if isinstance(obj, dict):
-        err = obj.get("error")
-        msg = err.get("message") if isinstance(err, dict) else obj.get("message")
-        if isinstance(msg, str) and msg:
-            return msg[:300]
+    """The message of an error reply: OpenAI's ``error.message`` (read by the core's
+    :func:`~servelens.core.openai.parse_response`), a top-level ``message`` (as Dynamo writes), else
+    the start of the body as text."""
+    info = parse_response(body)
+    msg = info.error or (info.obj.get("message") if isinstance(info.obj, dict) else None)
+    if isinstance(msg, str) and msg:
+        return msg[:300]
     text = body.decode("utf-8", "replace").strip()
     return text[:300] if text else "(empty body)"
 
