@@ -42,7 +42,7 @@ from servelens.core.buckets import IslBuckets
 from servelens.core.sse import SSEDecoder
 from servelens.engines.vllm_cpu import BENCH_MAX_CONTEXT, VllmServer
 from servelens.gateway.requestlog import read_request_log
-from servelens.gateway.testing import run_gateway
+from servelens.gateway.testing import run_gateway, serve_app
 from servelens.process import ServerProcess
 from servelens.report.metrics_text import Scrape, parse_scrape
 
@@ -404,15 +404,10 @@ async def recording_tap(upstream: str) -> AsyncIterator[Tap]:
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     try:
-        yield Tap(f"http://127.0.0.1:{port}", bodies)
+        async with serve_app(app) as url:
+            yield Tap(url, bodies)
     finally:
-        await runner.cleanup()
         await session.close()
 
 

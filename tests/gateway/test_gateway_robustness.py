@@ -26,6 +26,7 @@ from servelens.gateway.testing import (
     inflight,
     requests_total,
     run_gateway,
+    serve_app,
 )
 
 DEEP = b"[" * 200_000 + b"]" * 200_000
@@ -60,15 +61,8 @@ async def raw_upstream(handler: Callable[[web.Request], Awaitable[web.StreamResp
     app = web.Application()
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/chat/completions", handler)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async with serve_app(app) as url:
+        yield url
 
 
 @pytest.mark.parametrize("body", [DEEP, b'{"model":"fake-model","messages":' + DEEP + b"}"], ids=["array", "member"])
@@ -155,19 +149,11 @@ async def test_model_list_nested_too_deep_does_not_stop_the_gateway(http: aiohtt
 
     app = web.Application()
     app.router.add_get("/v1/models", models)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        async with run_gateway(f"http://127.0.0.1:{port}") as gw:
-            assert gw.gateway.router.last_poll is not None and not gw.gateway.router.last_poll.ok
-            status, got = await post(http, gw.url, json.dumps(chat()).encode())
-            assert status == 502
-            assert_openai_error(got, "upstream_unavailable")
-    finally:
-        await runner.cleanup()
+    async with serve_app(app) as url, run_gateway(url) as gw:
+        assert gw.gateway.router.last_poll is not None and not gw.gateway.router.last_poll.ok
+        status, got = await post(http, gw.url, json.dumps(chat()).encode())
+        assert status == 502
+        assert_openai_error(got, "upstream_unavailable")
 
 
 async def test_prompt_counting_in_its_thread_does_not_block_the_event_loop(tmp_path: Path) -> None:
@@ -263,23 +249,15 @@ async def test_passthrough_request_target_is_relayed_unchanged(target: str) -> N
     app = web.Application()
     app.router.add_get("/v1/models", models)
     app.router.add_route("*", "/{tail:.*}", anything)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        async with run_gateway(f"http://127.0.0.1:{port}") as gw:
-            reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
-            writer.write(f"GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
-            await writer.drain()
-            answer = await asyncio.wait_for(reader.read(), 5.0)
-            writer.close()
-            await writer.wait_closed()
-            assert answer.startswith(b"HTTP/1.1 200 ")
-            assert seen == [target]
-    finally:
-        await runner.cleanup()
+    async with serve_app(app) as url, run_gateway(url) as gw:
+        reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+        writer.write(f"GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 5.0)
+        writer.close()
+        await writer.wait_closed()
+        assert answer.startswith(b"HTTP/1.1 200 ")
+        assert seen == [target]
 
 
 async def test_measured_request_keeps_its_query_string(fake: ScriptedUpstream, http: aiohttp.ClientSession) -> None:

@@ -11,7 +11,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from servelens.gateway.testing import RawHandler, raw_tcp_server, read_http_request
-from servelens.gateway.upstream import UpstreamClient, UpstreamError
+from servelens.gateway.upstream import UpstreamClient, UpstreamError, UpstreamResponse
 
 read_request = read_http_request
 
@@ -21,6 +21,26 @@ async def raw_server(handler: RawHandler) -> AsyncIterator[tuple[URL, list[int]]
     """:func:`raw_tcp_server` with the URL of its completions path."""
     async with raw_tcp_server(handler) as (port, conns):
         yield URL(f"http://127.0.0.1:{port}/v1/completions"), conns
+
+
+@asynccontextmanager
+async def one_response(handler: RawHandler, **client_kw: float) -> AsyncIterator[UpstreamResponse]:
+    """Serve ``handler``, POST once through a new client; yields the response (its headers read),
+    closes the response and the client after."""
+    async with raw_server(handler) as (url, _):
+        client = UpstreamClient(connect_timeout_s=2, **client_kw)
+        try:
+            resp = await client.request("POST", url, CIMultiDict(), b"{}")
+            try:
+                yield resp
+            finally:
+                resp.close()
+        finally:
+            await client.close()
+
+
+async def never_drain() -> None:
+    raise AssertionError("never paused")
 
 
 def chunk(data: bytes) -> bytes:
@@ -160,24 +180,17 @@ async def test_pump_delivers_pieces_in_order_and_a_cut_is_truncated_stream() -> 
         await w.drain()
         w.transport.abort()  # cut mid-body
 
-    async with raw_server(handler) as (url, _):
-        client = UpstreamClient(connect_timeout_s=2)
-        got: list[bytes] = []
+    got: list[bytes] = []
 
-        def flush() -> bool:
-            release.set()
-            return False
+    def flush() -> bool:
+        release.set()
+        return False
 
-        async def drain() -> None:
-            raise AssertionError("never paused")
-
-        resp = await client.request("POST", url, CIMultiDict(), b"{}")
+    async with one_response(handler) as resp:
         with pytest.raises(UpstreamError) as err:
-            await resp.pump(got.append, flush, drain)
-        assert err.value.error_type == "truncated_stream"
-        assert b"".join(got) == b"data: 1\n\ndata: 2\n\n"
-        resp.close()
-        await client.close()
+            await resp.pump(got.append, flush, never_drain)
+    assert err.value.error_type == "truncated_stream"
+    assert b"".join(got) == b"data: 1\n\ndata: 2\n\n"
 
 
 async def test_silence_is_response_timeout() -> None:
@@ -187,15 +200,11 @@ async def test_silence_is_response_timeout() -> None:
         await w.drain()
         await r.read()  # then nothing until the client gives up
 
-    async with raw_server(handler) as (url, _):
-        client = UpstreamClient(connect_timeout_s=2, read_timeout_s=0.2)
-        resp = await client.request("POST", url, CIMultiDict(), b"{}")
+    async with one_response(handler, read_timeout_s=0.2) as resp:
         with pytest.raises(UpstreamError) as err:
             async with asyncio.timeout(10):
                 await resp.read()
-        assert err.value.error_type == "response_timeout"
-        resp.close()
-        await client.close()
+    assert err.value.error_type == "response_timeout"
 
 
 async def test_sink_pauses_reading_until_drain_returns() -> None:
@@ -275,11 +284,9 @@ async def test_pieces_held_before_pump_can_pause_reading() -> None:
         await w.drain()
         await r.read()
 
-    async with raw_server(handler) as (url, _):
-        client = UpstreamClient(connect_timeout_s=2)
-        resp = await client.request("POST", url, CIMultiDict(), b"{}")
-        got: list[bytes] = []
-        reading_during_drain: list[bool] = []
+    got: list[bytes] = []
+    reading_during_drain: list[bool] = []
+    async with one_response(handler) as resp:
 
         async def drain() -> None:
             transport = resp._conn.transport
@@ -288,10 +295,8 @@ async def test_pieces_held_before_pump_can_pause_reading() -> None:
 
         async with asyncio.timeout(10):
             await resp.pump(got.append, lambda: True, drain)
-        assert got[0] == b"first" and b"".join(got[1:]) == b"x" * 500_000
-        assert reading_during_drain and not any(reading_during_drain)
-        resp.close()
-        await client.close()
+    assert got[0] == b"first" and b"".join(got[1:]) == b"x" * 500_000
+    assert reading_during_drain and not any(reading_during_drain)
 
 
 async def test_reads_are_flushed_once_each() -> None:
@@ -303,24 +308,17 @@ async def test_reads_are_flushed_once_each() -> None:
         await w.drain()
         await r.read()
 
-    async with raw_server(handler) as (url, _):
-        client = UpstreamClient(connect_timeout_s=2)
-        resp = await client.request("POST", url, CIMultiDict(), b"{}")
-        got: list[bytes] = []
-        flushes = 0
+    got: list[bytes] = []
+    flushes = 0
 
-        def flush() -> bool:
-            nonlocal flushes
-            flushes += 1
-            return False
+    def flush() -> bool:
+        nonlocal flushes
+        flushes += 1
+        return False
 
-        async def drain() -> None:
-            raise AssertionError("never paused")
-
-        await resp.pump(got.append, flush, drain)
-        assert len(got) == 50 and flushes < 5
-        resp.close()
-        await client.close()
+    async with one_response(handler) as resp:
+        await resp.pump(got.append, flush, never_drain)
+    assert len(got) == 50 and flushes < 5
 
 
 async def test_close_delimited_body_cut_by_a_reset_is_truncated() -> None:
@@ -328,32 +326,18 @@ async def test_close_delimited_body_cut_by_a_reset_is_truncated() -> None:
         await read_request(r)
         w.write(b"HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\ndata: 1\n\n")
         await w.drain()
-        await r.read(1)  # the client's next move never comes; reset below when the test ends it
-        w.transport.abort()
+        await r.read(1)  # held open until the test ends; the reset is reported to the client below
 
-    async with raw_server(handler) as (url, _):
-        client = UpstreamClient(connect_timeout_s=2)
-        resp = await client.request("POST", url, CIMultiDict(), b"{}")
-        got: list[bytes] = []
-
-        def flush() -> bool:
-            # the reset: SO_LINGER 0 on the server's socket is not reachable from here, so abort the
-            # connection from the server side by closing the reader's peer
-            return False
-
-        async def drain() -> None:
-            raise AssertionError("never paused")
-
-        pumping = asyncio.ensure_future(resp.pump(got.append, flush, drain))
+    got: list[bytes] = []
+    async with one_response(handler) as resp:
+        pumping = asyncio.ensure_future(resp.pump(got.append, lambda: False, never_drain))
         async with asyncio.timeout(5):
             while not got:
                 await asyncio.sleep(0)
         resp._conn.connection_lost(ConnectionResetError("reset by peer"))  # what the loop reports for a RST
         with pytest.raises(UpstreamError) as err:
             await pumping
-        assert err.value.error_type == "truncated_stream"
-        resp.close()
-        await client.close()
+    assert err.value.error_type == "truncated_stream"
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,8 @@
 """Test helpers: a gateway in the current event loop on a free loopback port
 (:func:`run_gateway`), a scripted OpenAI-compatible upstream whose bytes are exactly known
-(:class:`ScriptedUpstream`), a raw TCP server for upstreams that misbehave at the HTTP level
-(:func:`raw_tcp_server`, :func:`read_http_request`), and readers of the gateway's metrics.
+(:class:`ScriptedUpstream`), any aiohttp app on a free loopback port (:func:`serve_app`), a raw TCP
+server for upstreams that misbehave at the HTTP level (:func:`raw_tcp_server`,
+:func:`read_http_request`), and readers of the gateway's metrics.
 
 Example::
 
@@ -64,6 +65,20 @@ async def run_gateway(
         yield GatewayHandle(running.url, running.metrics, running.gateway, running.port)
     finally:
         await running.close()
+
+
+@asynccontextmanager
+async def serve_app(app: web.Application) -> AsyncIterator[str]:
+    """Run an aiohttp ``app`` on 127.0.0.1 (a free port) until the block ends; yields its base URL."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
 
 
 RawHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
