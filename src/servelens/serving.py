@@ -11,6 +11,7 @@ import re
 import signal
 import sys
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 READY_RE = re.compile(r"^servelens (\w+) listening on (http://\S+)\s*$")
 """Matches the ready line; groups: the server's name and its base URL."""
@@ -69,3 +70,12 @@ def listen_error(host: str, port: int, exc: OSError) -> OSError:
     """A one-line error for an address that cannot be listened on (``exc`` from binding or resolving
     ``host``): ``cannot listen on HOST:PORT: <reason>``."""
     return OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
+
+
+def unreadable_body(request: Any, exc: BaseException) -> str:
+    """Why an aiohttp request body could not be read (``web.RequestPayloadError``: a Content-Encoding
+    the body does not match, a broken chunked body), in one line; marks the body read, else aiohttp
+    reads the broken body again after the reply and logs a traceback."""
+    request.content.feed_eof()
+    cause = exc.__cause__
+    return str(getattr(cause, "message", None) or cause or exc)

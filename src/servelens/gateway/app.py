@@ -67,6 +67,7 @@ from servelens.gateway.usage import (
     plan_injection,
 )
 from servelens.prometheus import FrontendMetrics
+from servelens.serving import unreadable_body
 
 log = logging.getLogger("servelens.gateway")
 
@@ -386,10 +387,8 @@ class Gateway:
     @staticmethod
     def _unreadable(request: web.Request, exc: web.RequestPayloadError) -> web.Response:
         """The request body could not be read (a bad Content-Encoding, a broken chunked body)."""
-        request.content.feed_eof()  # else aiohttp reads the broken body again after the reply and logs it
-        cause = exc.__cause__
-        why = getattr(cause, "message", None) or str(cause or exc)
-        return openai_error(400, f"cannot read the request body: {why}", "invalid_request_error", "invalid_body")
+        return openai_error(400, f"cannot read the request body: {unreadable_body(request, exc)}",
+                            "invalid_request_error", "invalid_body")
 
     async def _measured(self, request: web.Request, endpoint: str) -> web.StreamResponse:
         arrival_ns = _now()

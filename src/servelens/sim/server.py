@@ -45,7 +45,7 @@ from aiohttp import web
 
 from servelens.core.openai import decode_json, error_body
 from servelens.prometheus.sim_engine import SimMetrics
-from servelens.serving import listen_error
+from servelens.serving import listen_error, unreadable_body
 from servelens.sim import faults as F
 from servelens.sim.faults import FaultInjector, FaultPlan
 from servelens.sim.model import ModelParams
@@ -417,9 +417,7 @@ async def _handle(request: web.Request, endpoint: str) -> web.StreamResponse:
             try:
                 raw = await request.read()
             except web.RequestPayloadError as exc:  # e.g. a Content-Encoding the body does not match
-                request.content.feed_eof()  # else aiohttp reads the broken body again and logs it
-                why = getattr(exc.__cause__, "message", None) or str(exc.__cause__ or exc)
-                raise BadRequest(f"cannot read the request body: {why}") from None
+                raise BadRequest(f"cannot read the request body: {unreadable_body(request, exc)}") from None
             try:
                 obj = decode_json(raw)  # DecodeError also for nesting too deep
             except msgspec.DecodeError:
