@@ -448,17 +448,29 @@ class VllmServer:
             os.killpg(pgid, signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=self.stop_timeout_s)
-        # Children (engine core, resource tracker) may outlive the server: kill what is left.
-        if _group_alive(pgid):
-            deadline = time.monotonic() + self.stop_timeout_s
-            while _group_alive(pgid) and time.monotonic() < deadline:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(timeout=0.2)
+        # Children (engine core, resource tracker) may outlive the server: kill what is left, and wait
+        # for it to be gone (a SIGKILL is delivered asynchronously)
+        if not self._group_exited(proc, pgid):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, signal.SIGKILL)
+            self._group_exited(proc, pgid)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=self.stop_timeout_s)
         return proc.returncode
+
+    def _group_exited(self, proc: subprocess.Popen[bytes], pgid: int) -> bool:
+        """Wait up to ``stop_timeout_s`` until no process of group ``pgid`` runs (reaping the server
+        meanwhile); True when none does."""
+        deadline = time.monotonic() + self.stop_timeout_s
+        while _group_alive(pgid):
+            if time.monotonic() >= deadline:
+                return False
+            if proc.poll() is None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=0.2)
+            else:
+                time.sleep(0.02)
+        return True
 
     def __enter__(self) -> VllmServer:
         return self.start()
