@@ -117,6 +117,7 @@ def test_max_models_guard() -> None:
     st.register_model("a")  # idempotent
     with pytest.raises(ValueError, match="at most 2 models"):
         st.register_model("c")
+    assert list(st.models) == ["a", "b"]  # no state (hence no series) for the rejected model
     with pytest.raises(ValueError, match="reserved"):
         FrontendState().register_model("unknown_model")
 
@@ -148,3 +149,45 @@ def test_hot_path_append_equals_output_calls() -> None:
     rb = b.finish(700 * MS, "success", isl=1, osl=59)
     assert ra.itl.counts == rb.itl.counts and ra.itl.sum == pytest.approx(rb.itl.sum)
     assert ra.itl.count == 58
+
+
+def test_isl_known_mid_stream_observes_ttft_into_bucket_at_that_moment() -> None:
+    st = make()
+    r = st.begin("m", "chat_completions", "stream", 0)
+    r.output(25 * MS)
+    r.output(30 * MS)
+    b = st.models["m"].by_isl["1025-2048"]  # type: ignore[index]
+    assert b.ttft.count == 0
+    r.set_isl(1500, "final_usage")  # bucket fixed now: TTFT goes in at once, not at the end
+    assert b.ttft.count == 1 and b.ttft.sum == pytest.approx(0.025)
+    assert b.itl.count == 0 and b.duration.count == 0 and b.osl.count == 0
+    r.set_isl(10, "final_usage")  # the first ISL wins
+    r.finish(40 * MS, "success", osl=2, cached_tokens=0)
+    assert b.ttft.count == 1 and b.itl.count == 1 and b.duration.count == 1 and b.osl.sum == 2
+    assert st.models["m"].by_isl["0-512"].duration.count == 0  # type: ignore[index]
+
+
+def test_failure_after_first_token_keeps_its_bucket() -> None:
+    st = make()
+    r = st.begin("m", "chat_completions", "stream", 0)
+    r.set_isl(3000, "tokenizer")
+    r.output(10 * MS)
+    r.output(20 * MS)
+    r.finish(30 * MS, "error", "backend_error")
+    ms = st.models["m"]
+    b = ms.by_isl["2049-4096"]  # type: ignore[index]
+    assert b.ttft.count == 1 and b.itl.count == 1 and b.duration.count == 1
+    assert ms.requests == {("chat_completions", "stream", "error", "backend_error"): 1}
+
+
+@pytest.mark.parametrize(("endpoint", "request_type", "msg"), [
+    ("chat", "stream", "unknown endpoint 'chat'"),
+    ("completions", "streaming", "unknown request_type 'streaming'"),
+])
+def test_endpoint_and_request_type_vocabulary(endpoint: str, request_type: str, msg: str) -> None:
+    st = make()
+    with pytest.raises(ValueError, match=msg):
+        st.begin("m", endpoint, request_type, 0)
+    with pytest.raises(ValueError, match=msg):
+        st.count_unknown_model(endpoint, request_type)
+    assert st.models["m"].inflight == 0 and not st.unknown_requests

@@ -5,6 +5,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from servelens.core.buckets import IslBuckets
 from servelens.core.state import MetricEdges
 from servelens.prometheus import FrontendMetrics, MetricNames
 
@@ -36,6 +37,14 @@ def test_series_count_one_model_seven_buckets() -> None:
     assert [s.labels["isl_bucket"] for s in ttft] == ["0-512", "513-1024", "1025-2048", "2049-4096", "4097-8192",
                                                       "8193-16384", "16385+"]
     assert all(s.value == 0 for s in ttft)
+    # ... and every sample of every by-ISL histogram (buckets, _count, _sum) is at zero, per bucket
+    for name in n.by_isl_histograms():
+        per_bucket: dict[str, int] = {}
+        for s in fams[name]:
+            assert s.value == 0, (name, s)
+            per_bucket[s.labels["isl_bucket"]] = per_bucket.get(s.labels["isl_bucket"], 0) + 1
+        assert list(per_bucket) == list(IslBuckets.parse(BUCKETS).labels), name
+        assert len(set(per_bucket.values())) == 1, name
     assert len(fams[n.isl_assignments.removesuffix("_total")]) == 4
     # stock: 6 histograms + inflight + output tokens + disconnected; requests_total appears on use
     stock_hist = sum(len(x) + 3 for x in (e.ttft_s, e.itl_s, e.duration_s, e.isl_tokens, e.osl_tokens,
@@ -149,3 +158,36 @@ def test_exposition_passes_promtool_check_metrics() -> None:
     proc = subprocess.run(["promtool", "check", "metrics"], input=generate_latest(reg), capture_output=True,
                           timeout=30, check=False)
     assert proc.returncode == 0, proc.stdout.decode() + proc.stderr.decode()
+
+
+def test_edges_are_overridable_and_by_isl_twins_follow() -> None:
+    reg = CollectorRegistry()
+    edges = MetricEdges(ttft_s=(0.05, 0.5, 5.0), osl_tokens=(10, 100))
+    m = FrontendMetrics(registry=reg, isl_buckets="100", edges=edges)
+    m.register_model("m")
+    r = m.begin("m", "chat_completions", "stream", arrival_ns=0)
+    r.output(200 * MS)
+    r.finish(300 * MS, "success", isl=50, osl=20)
+    fams = families(reg)
+    n = MetricNames()
+    for name in (n.ttft, n.ttft_by_isl):
+        les = [(s.labels["le"], s.value) for s in fams[name]
+               if s.name.endswith("_bucket") and s.labels.get("isl_bucket", "0-100") == "0-100"]
+        assert les == [("0.05", 0), ("0.5", 1), ("5", 1), ("+Inf", 1)], name
+    for name in (n.osl, n.osl_by_isl):
+        les = [s.labels["le"] for s in fams[name] if s.name.endswith("_bucket")
+               and s.labels.get("isl_bucket", "0-100") == "0-100"]
+        assert les == ["10", "100", "+Inf"], name
+    # the sets not overridden keep Dynamo's edges
+    assert len([s for s in fams[n.itl] if s.name.endswith("_bucket")]) == len(MetricEdges().itl_s) + 1
+
+
+def test_model_past_max_models_creates_no_series() -> None:
+    reg = CollectorRegistry()
+    m = FrontendMetrics(registry=reg, isl_buckets=BUCKETS, max_models=1)
+    m.register_model("a")
+    before = generate_latest(reg)
+    with pytest.raises(ValueError, match="at most 1 models"):
+        m.register_model("b")
+    assert generate_latest(reg) == before
+    assert 'model="b"' not in before.decode()

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from servelens.core.buckets import IslBuckets
 from servelens.core.histogram import HistogramState, validate_edges
-from servelens.core.status import ERROR, SUCCESS, UNKNOWN_MODEL, check_error_type
+from servelens.core.status import ERROR, SUCCESS, UNKNOWN_MODEL, check_error_type, check_request_labels
 from servelens.core.timing import RequestRecord, RequestTimer
 
 # Default `le` edges exactly as NVIDIA Dynamo 1.6.1's frontend exposes them
@@ -165,7 +165,10 @@ class FrontendState:
         ``model`` must be registered; an unregistered name is tracked as ``unknown_model``
         (only ``requests_total`` is counted for it). ``endpoint`` is ``chat_completions`` or
         ``completions``; ``request_type`` is ``stream`` or ``unary``.
+
+        Raises ValueError for another ``endpoint`` or ``request_type``.
         """
+        check_request_labels(endpoint, request_type)
         ms = self.models.get(model)
         if ms is not None:
             with self.lock:
@@ -176,7 +179,11 @@ class FrontendState:
         self, endpoint: str, request_type: str, error_type: str = "not_found", duration_s: float | None = None
     ) -> None:
         """Count one failed request naming an unknown model under ``model="unknown_model"``; its duration
-        (seconds), when given, goes to the stock duration histogram under that label (Dynamo does both)."""
+        (seconds), when given, goes to the stock duration histogram under that label (Dynamo does both).
+
+        Raises ValueError for an unknown ``endpoint``, ``request_type`` or ``error_type``.
+        """
+        check_request_labels(endpoint, request_type)
         key = (endpoint, request_type, ERROR, check_error_type(error_type))
         with self.lock:
             self.unknown_requests[key] = self.unknown_requests.get(key, 0) + 1
@@ -204,6 +211,7 @@ class LiveRequest:
         "_model",
         "_record",
         "_state",
+        "_times_ns",
         "endpoint",
         "isl",
         "request_type",
@@ -224,6 +232,7 @@ class LiveRequest:
         self.endpoint = endpoint
         self.request_type = request_type
         self.timer = RequestTimer(arrival_ns, state.edges.itl_s, keep_itl_values)
+        self._times_ns = self.timer.times_ns
         self.isl: int | None = None
         self._bucket: HistogramSet | None = None
         self._isl_source = "unknown"
@@ -261,8 +270,17 @@ class LiveRequest:
         return self._record is not None
 
     def output(self, t_ns: int, tokens: int = 1) -> None:
-        """An output-bearing chunk arrived at ``t_ns`` with ``tokens`` tokens."""
-        if not self.timer.output(t_ns, tokens) or self._model is None or self._record is not None:
+        """An output-bearing chunk arrived at ``t_ns`` (int ns) with ``tokens`` tokens (< 1 counts as 1).
+
+        The per-chunk hot path: after the first chunk this is one append of the timestamp (the
+        same work as :meth:`RequestTimer.output`, inlined to save a call); the first chunk also
+        observes the stock TTFT, and the by-ISL TTFT when the bucket is already fixed.
+        """
+        times = self._times_ns
+        times.append(t_ns)
+        if tokens > 1:
+            self.timer.chunk_tokens[len(times) - 1] = tokens
+        if len(times) != 1 or self._model is None or self._record is not None:
             return
         ttft = self.timer.ttft_s
         assert ttft is not None

@@ -50,3 +50,15 @@ def check_error_type(error_type: str) -> str:
     if error_type and error_type not in ERROR_TYPES:
         raise ValueError(f"unknown error_type {error_type!r}; expected one of {', '.join(ERROR_TYPES)}")
     return error_type
+
+
+def check_request_labels(endpoint: str, request_type: str) -> None:
+    """Check the ``endpoint`` and ``request_type`` label values of ``requests_total``.
+
+    Raises ValueError unless ``endpoint`` is one of :data:`ENDPOINTS` and ``request_type`` one of
+    :data:`REQUEST_TYPES` (Dynamo's frontend label values).
+    """
+    if endpoint not in ENDPOINTS:
+        raise ValueError(f"unknown endpoint {endpoint!r}; expected one of {', '.join(ENDPOINTS)}")
+    if request_type not in REQUEST_TYPES:
+        raise ValueError(f"unknown request_type {request_type!r}; expected one of {', '.join(REQUEST_TYPES)}")

@@ -31,8 +31,9 @@ class FrontendMetrics:
         registry: the prometheus_client registry to register the collector with (None: do not
             register; call :meth:`exposition` or register :attr:`collector` yourself).
         prefix: metric name prefix (``dynamo_frontend`` gives NVIDIA Dynamo's names).
-        isl_buckets: boundaries (``"512,1024"``, a sequence, or :class:`IslBuckets`); None or
-            empty disables the by-ISL families entirely.
+        isl_buckets: boundaries in tokens (``"512,1024"``, a sequence, or :class:`IslBuckets`);
+            None or the empty string disables the by-ISL families entirely (an empty sequence
+            raises ValueError, as any invalid boundaries do).
         edges: histogram ``le`` edges (Dynamo 1.6.1's by default).
         max_models: cardinality guard for :meth:`register_model`.
         stock, by_isl: which families to export (``stock=False`` is the sidecar mode that adds
@@ -80,7 +81,11 @@ class FrontendMetrics:
     def begin(
         self, model: str, endpoint: str, request_type: str, arrival_ns: int | None = None
     ) -> LiveRequest:
-        """Start a request now (or at ``arrival_ns`` from ``time.perf_counter_ns()``)."""
+        """Start a request now (or at ``arrival_ns``, int ns from ``time.perf_counter_ns()``).
+
+        ``endpoint``: ``chat_completions`` or ``completions``; ``request_type``: ``stream`` or
+        ``unary``; anything else raises ValueError. An unregistered ``model`` counts as ``unknown_model``.
+        """
         return self.state.begin(
             model, endpoint, request_type, time.perf_counter_ns() if arrival_ns is None else arrival_ns
         )

@@ -1,0 +1,47 @@
+"""Project skeleton (issue 2): the ``servelens`` console script with ``--help`` and ``--version``."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import shutil
+import subprocess
+import sysconfig
+
+import pytest
+
+import servelens
+from servelens.cli.main import main
+
+
+def test_console_script_entry_point() -> None:
+    eps = importlib.metadata.entry_points(group="console_scripts", name="servelens")
+    assert [ep.value for ep in eps] == ["servelens.cli.main:main"]
+
+
+def test_version_matches_the_installed_distribution(capsys: pytest.CaptureFixture[str]) -> None:
+    assert servelens.__version__ == importlib.metadata.version("servelens")
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"servelens {servelens.__version__}"
+
+
+def test_help_lists_the_subcommands(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: servelens")
+    for cmd in ("demo", "sim", "gateway", "bench", "report", "dashboard"):
+        assert f"    {cmd}" in out, cmd
+
+
+def test_the_installed_script_runs() -> None:
+    # the console script pip wrote (what a newcomer types), in a fresh process
+    script = shutil.which("servelens", path=sysconfig.get_path("scripts")) or shutil.which("servelens")
+    if script is None:
+        pytest.skip("the servelens console script is not on PATH (package not installed with pip)")
+    for args in (["--version"], ["--help"]):
+        proc = subprocess.run([script, *args], capture_output=True, text=True, timeout=60, check=False)
+        assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: servelens")
