@@ -39,6 +39,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -377,8 +378,10 @@ def serve(
 ) -> Iterator[DynamoStack]:
     """Start the mocker and the frontend, yield a :class:`DynamoStack` once the model is listed.
 
-    Both processes get a fresh discovery folder (``DYN_FILE_KV``) and are stopped with SIGTERM
-    on exit (SIGKILL to their process group after ``stop_timeout_s``), mocker first.
+    Both processes get a fresh discovery folder (``DYN_FILE_KV=<run_dir>/kv``, emptied first when
+    ``run_dir`` is given; default ``run_dir``: a new temporary folder, removed afterwards) and are
+    stopped with SIGTERM on exit (SIGKILL to their process group after ``stop_timeout_s``), mocker
+    first.
 
     Raises:
         HarnessError: not in a private network namespace, Dynamo not installed in ``venv``, or
@@ -390,7 +393,9 @@ def serve(
         raise HarnessError(f"Dynamo is not installed in {venv}: run `python scripts/dynamo_harness.py install`")
     own_dir = run_dir is None
     rd = Path(tempfile.mkdtemp(prefix="servelens-dynamo-")) if run_dir is None else Path(run_dir)
-    (rd / "kv").mkdir(parents=True, exist_ok=True)
+    # a fresh discovery folder: entries left by a SIGKILLed run would route requests to a dead worker
+    shutil.rmtree(rd / "kv", ignore_errors=True)
+    (rd / "kv").mkdir(parents=True)
     port = frontend_port or free_port()
     system_port = free_port(below=32768)
     env = dynamo_env(rd, system_port)
@@ -430,8 +435,6 @@ def serve(
         for f in logs:
             f.close()
         if own_dir and os.environ.get("SERVELENS_KEEP_DYNAMO_LOGS") != "1":
-            import shutil
-
             shutil.rmtree(rd, ignore_errors=True)
 
 

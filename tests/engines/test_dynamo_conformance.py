@@ -119,6 +119,10 @@ def _histogram_shape(fam: Any) -> tuple[str, list[str], list[str]]:
     return fam.type, sorted(k for k in buckets[0].labels if k != "le"), les
 
 
+def _log_tail(run_dir: Path) -> str:
+    return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}" for p in sorted(run_dir.glob("*.log")))
+
+
 def _requests_total(fam: Any) -> dict[tuple[tuple[str, str], ...], float]:
     return {tuple(sorted(s.labels.items())): s.value for s in fam.samples if s.name.endswith("_total")}
 
@@ -126,13 +130,18 @@ def _requests_total(fam: Any) -> dict[tuple[tuple[str, str], ...], float]:
 # ----------------------------------------------------------------------------- names and shapes
 
 
-def test_refuses_outside_private_netns_message() -> None:
-    """The guard names the command to use (and we are inside a namespace here)."""
+def test_refuses_outside_private_netns(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """We are inside a loopback-only namespace here; with another interface ``serve`` refuses to
+    start anything and names the command to use."""
     assert harness.in_private_netns(), harness.network_interfaces()
-    assert "unshare -rn" in harness.NETNS_HINT
+    monkeypatch.setattr(harness, "network_interfaces", lambda: ["eth0", "lo"])
+    with (pytest.raises(harness.HarnessError, match=r"not in a private network namespace.*unshare -rn"),
+          harness.serve(run_dir=tmp_path / "run")):
+        pass
+    assert not (tmp_path / "run").exists(), "nothing started"
 
 
-def test_harness_serve_cli_and_clean_stop(dyn_install: tuple[Path, Path]) -> None:
+def test_harness_serve_cli_and_clean_stop(dyn_install: tuple[Path, Path], tmp_path: Path) -> None:
     """``dynamo_harness.py serve -- CMD`` runs CMD against a ready frontend; both processes are gone after."""
     import subprocess
 
@@ -145,13 +154,21 @@ def test_harness_serve_cli_and_clean_stop(dyn_install: tuple[Path, Path]) -> Non
     assert '"id":"tiny"' in proc.stdout.replace(" ", ""), proc.stdout
 
     venv, model_dir = dyn_install
-    with harness.serve(venv, model_dir) as st:
+    run_dir = tmp_path / "run"
+    stale = run_dir / "kv" / "v1" / "instances" / "stale-worker"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("left by a SIGKILLed run")
+    with harness.serve(venv, model_dir, run_dir=run_dir) as st:
         pids = (st.frontend_pid, st.mocker_pid)
         kv = st.run_dir / "kv"
-        assert any(kv.rglob("*")), "discovery entries written"
+        assert not stale.exists(), "the discovery folder starts fresh"
+        assert any(p.is_file() for p in kv.rglob("*")), "discovery entries written"
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+    # SIGTERM, not SIGKILL: the mocker removed its discovery entries on the way out
+    left = [str(p.relative_to(kv)) for p in kv.rglob("*") if p.is_file()]
+    assert not left, f"discovery entries left behind: {left}\n{_log_tail(run_dir)}"
 
 
 def test_stock_histograms_match_dynamo(dyn_stack: Any) -> None:
@@ -269,6 +286,10 @@ def test_gateway_values_match_dynamo(dyn_stack: Any, tmp_path: Path) -> None:
     p = gap.measure(dyn_stack, concurrency=4, max_requests=n, out_dir=tmp_path)
     assert len(p.records) == n and all(r.ok for r in p.records), [r.error for r in p.records if not r.ok]
     dyn, gw = p.dynamo, p.gateway
+    # the gateway itself (not only the metrics library) exports Dynamo's names, label names and edges
+    dyn_fams, gw_fams = _families(p.dynamo_text), _families(p.gateway_text)
+    for name in MetricNames(DYNAMO_PREFIX).stock_histograms():
+        assert _histogram_shape(gw_fams[name]) == _histogram_shape(dyn_fams[name]), name
     for key in ("ttft", "itl", "duration", "isl", "osl", "cached"):
         assert gw.counts[key] == dyn.counts[key], (key, gw.counts, dyn.counts)
     assert dyn.counts["ttft"] == n
@@ -327,9 +348,9 @@ def test_sidecar_with_prometheus(dyn_stack: Any, tmp_path: Path) -> None:
         dyn_names = _sample_names(_get(f"{dyn_stack.frontend_url}/metrics"))
         assert gw_names and not (gw_names & dyn_names), sorted(gw_names & dyn_names)
         names = MetricNames(DYNAMO_PREFIX)
-        for h in names.by_isl_histograms():
-            assert f"{h}_bucket" in gw_names
-        assert not any(f"{h}_count" in gw_names for h in names.stock_histograms())
+        # exactly the five by-ISL histograms and the bucket-assignment counter, nothing stock
+        expected = {f"{h}{suffix}" for h in names.by_isl_histograms() for suffix in ("_bucket", "_sum", "_count")}
+        assert gw_names == expected | {names.isl_assignments}, sorted(gw_names ^ (expected | {names.isl_assignments}))
 
         with run_prometheus([f"{dyn_stack.frontend_url}/metrics", f"{gw.url}/metrics"]) as prom:
             prom.wait_until("up", lambda r: len(r) == 2 and all(s.value == 1 for s in r), timeout_s=30)
