@@ -7,7 +7,10 @@ import sys
 
 import aiohttp
 
-from servelens.cli.main import main
+from servelens.cli.main import build_parser, main
+from servelens.cli.sim import config_from_args
+from servelens.sim.model import ModelParams
+from servelens.sim.presets import get_preset
 
 
 async def test_cli_port_zero_ready_line_and_sigterm() -> None:
@@ -36,6 +39,21 @@ def test_cli_bad_values_are_one_line_errors(capsys: object) -> None:
     assert main(["sim", "--speedup", "0"]) == 2
     assert main(["sim", "--fault-modes", "http_418"]) == 2
     assert main(["sim", "--max-num-seqs", "0"]) == 2
+    assert main(["sim", "--max-model-len", "0"]) == 2
+    assert main(["sim", "--spin-us", "-1"]) == 2
     err = capsys.readouterr().err  # type: ignore[attr-defined]
     lines = [x for x in err.splitlines() if x]
-    assert len(lines) == 3 and all(x.startswith("servelens: error: ") for x in lines)
+    assert len(lines) == 5 and all(x.startswith("servelens: error: ") for x in lines)
+    assert "max_model_len" in lines[3] and "spin_us" in lines[4]
+
+
+def test_every_timing_parameter_is_a_flag_over_the_preset() -> None:
+    preset = get_preset("qwen3-32b-tp2-h100").params
+    names = list(ModelParams.__dataclass_fields__)
+    for name in names:
+        base = getattr(preset, name)
+        value = base * 2 if isinstance(base, float) else base + 1
+        args = build_parser().parse_args(["sim", "--preset", "qwen3-32b-tp2-h100",
+                                          "--" + name.replace("_", "-"), str(value)])
+        params = config_from_args(args).params
+        assert params == preset.with_overrides(**{name: value}), name

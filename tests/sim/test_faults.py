@@ -7,7 +7,8 @@ import aiohttp
 import pytest
 
 from servelens.core.openai import parse_chunk
-from servelens.sim.faults import FAULT_MODES, FaultInjector, parse_modes
+from servelens.sim import server as sim_server
+from servelens.sim.faults import FAULT_MODES, FaultInjector, FaultPlan, parse_modes
 from servelens.sim.testing import capture, run_sim
 
 CHAT = "/v1/chat/completions"
@@ -142,6 +143,41 @@ async def test_coalesce_two_events_per_write() -> None:
         assert max(r.count(b"data: ") for r in cap.reads) >= 2
         assert all(r.count(b"data: ") % 2 == 0 for r in cap.reads[:-1]) or len(cap.reads) < 7
         assert len(token_chunks(cap.data)) == 12
+
+
+class _Writes:
+    """Stands in for the StreamResponse: records each write the sim makes (one TCP send each)."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    async def write(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+
+
+async def test_coalesce_and_split_at_the_write_level(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the client's reads may merge or cut writes; the writes themselves are exactly as specified
+    monkeypatch.setattr(sim_server, "SPLIT_GAP_S", 0)
+    events = [b'{"text":" caf\xc3\xa9"}', b'{"text":" plain"}', b'{"text":" \xe6\x97\xa5\xe6\x9c\xac"}']
+    out = _Writes()
+    w = sim_server._Writer(out, FaultPlan(frozenset({"coalesce"})))  # type: ignore[arg-type]
+    for e in events:
+        await w.event(e)
+    await w.event(b"[DONE]", last=True)
+    await w.flush()
+    assert [x.count(b"data: ") for x in out.writes] == [2, 2]  # two events in one write
+    out = _Writes()
+    w = sim_server._Writer(out, FaultPlan(frozenset({"split"})))  # type: ignore[arg-type]
+    for e in events:
+        await w.event(e)
+    assert len(out.writes) == 2 * len(events)  # each event in two writes
+    for i, e in enumerate(events):
+        first, second = out.writes[2 * i], out.writes[2 * i + 1]
+        assert first + second == b"data: " + e + b"\n\n"
+        if e != events[1]:  # cut after the lead byte of the first multi-byte character
+            assert first[-1] >= 0xC0
+            with pytest.raises(UnicodeDecodeError):
+                first.decode()
 
 
 async def test_split_inside_multibyte_character() -> None:

@@ -1,9 +1,11 @@
+import asyncio
+
 import pytest
 
 from servelens.sim.model import ModelParams, decode_s, idle_ttft_s, prefill_chunk_s, step_s
 from servelens.sim.prefix_cache import block_hashes
 from servelens.sim.presets import PRESETS, get_preset
-from servelens.sim.scheduler import Engine, SimRequest, simulate
+from servelens.sim.scheduler import Engine, SimRequest, StepLoop, VirtualClock, simulate
 from servelens.sim.tokenizer import make_text, tokenize
 
 P = get_preset("llama-3.1-8b-h100").params
@@ -95,6 +97,55 @@ def test_chunked_prefill_shares_budget_with_decode() -> None:
     # the decoding request keeps emitting while the long prompt is prefilled in <= 511-token chunks
     during = [t for t in dec.token_times_ns if big.arrival_ns < t < big.token_times_ns[0]]
     assert len(during) >= 4
+
+
+def test_prefill_chunk_takes_what_decode_leaves_of_the_budget() -> None:
+    p = P.with_overrides(max_num_batched_tokens=512)
+    engine = Engine(p)
+    decoding = [req(f"d{i}", tokenize(make_text(10, ("d", i))), 100) for i in range(3)]
+    for r in decoding:
+        engine.submit(r)
+    step = engine.plan()
+    assert step is not None
+    engine.complete(step, 0)  # their prefills are done: they decode from now on
+    big = req("big", tokenize(make_text(2000, "big")), 2)
+    engine.submit(big)
+    step = engine.plan()
+    assert step is not None and len(step.decode) == 3
+    assert [(r.request_id, c) for r, c in step.prefill] == [("big", 512 - 3)]
+    assert step.cost_s == pytest.approx(step_s(p, [(509, 0)], 3, sum(r.isl + 1 for r in decoding)))
+
+
+async def test_step_loop_runs_the_model_divided_by_speedup() -> None:
+    def make() -> list[SimRequest]:
+        return [req(f"r{i}", tokenize(make_text(3000 * (i + 1), ("loop", i))), 20) for i in range(3)]
+
+    ref = make()
+    simulate(Engine(P), ref)
+    speedup = 4.0
+    reqs = make()
+    loop = StepLoop(Engine(P), VirtualClock(), speedup=speedup)
+    done = asyncio.Event()
+    left = len(reqs)
+
+    def finished() -> None:
+        nonlocal left
+        left -= 1
+        if left == 0:
+            done.set()
+
+    for r in reqs:
+        r.on_done = finished
+        loop.submit(r)
+    loop.start()
+    await asyncio.wait_for(done.wait(), 5)
+    await loop.stop()
+    steps = loop.stats.steps
+    assert steps > 20 and loop.stats.summary()["late_max_ms"] == 0
+    for a, b in zip(ref, reqs, strict=True):
+        assert len(b.token_times_ns) == len(a.token_times_ns) == 20
+        # every emission at the model's time / speedup (int ns truncation: < 1 ns per step)
+        assert all(abs(tb - ta / speedup) <= steps for ta, tb in zip(a.token_times_ns, b.token_times_ns, strict=True))
 
 
 def test_cancel_stops_within_one_step() -> None:

@@ -6,8 +6,10 @@ from pathlib import Path
 
 import aiohttp
 import msgspec
+import pytest
 
 from servelens.core.openai import parse_chunk
+from servelens.sim.model import idle_ttft_s
 from servelens.sim.testing import capture, run_sim
 from servelens.sim.tokenizer import count_tokens, make_text
 
@@ -98,6 +100,7 @@ async def test_bad_requests_get_openai_errors() -> None:
     async with run_sim() as sim, aiohttp.ClientSession() as s:
         cases = [
             (chat("x", n=2), 400, "n"),
+            (chat("x", n=True), 400, "n"),
             ({"model": "other", "messages": [{"role": "user", "content": "x"}]}, 404, "model"),
             ({"messages": []}, 400, "messages"),
             (chat("x", max_tokens=0), 400, "max_tokens"),
@@ -116,6 +119,10 @@ async def test_bad_requests_get_openai_errors() -> None:
                           headers={"x-servelens-fault": "bogus"}) as r:
             assert r.status == 400 and "bogus" in (await r.json())["error"]["message"]
         assert all(t.outcome == "invalid" for t in sim.truth())
+        for path in ("/v1/completions", "/v1/chat/completions"):
+            async with s.get(sim.url + path) as r:
+                assert r.status == 405 and r.headers["allow"] == "POST"
+                assert (await r.json())["error"]["code"] == 405
 
 
 async def test_models_health_tokenize_metrics_and_debug_off() -> None:
@@ -165,9 +172,10 @@ async def test_debug_endpoints_and_truth_log_file(tmp_path: Path) -> None:
 
 async def test_ttft_grows_with_uncached_isl_over_http() -> None:
     # speedup 2: modelled TTFTs ~0.5 ms, ~66 ms, ~280 ms wall, far apart from scheduling noise
+    isls = (200, 3000, 12000)
     async with run_sim(speedup=2) as sim, aiohttp.ClientSession() as s:
         ttfts = []
-        for isl in (200, 3000, 12000):
+        for isl in isls:
             body = {"prompt": make_text(isl, ("isl", isl)), "max_tokens": 2, "ignore_eos": True}
             async with s.post(sim.url + "/v1/completions", json=body) as r:
                 rid = r.headers["x-request-id"]
@@ -176,6 +184,11 @@ async def test_ttft_grows_with_uncached_isl_over_http() -> None:
             assert rec.ttft_ns is not None
             ttfts.append(rec.ttft_ns)
         assert ttfts == sorted(ttfts) and ttfts[2] > 5 * ttfts[0]
+        # --speedup divides the model's times: never faster than model / 2, and the longest prompt
+        # well under its unscaled model time (~0.55 s), which it would reach if speedup were ignored
+        model_ns = [idle_ttft_s(sim.config.params, isl) * 1e9 for isl in isls]
+        assert all(t >= m / 2 - 1000 for t, m in zip(ttfts, model_ns, strict=True))
+        assert ttfts[2] < model_ns[2]
 
 
 async def test_repeated_long_prompt_reports_cached_tokens_and_lower_ttft() -> None:
@@ -223,6 +236,19 @@ async def test_disconnect_stops_generation_within_one_step() -> None:
         assert rec.outcome == "cancelled" and rec.cancel_ns is not None
         assert 5 <= rec.osl < 5000
         assert sum(1 for t in rec.token_times_ns if t > rec.cancel_ns) <= 1
+        assert not sim.engine.running and not sim.engine.waiting
+
+
+async def test_non_streaming_disconnect_stops_generation() -> None:
+    async with run_sim(speedup=10) as sim, aiohttp.ClientSession() as s:
+        body = {"prompt": "go", "max_tokens": 5000, "ignore_eos": True}  # ~3 s of wall time at speedup 10
+        with pytest.raises(TimeoutError):
+            async with s.post(sim.url + "/v1/completions", json=body, headers={"x-request-id": "ns-gone"},
+                              timeout=aiohttp.ClientTimeout(total=0.3)) as r:
+                await r.read()
+        rec = await sim.wait_truth("ns-gone", timeout=5)
+        assert rec.outcome == "cancelled" and rec.osl < 5000 and not rec.stream
+        assert rec.cancel_ns is not None and sum(1 for t in rec.token_times_ns if t > rec.cancel_ns) <= 1
         assert not sim.engine.running and not sim.engine.waiting
 
 

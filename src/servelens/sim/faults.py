@@ -13,7 +13,9 @@ of arrivals). Modes (exact names):
 ``no_done``                   all tokens, but no ``finish_reason``, no usage chunk, no ``[DONE]``
 ``malformed_chunk``           one extra ``data:`` event with broken JSON mid-way; the stream continues
 ``slow_start``                headers at once, the request reaches the engine only after the delay
-                              (default 500 ms), with ``: ping`` comments every 100 ms meanwhile
+                              (default 500 ms), with ``: ping`` comments every 100 ms meanwhile; a
+                              chat stream's role-only chunk still comes at once (before prefill, as
+                              in vLLM), so there the first *output* chunk is the late one
 ``keepalive``                 ``: keep-alive`` comments and ``id:``/``retry:``-only blocks between chunks
 ``role_first``                role-only first chat chunk with empty content (always on for chat, as
                               in vLLM; the name is accepted for explicitness)

@@ -113,6 +113,10 @@ class SimConfig:
             raise ValueError("need 1 <= eos_min_tokens <= eos_max_tokens")
         if not self.model:
             raise ValueError("model name must not be empty")
+        if self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
+        if self.spin_us < 0:
+            raise ValueError(f"spin_us must be >= 0, got {self.spin_us}")
         F.parse_modes(self.fault_modes)
         if not 0.0 <= self.fault_rate <= 1.0:
             raise ValueError(f"fault rate must be in [0, 1], got {self.fault_rate!r}")
@@ -194,7 +198,7 @@ def parse_request(obj: Any, endpoint: str, config: SimConfig) -> Parsed:
     if model is not None and model != config.model:
         raise BadRequest(f"The model `{model}` does not exist.", 404, "NotFoundError", "model")
     n = obj.get("n")
-    if n is not None and n != 1:
+    if n is not None and (isinstance(n, bool) or n != 1):
         raise BadRequest("only n=1 is supported", param="n")
     try:
         if endpoint == "chat_completions":
@@ -651,6 +655,13 @@ async def completions(request: web.Request) -> web.StreamResponse:
     return await _handle(request, "completions")
 
 
+async def post_only(request: web.Request) -> web.Response:
+    """Any method but POST on a completions path: 405 with an OpenAI error object and ``Allow: POST``."""
+    return web.Response(status=405, content_type="application/json", headers={"Allow": "POST"},
+                        body=error_body(f"{request.method} is not allowed on {request.path}; use POST",
+                                        "MethodNotAllowedError", 405))
+
+
 async def models(request: web.Request) -> web.Response:
     """``GET /v1/models``."""
     st = request.app[SIM_STATE]
@@ -729,6 +740,8 @@ def make_app(config: SimConfig | None = None) -> web.Application:
     app[SIM_STATE] = SimState(config)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
+    for path in ("/v1/chat/completions", "/v1/completions"):  # other methods: an OpenAI error, not text
+        app.router.add_route("*", path, post_only)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_post("/tokenize", tokenize_handler)
