@@ -24,6 +24,8 @@ class Upstream:
     fail_status: int | None = None  # every request answers this status
     truncate_after: int | None = None  # end the stream after N output chunks, without [DONE]
     tokens_per_chunk: int = 1
+    prompt_extra_tokens: int = 0  # added to usage.prompt_tokens (as a chat template would)
+    more_models: tuple[str, ...] = ()  # listed after ``model`` by /v1/models
     bodies: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -39,8 +41,8 @@ async def upstream() -> AsyncIterator[Upstream]:
     ids = itertools.count()
 
     async def models(_: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": up.model, "object": "model",
-                                                              "max_model_len": 4096}]})
+        listed = [{"id": m, "object": "model", "max_model_len": 4096} for m in (up.model, *up.more_models)]
+        return web.json_response({"object": "list", "data": listed})
 
     async def complete(request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -58,7 +60,7 @@ async def upstream() -> AsyncIterator[Upstream]:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "x-request-id": rid})
         await resp.prepare(request)
         chat = "messages" in body
-        pt = _words(body)
+        pt = _words(body) + up.prompt_extra_tokens
         n = int(body.get("max_tokens", 4))
         cont = bool(so.get("continuous_usage_stats"))
 

@@ -54,10 +54,13 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys: Any) -> None:
     code, _out, err = run_main(capsys, "--url", "http://127.0.0.1:9", "--num-requests", "1", "--output-dir",
                                    str(tmp_path), "--no-progress")
     assert code == 2 and err.startswith("servelens: error: cannot reach") and err.count("\n") == 1, err
+    assert "ssl:default" not in err and "cannot connect (" in err, err  # the OS's reason, not aiohttp's noise
     code, _out, err = run_main(capsys, "--url", "http://127.0.0.1:9", "--isl", "lognormal:5")
     assert code == 2 and "MEAN,SD" in err and "Traceback" not in err
     code, _out, err = run_main(capsys, "--url", "http://127.0.0.1:9", "--trace", str(tmp_path / "missing.jsonl"))
     assert code == 2 and "trace file not found" in err
+    code, _out, err = run_main(capsys, "--url", "http://127.0.0.1:9", "--trace", str(tmp_path))
+    assert code == 2 and "is a folder" in err and err.count("\n") == 1, err
 
 
 def test_cli_help_lists_the_options(capsys: Any) -> None:
