@@ -281,6 +281,15 @@ def _workload(config: BenchConfig, max_context: int | None) -> tuple[list[_Item]
     return items, dropped, clipped, scheduled
 
 
+def _reason(exc: BaseException) -> str:
+    """Why a connection attempt failed, in a few words: for a refused or unresolvable address the OS's
+    reason (aiohttp's own text adds "ssl:default" and repeats the address), else the exception's text
+    or, when it has none (a timeout), its class name."""
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return f"cannot connect ({exc.os_error.strerror or exc.os_error})"
+    return str(exc) or type(exc).__name__
+
+
 async def _get_json(session: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> Any:
     async with session.get(url, headers=headers) as resp:
         if resp.status != 200:
@@ -301,7 +310,7 @@ async def _discover(
     except (TimeoutError, aiohttp.ClientError) as exc:
         if config.model:
             return config.model, None
-        raise ValueError(f"cannot reach {url}: {exc or type(exc).__name__}") from None
+        raise ValueError(f"cannot reach {url}: {_reason(exc)}") from None
     models = data.get("data") if isinstance(data, dict) else None
     if not isinstance(models, list) or not models:
         if config.model:
@@ -350,7 +359,7 @@ async def _probe(
                     raise ValueError(f"POST {url} answered HTTP {resp.status} to a one-token probe request: "
                                      f"{_error_message(answer)}")
         except (TimeoutError, aiohttp.ClientError) as exc:
-            raise ValueError(f"cannot reach {url}: {exc or type(exc).__name__}") from None
+            raise ValueError(f"cannot reach {url}: {_reason(exc)}") from None
     raise ValueError(f"POST {url} rejected a minimal streaming request (HTTP 400); check --model and --endpoint")
 
 
@@ -361,7 +370,7 @@ async def _scrape(session: aiohttp.ClientSession, url: str) -> Scrape:
                 raise ValueError(f"GET {url} answered HTTP {resp.status}")
             text = await resp.text()
     except (TimeoutError, aiohttp.ClientError) as exc:
-        raise ValueError(f"cannot scrape {url}: {exc or type(exc).__name__}") from None
+        raise ValueError(f"cannot scrape {url}: {_reason(exc)}") from None
     return parse_scrape(text)
 
 

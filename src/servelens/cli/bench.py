@@ -85,6 +85,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         trace = str(packaged_trace(trace))
     if trace and not os.path.exists(trace):
         raise ValueError(f"trace file not found: {trace}")
+    if trace and os.path.isdir(trace):
+        raise ValueError(f"--trace {trace} is a folder; give a trace file in it (Mooncake .jsonl or Azure .csv)")
     if trace:
         given = [f for f, v in (("--isl", args.isl), ("--osl", args.osl), ("--num-requests", args.num_requests))
                  if v is not None]
