@@ -116,6 +116,8 @@ async def test_dropped_and_clipped_counts_reach_summary_and_console(upstream: Up
                                        long_requests="clip"))
     assert clip.clipped == 2 and clip.summary["clipped_to_context"] == 2
     assert {(r.isl_target, r.osl_target) for r in clip.records} == {(1900, 100)}
+    with pytest.raises(ValueError, match=r"empty: 2 requests were over the context \(2000 .*--long-requests clip"):
+        await run_bench(BenchConfig(url=upstream.url, isl="5000", osl="100", num_requests=2, max_context=2000))
 
 
 async def test_prompt_length_report_when_the_server_counts_more(upstream: Upstream) -> None:

@@ -484,7 +484,10 @@ async def run_bench(config: BenchConfig) -> BenchResult:
         max_context = config.max_context if config.max_context is not None else ctx
         items, dropped, clipped, scheduled = _workload(config, max_context)
         if not items:
-            raise ValueError("the workload is empty (every request was dropped or filtered out)")
+            if dropped:
+                raise ValueError(f"the workload is empty: {dropped} requests were over the context ({max_context} "
+                                 "tokens, ISL + OSL) and dropped; --long-requests clip keeps them, clipped")
+            raise ValueError("the workload is empty (every request was filtered out by --duration)")
         url = config.base_url + ENDPOINTS[config.endpoint]
         continuous, ignore_eos = await _probe(session, url, model, config, headers)
 
