@@ -27,6 +27,8 @@ whole blocks only, with the injected usage removed (see :mod:`servelens.gateway.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from servelens.core.openai import parse_chunk
 from servelens.core.sse import SSEBlock, SSEDecoder
 from servelens.core.state import LiveRequest
@@ -49,6 +51,7 @@ class StreamMeter:
     """
 
     __slots__ = (
+        "_append",
         "_decoder",
         "_prev_completion",
         "_usage_per_chunk",
@@ -69,6 +72,7 @@ class StreamMeter:
         self.live = live
         self.strip = strip
         self._decoder = SSEDecoder()
+        self._append: Callable[[int], None] | None = None  # bound after the first output chunk
         self._prev_completion = 0
         self._usage_per_chunk = True  # every output chunk so far carried cumulative usage
         self.blocks = 0
@@ -148,7 +152,13 @@ class StreamMeter:
             # usage only on some chunks (e.g. the last one): deltas would not be per chunk
             self._usage_per_chunk = False
         if has_output:
-            live.output(t_ns, tokens if tokens > 0 else 1)
+            append = self._append
+            if append is not None and tokens <= 1:
+                append(t_ns)  # the per-token hot path: one append (see LiveRequest.chunk_times_ns)
+            else:
+                live.output(t_ns, tokens if tokens > 0 else 1)
+                if append is None:
+                    self._append = live.chunk_times_ns.append
         if info.finish_reason is not None and self.finish_reason is None:
             self.finish_reason = info.finish_reason
         obj = info.obj
