@@ -470,3 +470,35 @@ async def test_other_methods_on_measured_paths_get_an_openai_405(
                 err = json.loads(await r.read())["error"]
                 assert r.status == 405 and r.headers["Allow"] == "POST" and err["code"] == "method_not_allowed"
         assert requests_total(gw.metrics) == 0 and not fake.completions()
+
+
+async def test_prompt_tokens_details_null_is_unknown_not_zero(fake: ScriptedUpstream, http: aiohttp.ClientSession
+                                                              ) -> None:
+    """Wire case 6 with ``"prompt_tokens_details": null`` (the sim only ever omits the member)."""
+    head = '{"id":"c","object":"chat.completion.chunk","created":1,"model":"fake-model","choices":'
+
+    def ev(choices: str, ct: int) -> bytes:
+        usage = (f'{{"prompt_tokens":700,"completion_tokens":{ct},"total_tokens":{700 + ct},'
+                 f'"prompt_tokens_details":null}}')
+        return f"data: {head}{choices},\"usage\":{usage}}}\n\n".encode()
+
+    fake.raw_stream = [
+        ev('[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]', 0),
+        ev('[{"index":0,"delta":{"content":"a"},"finish_reason":null}]', 1),
+        ev('[{"index":0,"delta":{"content":"b"},"finish_reason":"stop"}]', 2),
+        ev("[]", 2),
+        b"data: [DONE]\n\n",
+    ]
+    body = chat(stream_options={"include_usage": True, "continuous_usage_stats": True})  # nothing to strip
+    async with run_gateway(fake.url) as gw:
+        status, via, _ = await post(http, gw.url, body)
+        assert status == 200 and via == b"".join(fake.raw_stream)
+        await gw.gateway.wait_finished(1)
+        s = samples(gw.metrics)
+        n = gw.metrics.names
+        assert requests_total(gw.metrics, model=FAKE_MODEL, status="success", request_type="stream") == 1
+        assert inflight(gw.metrics) == 0
+        assert value(s, n.ttft_by_isl + "_count", model=FAKE_MODEL, isl_bucket="513-1024") == 1
+        assert value(s, n.isl + "_count", model=FAKE_MODEL) == 1
+        assert value(s, n.cached + "_count", model=FAKE_MODEL) == 0  # unknown, not observed as 0
+        assert total(s, n.cached_by_isl + "_count") == 0

@@ -8,6 +8,7 @@ and through the gateway: the client's bytes must match (only the request id diff
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 from collections.abc import AsyncIterator
@@ -17,6 +18,8 @@ import aiohttp
 import pytest
 
 from servelens.core.buckets import IslBuckets
+from servelens.gateway import app as gateway_app
+from servelens.gateway import relay
 from servelens.gateway.requestlog import read_request_log
 from servelens.gateway.testing import GatewayHandle, inflight, requests_total, run_gateway, samples, total, value
 from servelens.sim.testing import SimHandle, run_sim
@@ -70,6 +73,21 @@ def norm(raw: bytes, rid: str, keepalive: bool = False) -> bytes:
         # chunk the gateway asked for and removed shifts them: compare the data events only
         out = re.sub(rb"(: keep-alive|id: \d+\r?\nretry: 3000)\r?\n\r?\n", b"", out)
     return out
+
+
+def assert_openai_error(raw: bytes, code: str | int) -> None:
+    """``raw`` is exactly one OpenAI error object with a message and ``code``."""
+    err = json.loads(raw)["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"] and err["code"] == code
+
+
+def assert_no_by_isl(gw: GatewayHandle) -> None:
+    """No by-ISL series was observed and no model series was created."""
+    s = samples(gw.metrics)
+    n = gw.metrics.names
+    for name in (n.ttft_by_isl, n.itl_by_isl, n.duration_by_isl):
+        assert total(s, name + "_count") == 0, name
+    assert set(gw.metrics.state.models) == {"sim-model"}
 
 
 async def both(sim: SimHandle, gw: GatewayHandle, endpoint: str, b: dict[str, Any], faults: str, tag: str
@@ -212,8 +230,16 @@ async def test_disconnect_stops_generation(stack: tuple[SimHandle, GatewayHandle
     assert truth.tokens_at_cancel is not None and truth.tokens_at_cancel < 3000
     await gw.gateway.wait_finished(1)
     assert requests_total(gw.metrics, model="sim-model", error_type="cancelled") == 1
+    assert requests_total(gw.metrics) == 1
     assert inflight(gw.metrics) == 0
     assert gw.metrics.state.disconnected_clients == 1
+    # tokens were relayed before the client left: the TTFT is in the bucket of the sim's ISL
+    # (known at the first chunk from continuous usage), and in no other bucket
+    s = samples(gw.metrics)
+    n = gw.metrics.names
+    assert value(s, n.ttft_by_isl + "_count", model="sim-model", isl_bucket=BUCKETS.label(truth.isl)) == 1
+    assert total(s, n.ttft_by_isl + "_count") == 1
+    assert value(s, n.isl_assignments, model="sim-model", source="first_chunk_usage") == 1
 
 
 async def test_disconnect_during_prefill(stack: tuple[SimHandle, GatewayHandle]) -> None:
@@ -228,28 +254,37 @@ async def test_disconnect_during_prefill(stack: tuple[SimHandle, GatewayHandle])
     truth = await sim.wait_truth("gone-early", timeout=5)
     assert truth.outcome == "cancelled" and truth.osl == 0
     await gw.gateway.wait_finished(1)
-    assert requests_total(gw.metrics, error_type="cancelled") == 1
+    assert requests_total(gw.metrics, error_type="cancelled") == 1 and requests_total(gw.metrics) == 1
     assert value(samples(gw.metrics), gw.metrics.names.ttft + "_count", model="sim-model") == 0
     assert inflight(gw.metrics) == 0
+    assert_no_by_isl(gw)  # no output before the client left: no bucket series observed
 
 
 async def test_unknown_model_unreachable_and_timeout(tmp_path: Any) -> None:
     async with run_sim(speedup=20) as sim, run_gateway(sim.url, response_timeout_s=0.3) as gw:
         status, raw, _ = await fetch(gw.url + "/v1/chat/completions", {**body("chat_completions"), "model": "x"}, "u")
-        assert status == 404 and b"model_not_found" in raw
-        assert requests_total(gw.metrics, model="unknown_model", error_type="not_found") == 1
+        assert status == 404
+        assert_openai_error(raw, "model_not_found")
+        assert requests_total(gw.metrics, model="unknown_model", error_type="not_found", status="error") == 1
+        assert sim.get_truth("u") is None  # never reached the engine
         # unary + slow_start: no answer within the response timeout -> 504
         status, raw, _ = await fetch(gw.url + "/v1/chat/completions", body("chat_completions", stream=False), "t",
                                      "slow_start")
-        assert status == 504 and b"upstream_timeout" in raw
-        assert requests_total(gw.metrics, model="sim-model", error_type="response_timeout") == 1
+        assert status == 504
+        assert_openai_error(raw, "upstream_timeout")
+        assert requests_total(gw.metrics, model="sim-model", error_type="response_timeout", status="error",
+                              request_type="unary") == 1
+        assert requests_total(gw.metrics) == 2 and inflight(gw.metrics) == 0
+        assert_no_by_isl(gw)
     async with run_sim(speedup=20) as sim:
         url = sim.url
     async with run_gateway(url, models=["sim-model"]) as gw:
         status, raw, _ = await fetch(gw.url + "/v1/chat/completions", body("chat_completions"), "d")
-        assert status == 502 and b"upstream_unavailable" in raw
-        assert requests_total(gw.metrics, model="sim-model", error_type="unavailable") == 1
-        assert inflight(gw.metrics) == 0
+        assert status == 502
+        assert_openai_error(raw, "upstream_unavailable")
+        assert requests_total(gw.metrics, model="sim-model", error_type="unavailable", status="error") == 1
+        assert requests_total(gw.metrics) == 1 and inflight(gw.metrics) == 0
+        assert_no_by_isl(gw)
 
 
 async def test_openai_sdk_through_gateway(stack: tuple[SimHandle, GatewayHandle]) -> None:
@@ -319,3 +354,126 @@ async def test_cached_tokens_absent_is_unknown_not_zero(tmp_path: Any) -> None:
         assert value(s, n.isl + "_count", model="sim-model") == 2
         assert value(s, n.cached + "_count", model="sim-model") == 0  # unknown, not observed as 0
         assert total(s, n.cached_by_isl + "_count") == 0
+        assert total(s, n.duration_by_isl + "_count") == 2 and total(s, n.ttft_by_isl + "_count") == 1
+        assert inflight(gw.metrics) == 0
+
+
+REQUEST_ERRORS = [
+    # (case, body or raw bytes, status, error code, model label, error_type, request_type)
+    ("invalid_json", b'{"model": "sim-model", "messages": [', 400, "invalid_json", "unknown_model", "validation",
+     "unary"),
+    ("not_an_object", b"[1, 2]", 400, "invalid_json", "unknown_model", "validation", "unary"),
+    ("missing_model", {"messages": [{"role": "user", "content": "hi"}], "stream": True}, 400, "missing_model",
+     "unknown_model", "validation", "stream"),
+    ("stream_not_bool", {"model": "sim-model", "prompt": "hi", "stream": "true"}, 400, "invalid_type",
+     "unknown_model", "validation", "unary"),
+    ("too_large", {"model": "sim-model", "prompt": "x" * 70_000, "stream": True}, 413, "request_too_large",
+     "unknown_model", "validation", "unary"),
+    ("unknown_model", {"model": "nope", "prompt": "hi", "stream": True}, 404, "model_not_found", "unknown_model",
+     "not_found", "stream"),
+    # the engine's own 400 (max_tokens < 1), relayed as it is: stream (usage injected) and unary
+    ("upstream_400_stream", {"model": "sim-model", "prompt": "hi", "max_tokens": 0, "stream": True}, 400, 400,
+     "sim-model", "validation", "stream"),
+    ("upstream_400_unary", {"model": "sim-model", "prompt": "hi", "max_tokens": 0}, 400, 400, "sim-model",
+     "validation", "unary"),
+]
+
+
+@pytest.mark.parametrize(("case", "payload", "status", "code", "model", "error_type", "request_type"),
+                         REQUEST_ERRORS, ids=[c[0] for c in REQUEST_ERRORS])
+async def test_request_errors_against_the_sim(case: str, payload: Any, status: int, code: str | int, model: str,
+                                              error_type: str, request_type: str) -> None:
+    """Bad input and the engine's 400: an OpenAI error object (the engine's bytes when it answered),
+    counted once with its error_type, inflight back to 0, no by-ISL series, no new model series."""
+    data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    headers = {"Content-Type": "application/json"}
+    async with run_sim(speedup=20) as sim, run_gateway(sim.url, max_body_bytes=65536) as gw, \
+            aiohttp.ClientSession() as s:
+        async with s.post(sim.url + "/v1/completions", data=data, headers={**headers, "x-request-id": "d"}) as r:
+            direct = await r.read()
+        async with s.post(gw.url + "/v1/completions", data=data, headers={**headers, "x-request-id": "g"}) as r:
+            got_status, got = r.status, await r.read()
+        assert got_status == status
+        assert_openai_error(got, code)
+        if case.startswith("upstream_"):
+            assert got == direct  # relayed unchanged
+            assert (await sim.wait_truth("g")).outcome == "invalid"
+        else:
+            assert sim.get_truth("g") is None  # answered by the gateway: the engine never saw it
+        await gw.gateway.wait_finished(1)
+        assert requests_total(gw.metrics, model=model, endpoint="completions", status="error", error_type=error_type,
+                              request_type=request_type) == 1
+        assert requests_total(gw.metrics) == 1
+        assert inflight(gw.metrics) == 0
+        assert_no_by_isl(gw)
+
+
+@pytest.mark.parametrize("where", ["unary", "stream_first_read", "stream_later_read"])
+async def test_internal_error_against_the_sim(stack: tuple[SimHandle, GatewayHandle], monkeypatch: pytest.MonkeyPatch,
+                                              where: str) -> None:
+    """A bug of ours: unary -> 500 error object; stream -> the stream is cut (never a second response
+    written into it), the upstream request closed (the engine stops), counted once as ``internal``."""
+    sim, gw = stack
+    calls: list[int] = []
+
+    def broken(*args: Any) -> Any:
+        raise RuntimeError("a bug in the gateway")
+
+    if where == "unary":
+        monkeypatch.setattr(gateway_app, "parse_response", broken)
+    else:
+        real_feed = relay.StreamMeter.feed
+        fail_at = 1 if where == "stream_first_read" else 3
+
+        def feed(self: relay.StreamMeter, t_ns: int, data: bytes) -> bytes | None:
+            calls.append(1)
+            if len(calls) == fail_at:
+                raise RuntimeError("a bug in the gateway")
+            return real_feed(self, t_ns, data)
+
+        monkeypatch.setattr(relay.StreamMeter, "feed", feed)
+    b = body("chat_completions", n=500, stream=where != "unary")
+    status, raw, err = await fetch(gw.url + "/v1/chat/completions", b, "bug")
+    await gw.gateway.wait_finished(1)
+    assert requests_total(gw.metrics, model="sim-model", status="error", error_type="internal") == 1
+    assert requests_total(gw.metrics) == 1
+    assert inflight(gw.metrics) == 0
+    s = samples(gw.metrics)
+    n = gw.metrics.names
+    if where == "unary":
+        assert status == 500 and err is None
+        assert_openai_error(raw, "internal")
+        assert total(s, n.ttft_by_isl + "_count") == 0
+        return
+    assert status == 200 and err is not None  # cut, as an upstream cut would be
+    assert b"HTTP/1.1" not in raw and raw.count(b"data:") < 500
+    truth = await sim.wait_truth("bug")
+    assert truth.outcome == "cancelled" and truth.tokens_at_cancel is not None and truth.tokens_at_cancel < 500
+    # the bucket is known at the first chunk (continuous usage): by-ISL TTFT iff a TTFT was observed
+    assert total(s, n.ttft_by_isl + "_count") == value(s, n.ttft + "_count", model="sim-model")
+
+
+async def test_final_usage_sets_the_bucket_at_the_end(tmp_path: Any) -> None:
+    """No continuous usage (``--continuous-usage off``): the gateway adds ``include_usage`` only and
+    cuts the usage chunk out again; the ISL comes from the final usage chunk, and the TTFT measured
+    at the first output chunk is then observed into that bucket (source ``final_usage``)."""
+    log = tmp_path / "req.jsonl"
+    async with run_sim(speedup=20) as sim, run_gateway(sim.url, continuous_usage="off", request_log=str(log)) as gw:
+        b = body("chat_completions", n=9)
+        (ds, dbody, _), (gs, gbody, _) = await both(sim, gw, "chat_completions", b, "multi_token", "final")
+        assert ds == gs == 200 and norm(gbody, "gw-final") == norm(dbody, "direct-final")
+        assert b"usage" not in gbody
+        await gw.gateway.wait_finished(1)
+        truth = await sim.wait_truth("gw-final")
+        s = samples(gw.metrics)
+        n = gw.metrics.names
+        assert requests_total(gw.metrics, model="sim-model", status="success", request_type="stream") == 1
+        assert inflight(gw.metrics) == 0
+        assert value(s, n.isl_assignments, model="sim-model", source="final_usage") == 1
+        assert value(s, n.ttft_by_isl + "_count", model="sim-model", isl_bucket=BUCKETS.label(truth.isl)) == 1
+        assert total(s, n.ttft_by_isl + "_count") == 1
+        assert value(s, n.osl + "_sum", model="sim-model") == 9  # the last cumulative value, not a sum
+        # no usage per chunk: one chunk counts as one token (3 chunks of 1, 4, 4 tokens -> 2 ITL values)
+        assert value(s, n.itl + "_count", model="sim-model") == 2
+    (entry,) = read_request_log(log)
+    assert entry["isl_source"] == "final_usage" and entry["isl"] == truth.isl and entry["osl_source"] == "usage"

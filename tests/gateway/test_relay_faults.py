@@ -142,3 +142,39 @@ async def test_many_events_in_one_read_are_relayed_and_counted() -> None:
         await gw.gateway.wait_finished(1)
         assert requests_total(gw.metrics, status="success") == 1
         assert total(samples(gw.metrics), "servelens_output_sequence_tokens_sum") == n
+
+
+async def test_hop_by_hop_response_headers_are_not_relayed() -> None:
+    # hop-by-hop headers (and those the upstream's Connection names) describe the upstream's own
+    # connection: the client gets the end-to-end ones only, on the measured routes, stream and unary
+    unary = b'{"choices":[{"index":0,"message":{"role":"assistant","content":"a"},"finish_reason":"stop"}]}'
+    hop = (b"Connection: keep-alive, X-Hop\r\nKeep-Alive: timeout=5\r\nX-Hop: 1\r\nProxy-Authenticate: Basic\r\n"
+           b"Upgrade: h2c\r\nX-Kept: 1\r\n")
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            body = json.loads(await read_request(r))
+            if body.get("stream"):
+                w.write(SSE_HEAD.replace(b"\r\n\r\n", b"\r\n" + hop + b"\r\n", 1)
+                        + b"".join(chunked(e) for e in EVENTS) + b"0\r\n\r\n")
+            else:
+                w.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n" + hop
+                        + b"Content-Length: %d\r\n\r\n" % len(unary) + unary)
+            await w.drain()
+
+    async with raw_upstream(handler) as url, run_gateway(url, models=["m"], inject_usage=False) as gw:
+        for stream in (True, False):
+            body = BODY if stream else BODY.replace(b'"stream": true', b'"stream": false')
+            r, w = await asyncio.open_connection("127.0.0.1", gw.port)
+            w.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+            async with asyncio.timeout(5):
+                got = await r.read()
+            w.close()
+            head, _, rest = got.partition(b"\r\n\r\n")
+            names = {line.split(b":")[0].strip().lower() for line in head.split(b"\r\n")[1:]}
+            assert head.startswith(b"HTTP/1.1 200 ") and b"x-kept" in names
+            assert not names & {b"keep-alive", b"x-hop", b"proxy-authenticate", b"upgrade"}, names
+            assert (b"data: [DONE]" in rest) if stream else rest == unary
+        await gw.gateway.wait_finished(2)
+        assert requests_total(gw.metrics, status="success") == 2 and inflight(gw.metrics) == 0

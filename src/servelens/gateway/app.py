@@ -749,6 +749,15 @@ class Gateway:
             self.metrics.state.client_disconnected()
             request_gone(request)
             return resp
+        except Exception:
+            if not resp.prepared:
+                raise  # nothing sent yet: the caller answers with a 500 error object
+            # a bug of ours after the headers went out (metering the bytes that came with the
+            # upstream's headers): cut the stream; an error response here would be written into it
+            log.exception("internal error relaying a stream")
+            out.fail("internal", 200)
+            request_gone(request)
+            return resp
         transport = request.transport
         if transport is None or transport.is_closing():
             self.metrics.state.client_disconnected()
