@@ -21,6 +21,7 @@ import msgspec
 from servelens.bench.results import BenchRecord
 from servelens.core.openai import parse_chunk, parse_response
 from servelens.core.sse import SSEDecoder
+from servelens.core.status import error_type_for_status
 
 ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 _ERR_BODY_LIMIT = 4096
@@ -78,18 +79,6 @@ def build_body(
     return msgspec.json.encode(body)
 
 
-def _error_type_for_status(code: int) -> str:
-    if code in (400, 413, 422):
-        return "validation"
-    if code == 404:
-        return "not_found"
-    if code in (429, 503):
-        return "overload"
-    if code == 504:
-        return "response_timeout"
-    return "backend_error"
-
-
 def _error_message(body: bytes) -> str:
     info = parse_response(body)
     if info.error:
@@ -124,7 +113,7 @@ async def send_request(
             request_id = resp.headers.get("x-request-id")
             if resp.status != 200:
                 body = await resp.content.read(_ERR_BODY_LIMIT)
-                error_type = _error_type_for_status(resp.status)
+                error_type = error_type_for_status(resp.status)
                 error = f"HTTP {resp.status}: {_error_message(body)}"
             else:
                 decoder = SSEDecoder()

@@ -45,6 +45,25 @@ ENDPOINTS: Final[tuple[str, ...]] = ("chat_completions", "completions")
 REQUEST_TYPES: Final[tuple[str, ...]] = ("stream", "unary")
 
 
+def error_type_for_status(status: int) -> str:
+    """Dynamo ``error_type`` for an HTTP error status (an upstream's, or a server's seen by a client).
+
+    404 -> ``not_found``; 429 and 503 -> ``overload``; 408 and 504 -> ``response_timeout`` (a timeout
+    further down the chain, e.g. a load balancer in front of the engine, or the gateway's own 504);
+    other 4xx -> ``validation`` (the request was refused as sent); other 5xx, and any other status
+    the caller did not expect (a 3xx where a completion was due), -> ``backend_error``.
+    """
+    if status == 404:
+        return "not_found"
+    if status in (429, 503):
+        return "overload"
+    if status in (408, 504):
+        return "response_timeout"
+    if 400 <= status < 500:
+        return "validation"
+    return "backend_error"
+
+
 def check_error_type(error_type: str) -> str:
     """Return ``error_type`` if it is in the vocabulary (or empty); raise ValueError otherwise."""
     if error_type and error_type not in ERROR_TYPES:

@@ -52,6 +52,7 @@ from yarl import URL
 
 from servelens.core.openai import decode_json, error_body, parse_response
 from servelens.core.state import LiveRequest
+from servelens.core.status import error_type_for_status
 from servelens.core.timing import RequestRecord
 from servelens.gateway.config import GatewayConfig
 from servelens.gateway.models import ModelRouter
@@ -122,19 +123,6 @@ def openai_error(
     return web.Response(
         status=status, body=error_body(message, type_, code, param), content_type="application/json"
     )
-
-
-def error_type_for_status(status: int) -> str:
-    """Dynamo ``error_type`` for an upstream HTTP error status."""
-    if status == 404:
-        return "not_found"
-    if status in (429, 503):
-        return "overload"
-    if status in (408, 504):
-        return "response_timeout"
-    if status >= 500:
-        return "backend_error"
-    return "validation"
 
 
 @dataclass
