@@ -1,13 +1,13 @@
 """TTFT accuracy at 64 concurrent streams: the gateway's per-request TTFT (request log) against the
 sim's ground truth (truth log), joined by the sim's ``x-request-id``.
 
-The sim runs as its own process (its step loop and its 64 writers do not share our event loop);
-``time.perf_counter_ns()`` is CLOCK_MONOTONIC, shared by the processes of the machine. The exact
-figures, from ``benchmarks/gateway_accuracy.py``, are in docs/benchmarks.md (p99 of a few ms on an
-idle machine; tens of ms when the 2 cores are oversubscribed, for a direct client just as much).
-The bounds here are loose enough for a shared CI machine yet catch a wrong definition: the role-only
-chunk taken as first token gives a negative difference (it is sent before prefill); a token late
-adds a whole decode step (100 ms here) to every request.
+The sim and the gateway each run as their own process, as in production and in
+``benchmarks/gateway_accuracy.py`` (an in-process gateway would share this client's event loop);
+``time.perf_counter_ns()`` is CLOCK_MONOTONIC, shared by the processes of the machine. The issue's
+check: the difference is at most a few milliseconds at p99. The exact figures are in
+docs/benchmarks.md. A definition error fails it at once: the role-only chunk taken as first token
+gives a negative difference (it is sent before prefill); a token late adds a whole decode step
+(100 ms here) to every request.
 """
 
 from __future__ import annotations
@@ -15,14 +15,13 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import time
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import numpy as np
 
 from servelens.gateway.requestlog import read_request_log
-from servelens.gateway.testing import run_gateway
 from servelens.process import ServerProcess
 
 CONCURRENCY = 64
@@ -31,9 +30,23 @@ ITL_S = 0.1  # the sim's decode step: a token late would add a whole step
 
 
 ATTEMPTS = 3
+P50_MS = 5.0
+P99_MS = 15.0  # "a few milliseconds at p99": 7-15 ms measured here next to other jobs, 6.9 ms quiet
 
 
-async def _measure(gw_url: str, wait: Any, attempt: int) -> None:
+def _logged(log: Path) -> int:
+    return len(log.read_bytes().splitlines()) if log.exists() else 0
+
+
+async def _wait_logged(log: Path, n: int, timeout_s: float = 10.0) -> None:
+    """Until the gateway's request log holds ``n`` entries (it writes one as each request ends)."""
+    deadline = time.monotonic() + timeout_s
+    while _logged(log) < n:
+        assert time.monotonic() < deadline, f"the request log has {_logged(log)} of {n} entries"
+        await asyncio.sleep(0.01)  # polling a condition with a deadline, not a timed wait
+
+
+async def _measure(gw_url: str, log: Path, attempt: int) -> None:
     """One wave of REQUESTS streams, CONCURRENCY at a time, ids ``acc{attempt}-{i}``."""
     rng = random.Random(attempt)
     sem = asyncio.Semaphore(CONCURRENCY)
@@ -52,35 +65,35 @@ async def _measure(gw_url: str, wait: Any, attempt: int) -> None:
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
         await asyncio.gather(*(one(i, s) for i in range(REQUESTS)))
-    await wait(REQUESTS * (attempt + 1))
+    await _wait_logged(log, REQUESTS * (attempt + 1))
 
 
 async def test_ttft_matches_sim_truth_at_64_streams(tmp_path: Path) -> None:
-    """Every difference is positive (hard); p50 < 20 ms and p90 < one decode step in at least one of
-    three waves: a definition error shifts every request of every wave, while the multi-second
-    stalls this shared machine shows now and then (direct clients suffer them too) spoil one wave."""
+    """Every difference is positive (hard); p50 < 5 ms and p99 < 15 ms in at least one of three
+    waves: a definition error shifts every request of every wave, while a stall of the machine
+    (a direct client suffers it too) spoils one wave."""
     truth_path = tmp_path / "truth.jsonl"
     log = tmp_path / "requests.jsonl"
     seen: list[list[float]] = []
-    with ServerProcess(["sim", "--truth-log", str(truth_path), "--decode-base-s", str(ITL_S)]) as sim:
-        async with run_gateway(sim.url, request_log=str(log)) as gw:
-            for attempt in range(ATTEMPTS):
-                await _measure(gw.url, gw.gateway.wait_finished, attempt)
-                truth = {r["request_id"]: r for r in map(json.loads, truth_path.read_text().splitlines())}
-                diffs = []
-                for e in read_request_log(log):
-                    rid = str(e["upstream_request_id"])
-                    if not rid.startswith(f"acc{attempt}-"):
-                        continue
-                    rec = truth[rid]
-                    assert e["status"] == "success" and rec["outcome"] == "ok"
-                    engine_ttft_ms = (rec["first_token_ns"] - rec["arrival_ns"]) / 1e6
-                    diffs.append(float(e["ttft_s"]) * 1e3 - engine_ttft_ms)  # type: ignore[arg-type]
-                d = np.asarray(diffs)
-                assert len(d) == REQUESTS
-                assert d.min() > 0  # the gateway's clock starts before the engine's and stops after it
-                p50, p90, p99 = np.percentile(d, [50, 90, 99])
-                seen.append([p50, p90, p99])
-                if p50 < 20.0 and p90 < ITL_S * 1e3:
-                    return
+    with ServerProcess(["sim", "--truth-log", str(truth_path), "--decode-base-s", str(ITL_S)]) as sim, \
+            ServerProcess(["gateway", "--upstream", sim.url, "--request-log", str(log)]) as gw:
+        for attempt in range(ATTEMPTS):
+            await _measure(gw.url, log, attempt)
+            truth = {r["request_id"]: r for r in map(json.loads, truth_path.read_text().splitlines())}
+            diffs = []
+            for e in read_request_log(log):
+                rid = str(e["upstream_request_id"])
+                if not rid.startswith(f"acc{attempt}-"):
+                    continue
+                rec = truth[rid]
+                assert e["status"] == "success" and rec["outcome"] == "ok"
+                engine_ttft_ms = (rec["first_token_ns"] - rec["arrival_ns"]) / 1e6
+                diffs.append(float(e["ttft_s"]) * 1e3 - engine_ttft_ms)  # type: ignore[arg-type]
+            d = np.asarray(diffs)
+            assert len(d) == REQUESTS
+            assert d.min() > 0  # the gateway's clock starts before the engine's and stops after it
+            p50, p90, p99 = np.percentile(d, [50, 90, 99])
+            seen.append([round(float(p50), 2), round(float(p90), 2), round(float(p99), 2)])
+            if p50 < P50_MS and p99 < P99_MS:
+                return
     raise AssertionError(f"TTFT difference (p50, p90, p99 ms) too large in every wave: {seen}")
