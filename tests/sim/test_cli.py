@@ -9,6 +9,7 @@ import aiohttp
 
 from servelens.cli.main import build_parser, main
 from servelens.cli.sim import config_from_args
+from servelens.sim.faults import FAULT_MODES
 from servelens.sim.model import ModelParams
 from servelens.sim.presets import get_preset
 
@@ -57,3 +58,12 @@ def test_every_timing_parameter_is_a_flag_over_the_preset() -> None:
                                           "--" + name.replace("_", "-"), str(value)])
         params = config_from_args(args).params
         assert params == preset.with_overrides(**{name: value}), name
+
+
+def test_cli_accepts_every_fault_mode_by_name() -> None:
+    new = "stall_mid_stream,slow_headers,null_details"
+    args = build_parser().parse_args(["sim", "--fault-rate", "0.5", "--fault-modes", new])
+    assert config_from_args(args).fault_modes == ("null_details", "slow_headers", "stall_mid_stream")
+    args = build_parser().parse_args(["sim", "--fault-modes", ",".join(FAULT_MODES)])
+    assert set(config_from_args(args).fault_modes) == set(FAULT_MODES)
+    assert {"stall_mid_stream", "slow_headers", "null_details"} <= set(FAULT_MODES)

@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import time
 
 import aiohttp
 import pytest
@@ -258,3 +259,96 @@ async def test_global_faults_are_seeded() -> None:
     assert parse_modes(",".join(FAULT_MODES)) == frozenset(FAULT_MODES)
     with pytest.raises(ValueError):
         FaultInjector(1.5)
+
+
+def _output_chunks_in(raw: bytes) -> int:
+    """Chat token chunks in ``raw`` (the role chunk's empty content is not one)."""
+    return raw.count(b'"content":" ')
+
+
+async def test_stall_mid_stream_silence_then_the_rest() -> None:
+    async with run_sim() as sim:
+        stall = fault("stall_mid_stream", **{"x-servelens-fault-delay-ms": "300"})
+        cap = await capture(sim.url + CHAT, body(10), stall)
+        assert cap.status == 200 and cap.data[-1] == "[DONE]"
+        chunks = token_chunks(cap.data)
+        assert len(chunks) == 10 and chunks[-1]["choices"][0]["finish_reason"] == "length"  # type: ignore[index]
+        # the one long silence comes after exactly half the tokens, and nothing (not even a comment) in it
+        gaps = [b - a for a, b in zip(cap.read_ns, cap.read_ns[1:], strict=False)]
+        i = max(range(len(gaps)), key=gaps.__getitem__) + 1
+        assert gaps[i - 1] >= 300_000_000
+        assert _output_chunks_in(b"".join(cap.reads[:i])) == 5
+        assert not any(b.comments for b in cap.blocks)
+        rec = await sim.wait_truth(cap.headers["x-request-id"])
+        # the truth is what the engine did: all 10 generated, the response ended after the stall
+        assert (rec.outcome, rec.osl, rec.finish_reason) == ("ok", 10, "length")
+        assert rec.faults == ("stall_mid_stream",)
+        assert rec.first_token_ns is not None and rec.end_ns - rec.first_token_ns >= 300_000_000
+        # non-streaming: unaffected
+        async with aiohttp.ClientSession() as s, s.post(sim.url + CHAT, json={**body(4), "stream": False},
+                                                        headers=fault("stall_mid_stream")) as r:
+            assert r.status == 200 and (await r.json())["usage"]["completion_tokens"] == 4
+
+
+async def test_stall_mid_stream_client_leaves_during_the_silence() -> None:
+    async with run_sim() as sim, aiohttp.ClientSession() as s:
+        r = await s.post(sim.url + COMP, json=body(40, chat=False),
+                         headers={**fault("stall_mid_stream", **{"x-servelens-fault-delay-ms": "60000"}),
+                                  "x-request-id": "stall-gone"})
+        seen = 0
+        while seen < 20:  # the half before the stall
+            seen += (await r.content.readuntil(b"\n\n")).count(b'"text"')
+        assert seen == 20
+        r.close()
+        rec = await sim.wait_truth("stall-gone")  # ends at the disconnect, not after the 60 s stall
+        assert rec.outcome == "cancelled" and 20 <= rec.osl <= 40
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_slow_headers_nothing_before_the_delay(stream: bool) -> None:
+    async with run_sim() as sim:
+        t0 = time.perf_counter_ns()
+        cap = await capture(sim.url + CHAT, body(3, stream=stream),
+                            fault("slow_headers", **{"x-servelens-fault-delay-ms": "300"}))
+        assert cap.status == 200 and cap.headers_ns - t0 >= 300_000_000
+        if stream:
+            assert cap.data[-1] == "[DONE]" and len(token_chunks(cap.data)) == 3
+            assert not any(b.comments for b in cap.blocks)  # no pings: that is slow_start
+        else:
+            assert json.loads(cap.body)["usage"]["completion_tokens"] == 3
+        rec = await sim.wait_truth(cap.headers["x-request-id"])
+        # the request reached the engine only after the delay
+        assert rec.outcome == "ok" and rec.osl == 3
+        assert rec.admitted_ns is not None and rec.admitted_ns - rec.arrival_ns >= 300_000_000
+
+
+async def test_slow_headers_client_leaves_before_the_headers() -> None:
+    async with run_sim() as sim:
+        with pytest.raises(TimeoutError):
+            await capture(sim.url + CHAT, body(3), {**fault("slow_headers", **{"x-servelens-fault-delay-ms": "60000"}),
+                                                     "x-request-id": "no-headers"}, timeout=1.0)
+        rec = await sim.wait_truth("no-headers")
+        assert (rec.outcome, rec.osl, rec.admitted_ns, rec.first_token_ns) == ("cancelled", 0, None, None)
+
+
+@pytest.mark.parametrize("prefix_cache_blocks", [None, 0])
+async def test_null_details_in_every_usage(prefix_cache_blocks: int | None) -> None:
+    async with run_sim(prefix_cache_blocks=prefix_cache_blocks) as sim:
+        so = {"include_usage": True, "continuous_usage_stats": True}
+        b = {**body(4, stream_options=so), "messages": [{"role": "user", "content": "one more word " * 40}]}
+        await capture(sim.url + CHAT, b)  # warm the prefix cache (when on)
+        cap = await capture(sim.url + CHAT, b, fault("null_details"))
+        usages = [json.loads(d)["usage"] for d in cap.data if d != "[DONE]"]
+        assert len(usages) == 6  # role, 4 tokens, the final usage chunk
+        assert all("prompt_tokens_details" in u and u["prompt_tokens_details"] is None for u in usages)
+        assert usages[-1]["completion_tokens"] == 4
+        unary = {**body(4), "stream": False, "messages": b["messages"]}
+        async with aiohttp.ClientSession() as s, s.post(sim.url + CHAT, json=unary, headers=fault("null_details")) as r:
+            raw = await r.read()
+            assert b'"prompt_tokens_details":null' in raw
+        rec = await sim.wait_truth(cap.headers["x-request-id"])
+        # the truth keeps what the engine served from its cache (the wire just does not say)
+        if prefix_cache_blocks is None:
+            assert rec.cached_tokens > 0
+        else:
+            assert rec.cached_tokens == 0

@@ -1,9 +1,9 @@
 """Fault injection for the simulated engine (pure: parsing and the seeded global draw).
 
 Per request: header ``x-servelens-fault: <mode>[,<mode>...]`` (and ``x-servelens-fault-delay-ms``
-for ``slow_start``). Globally: each request, with probability ``rate``, gets one mode drawn
-uniformly from ``modes`` by a ``random.Random(seed)`` (so a run is reproducible for a given order
-of arrivals). Modes (exact names):
+for ``slow_start``, ``slow_headers`` and ``stall_mid_stream``; default 500 ms). Globally: each
+request, with probability ``rate``, gets one mode drawn uniformly from ``modes`` by a
+``random.Random(seed)`` (so a run is reproducible for a given order of arrivals). Modes (exact names):
 
 ============================  ====================================================================
 ``http_429|500|503``          HTTP error with an OpenAI error body before any chunk
@@ -12,6 +12,18 @@ of arrivals). Modes (exact names):
 ``reset_mid_stream``          after half the tokens the TCP connection is reset (RST)
 ``no_done``                   all tokens, but no ``finish_reason``, no usage chunk, no ``[DONE]``
 ``malformed_chunk``           one extra ``data:`` event with broken JSON mid-way; the stream continues
+``stall_mid_stream``          after half the tokens (streams of 2 or more tokens) the stream goes silent
+                              for the delay (default 500 ms; no byte at all, not even a comment), then
+                              continues to its normal end; the engine generates on meanwhile (the
+                              truth's token times are the engine's, the chunks after the cut are
+                              written after the stall); a non-streaming response is unaffected
+``slow_headers``              nothing at all (no response headers) for the delay (default 500 ms), and
+                              the request reaches the engine only after it; then the response as usual
+                              (stream or not). A client that leaves meanwhile: truth ``cancelled``,
+                              ``osl`` 0, never admitted
+``null_details``              every usage object carries ``"prompt_tokens_details": null`` (cached
+                              tokens not reported, as some engines do), streamed or not, whether or not
+                              the prefix cache is on; the truth's ``cached_tokens`` is still the engine's
 ``slow_start``                headers at once, the request reaches the engine only after the delay
                               (default 500 ms), with ``: ping`` comments every 100 ms meanwhile; a
                               chat stream's role-only chunk still comes at once (before prefill, as
@@ -39,7 +51,7 @@ HTTP_FAULTS: dict[str, int] = {"http_429": 429, "http_500": 500, "http_503": 503
 FAULT_MODES: tuple[str, ...] = (
     "http_429", "http_500", "http_503", "error_mid_stream", "reset_mid_stream", "no_done",
     "malformed_chunk", "slow_start", "keepalive", "role_first", "coalesce", "split", "crlf",
-    "reasoning", "tool_calls", "multi_token",
+    "reasoning", "tool_calls", "multi_token", "stall_mid_stream", "slow_headers", "null_details",
 )
 FAULT_HEADER = "x-servelens-fault"
 DELAY_HEADER = "x-servelens-fault-delay-ms"
@@ -66,7 +78,7 @@ class FaultPlan:
 
     Attributes:
         modes: the mode names.
-        delay_ms: the ``slow_start`` delay.
+        delay_ms: the ``slow_start``, ``slow_headers`` and ``stall_mid_stream`` delay (ms).
     """
 
     modes: frozenset[str] = frozenset()

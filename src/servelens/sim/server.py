@@ -334,9 +334,13 @@ def _split_point(data: bytes) -> int:
     return max(1, len(data) // 2)
 
 
-def _usage(isl: int, osl: int, cached: int | None) -> dict[str, Any]:
+def _usage(isl: int, osl: int, cached: int | None, null_details: bool = False) -> dict[str, Any]:
+    """A usage object; ``prompt_tokens_details`` is ``null`` with ``null_details``, absent when
+    ``cached`` is None (prefix cache off, or not admitted yet)."""
     u: dict[str, Any] = {"prompt_tokens": isl, "total_tokens": isl + osl, "completion_tokens": osl}
-    if cached is not None:
+    if null_details:
+        u["prompt_tokens_details"] = None
+    elif cached is not None:
         u["prompt_tokens_details"] = {"cached_tokens": cached}
     return u
 
@@ -354,13 +358,15 @@ class _Chunks:
         self.cache_on = cache_on
         self.reasoning = self.chat and "reasoning" in plan
         self.tools = self.chat and "tool_calls" in plan
+        self.null_details = "null_details" in plan
         self.call_id = "call_" + rid[-12:]
 
     def _usage_tail(self, osl: int, cached: int | None, final: bool = False) -> bytes:
         if not self.p.include_usage:
             return b"}"
         if self.p.continuous or final:
-            return b',"usage":' + _enc.encode(_usage(self.isl, osl, cached if self.cache_on else None)) + b"}"
+            usage = _usage(self.isl, osl, cached if self.cache_on else None, self.null_details)
+            return b',"usage":' + _enc.encode(usage) + b"}"
         return b',"usage":null}'
 
     def role(self) -> bytes:
@@ -460,6 +466,8 @@ async def _handle(request: web.Request, endpoint: str) -> web.StreamResponse:
             return _error_response(400, f"prompt plus max_tokens exceeds the KV cache capacity of "
                                    f"{cfg.params.kv_capacity_tokens} tokens", "BadRequestError", rid)
         words = generated_words(osl, (p.seed, prompt_crc), multibyte_only="split" in plan)
+        if "slow_headers" in plan:  # nothing sent and no engine work until the delay is over
+            await asyncio.sleep(plan.delay_ms / 1000)
         if p.stream:
             return await _stream(request, st, p, plan, sreq, ev, words, finish, rid, out)
         return await _whole(request, st, p, plan, sreq, ev, words, finish, rid, out)
@@ -541,6 +549,7 @@ async def _write_stream(request: web.Request, resp: web.StreamResponse, st: SimS
     osl = sreq.osl_target
     cut = max(1, osl // 2)
     stop_mid = "error_mid_stream" in plan or "reset_mid_stream" in plan
+    stall_pending = "stall_mid_stream" in plan
     malformed_pending = "malformed_chunk" in plan
     no_done = "no_done" in plan
     sent = 0
@@ -564,6 +573,12 @@ async def _write_stream(request: web.Request, resp: web.StreamResponse, st: SimS
             if malformed_pending and sent >= cut:
                 malformed_pending = False
                 await w.event(ch.head + b'{"index":0,"delta":{"content":"broken')
+            if stall_pending and sent >= cut and sent < osl:
+                # silence on the wire (the engine generates on); then the rest of the stream
+                stall_pending = False
+                await w.flush()
+                await asyncio.sleep(plan.delay_ms / 1000)
+                n = sreq.generated
             if stop_mid and sent >= cut and sent < osl:
                 st.loop.cancel(sreq)
                 await w.flush()
@@ -624,6 +639,7 @@ async def _whole(request: web.Request, st: SimState, p: Parsed, plan: FaultPlan,
     text = "".join([" " + x for x in words])
     isl = len(p.prompt_ids)
     cached = sreq.cached_tokens if st.engine.cache.enabled else None
+    nd = "null_details" in plan
     if p.endpoint == "chat_completions":
         msg: dict[str, Any] = {"role": "assistant", "content": text}
         if "tool_calls" in plan:
@@ -635,12 +651,12 @@ async def _whole(request: web.Request, st: SimState, p: Parsed, plan: FaultPlan,
         body: dict[str, Any] = {"id": rid, "object": "chat.completion", "created": st.created,
                                 "model": st.config.model,
                                 "choices": [{"index": 0, "message": msg, "logprobs": None, "finish_reason": finish}],
-                                "usage": _usage(isl, osl, cached)}
+                                "usage": _usage(isl, osl, cached, nd)}
     else:
         body = {"id": rid, "object": "text_completion", "created": st.created, "model": st.config.model,
                 "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
                              "stop_reason": None}],
-                "usage": _usage(isl, osl, cached)}
+                "usage": _usage(isl, osl, cached, nd)}
     out.finish = finish
     return web.Response(body=_enc.encode(body), content_type="application/json", headers={"x-request-id": rid})
 

@@ -35,7 +35,8 @@ class TruthRecord:
         first_token_ns: ``token_times_ns[0]`` (None without tokens).
         token_times_ns: the end of the engine step that emitted each output token (one entry per
             token; with ``multi_token`` several tokens share a time). The chunk carrying the token is
-            written right after, in the same event-loop turn unless the loop is busy.
+            written right after, in the same event-loop turn unless the loop is busy (or the
+            ``stall_mid_stream`` fault holds the stream back).
         end_ns: when the response was finished (last byte written, error sent, or disconnect seen).
         isl: prompt tokens (``usage.prompt_tokens``).
         cached_tokens: prompt tokens served by the prefix cache.
