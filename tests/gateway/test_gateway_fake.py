@@ -474,7 +474,8 @@ async def test_other_methods_on_measured_paths_get_an_openai_405(
 
 async def test_prompt_tokens_details_null_is_unknown_not_zero(fake: ScriptedUpstream, http: aiohttp.ClientSession
                                                               ) -> None:
-    """Wire case 6 with ``"prompt_tokens_details": null`` (the sim only ever omits the member)."""
+    """Wire case 6 with ``"prompt_tokens_details": null`` from a scripted upstream (against the sim:
+    its ``null_details`` mode, ``test_gateway_sim.py::test_prompt_tokens_details_null_from_the_sim...``)."""
     head = '{"id":"c","object":"chat.completion.chunk","created":1,"model":"fake-model","choices":'
 
     def ev(choices: str, ct: int) -> bytes:

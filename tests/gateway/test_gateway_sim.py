@@ -477,3 +477,143 @@ async def test_final_usage_sets_the_bucket_at_the_end(tmp_path: Any) -> None:
         assert value(s, n.itl + "_count", model="sim-model") == 2
     (entry,) = read_request_log(log)
     assert entry["isl_source"] == "final_usage" and entry["isl"] == truth.isl and entry["osl_source"] == "usage"
+
+
+def by_isl_counts(gw: GatewayHandle) -> dict[str, dict[str, float]]:
+    """For each by-ISL histogram (TTFT, ITL, duration, cached): its ``_count`` per touched bucket."""
+    s = samples(gw.metrics)
+    n = gw.metrics.names
+    out: dict[str, dict[str, float]] = {}
+    for name in (n.ttft_by_isl, n.itl_by_isl, n.duration_by_isl, n.cached_by_isl):
+        out[name] = {dict(lab)["isl_bucket"]: v for (sn, lab), v in s.items() if sn == name + "_count" and v}
+    return out
+
+
+async def test_mid_stream_silence_from_the_sim_is_response_timeout_and_cut() -> None:
+    """``stall_mid_stream``: the engine's stream goes silent after half the tokens for longer than the
+    gateway's read timeout. The client gets the first half, byte for byte, then the cut (no clean
+    end); counted once as ``response_timeout``; the upstream request is closed, so the sim's truth
+    shows the request ended (cancelled) long before the stall would have been over."""
+    async with run_sim(speedup=20) as sim, run_gateway(sim.url, read_timeout_s=0.5) as gw:
+        b = body("chat_completions", n=40)
+        await fetch(sim.url + path("chat_completions"), b, "warm-stall")
+        # the same bytes directly, with no silence (the delay does not change them)
+        ds, dbody, derr = await fetch(sim.url + path("chat_completions"), b, "direct-stall", "stall_mid_stream",
+                                      **{"x-servelens-fault-delay-ms": "0"})
+        assert ds == 200 and derr is None and dbody.endswith(b"data: [DONE]\n\n")
+        before = inflight(gw.metrics)
+        gs, gbody, gerr = await fetch(gw.url + path("chat_completions"), b, "gw-stall", "stall_mid_stream",
+                                      **{"x-servelens-fault-delay-ms": "60000"})
+        assert gs == 200 and gerr is not None  # the cut is passed on: no final chunk
+        assert norm(dbody, "direct-stall").startswith(norm(gbody, "gw-stall"))
+        assert gbody.count(b'"content":" ') == 20 and gbody.endswith(b"\n\n")  # the half before the silence
+        truth = await sim.wait_truth("gw-stall")  # within 5 s: not at the end of the 60 s stall
+        assert truth.outcome == "cancelled" and 20 <= truth.osl <= 40
+        assert truth.end_ns - truth.arrival_ns < 10_000_000_000
+        await gw.gateway.wait_finished(1)
+        assert requests_total(gw.metrics, model="sim-model", endpoint="chat_completions", request_type="stream",
+                              status="error", error_type="response_timeout") == 1
+        assert requests_total(gw.metrics) == 1
+        assert inflight(gw.metrics) == before == 0
+        # 20 tokens came before the silence, each with continuous usage: the bucket is the truth's,
+        # fixed at the first chunk, and no other bucket is touched (TTFT, 19 ITLs, the duration up to
+        # the cut, the cached tokens the usage reported)
+        bucket = BUCKETS.label(truth.isl)
+        s = samples(gw.metrics)
+        n = gw.metrics.names
+        touched = by_isl_counts(gw)
+        assert touched == {n.ttft_by_isl: {bucket: 1}, n.itl_by_isl: {bucket: 19}, n.duration_by_isl: {bucket: 1},
+                           n.cached_by_isl: {bucket: 1}}
+        assert value(s, n.isl_assignments, model="sim-model", source="first_chunk_usage") == 1
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "unary"])
+async def test_no_headers_from_the_sim_in_time_is_504(stream: bool) -> None:
+    """``slow_headers``: no response headers within the gateway's response timeout -> 504 OpenAI error
+    ``upstream_timeout``, counted once as ``response_timeout``; the upstream request is closed before
+    the engine started it (truth: cancelled, no token)."""
+    async with run_sim(speedup=20) as sim, run_gateway(sim.url, response_timeout_s=0.3) as gw:
+        before = inflight(gw.metrics)
+        status, raw, err = await fetch(gw.url + path("chat_completions"), body("chat_completions", stream=stream),
+                                       "late", "slow_headers", **{"x-servelens-fault-delay-ms": "60000"})
+        assert status == 504 and err is None
+        assert_openai_error(raw, "upstream_timeout")
+        truth = await sim.wait_truth("late")  # within 5 s: the gateway closed it, not the 60 s delay
+        assert (truth.outcome, truth.osl, truth.admitted_ns) == ("cancelled", 0, None)
+        await gw.gateway.wait_finished(1)
+        assert requests_total(gw.metrics, model="sim-model", endpoint="chat_completions", status="error",
+                              error_type="response_timeout", request_type="stream" if stream else "unary") == 1
+        assert requests_total(gw.metrics) == 1
+        assert inflight(gw.metrics) == before == 0
+        assert_no_by_isl(gw)
+        assert total(samples(gw.metrics), gw.metrics.names.isl + "_count") == 0
+
+
+async def test_prompt_tokens_details_null_from_the_sim_is_unknown_not_zero() -> None:
+    """Wire case 6, null half (``null_details``): the engine served cached tokens (its truth says
+    so), the wire says ``"prompt_tokens_details": null``: cached tokens unknown, never observed as 0.
+    Stream with usage injected and stripped, stream with the client's own usage, and unary."""
+    async with run_sim(speedup=20) as sim, run_gateway(sim.url) as gw:
+        cases = [("inj", body("chat_completions")),
+                 ("own", body("chat_completions", stream_options={"include_usage": True})),
+                 ("unary", body("chat_completions", stream=False))]
+        for tag, b in cases:
+            (ds, dbody, _), (gs, gbody, gerr) = await both(sim, gw, "chat_completions", b, "null_details", tag)
+            assert ds == gs == 200 and gerr is None
+            assert norm(gbody, f"gw-{tag}") == norm(dbody, f"direct-{tag}")
+            assert (b'"prompt_tokens_details":null' in gbody) == (tag != "inj")
+            truth = await sim.wait_truth(f"gw-{tag}")
+            assert truth.cached_tokens > 0  # the prefix cache did serve some: the wire does not say
+        await gw.gateway.wait_finished(3)
+        s = samples(gw.metrics)
+        n = gw.metrics.names
+        bucket = BUCKETS.label(truth.isl)
+        assert requests_total(gw.metrics, model="sim-model", status="success") == 3
+        assert requests_total(gw.metrics) == 3
+        assert inflight(gw.metrics) == 0
+        assert value(s, n.isl + "_count", model="sim-model") == 3
+        assert value(s, n.cached + "_count", model="sim-model") == 0  # unknown, not observed as 0
+        touched = by_isl_counts(gw)
+        assert touched[n.cached_by_isl] == {}
+        assert touched[n.ttft_by_isl] == {bucket: 2} and touched[n.duration_by_isl] == {bucket: 3}
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+async def test_client_gone_while_sending_body_to_the_sim(stack: tuple[SimHandle, GatewayHandle], framing: str
+                                                         ) -> None:
+    """A client that leaves while still sending its request body (another request in flight):
+    counted once as ``cancelled`` (model unknown: the body never arrived), inflight back to its
+    previous value, nothing sent to the engine, no by-ISL series."""
+    sim, gw = stack
+    async with aiohttp.ClientSession() as s:
+        # a request in flight meanwhile (in a long prefill: no output, so no by-ISL series either)
+        held = await s.post(gw.url + path("chat_completions"), json=body("chat_completions"),
+                            headers={"x-request-id": "held", "x-servelens-fault": "slow_start",
+                                     "x-servelens-fault-delay-ms": "60000"})
+        await held.content.readuntil(b"\n\n")  # the role chunk: it is in flight
+        before = inflight(gw.metrics)
+        assert before == 1
+        _, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+        head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"x-request-id: partial\r\n")
+        part = b'{"model": "sim-model", "messages": [{"role": "user", "content": "hel'
+        if framing == "chunked":
+            writer.write(head + b"Transfer-Encoding: chunked\r\n\r\n" + b"%x\r\n%b\r\n" % (len(part), part))
+        else:
+            writer.write(head + b"Content-Length: 1000\r\n\r\n" + part)
+        await writer.drain()
+        writer.close()  # gone before the body is complete
+        await writer.wait_closed()
+        await gw.gateway.wait_finished(1)
+        assert requests_total(gw.metrics, model="unknown_model", status="error", error_type="cancelled") == 1
+        assert requests_total(gw.metrics) == 1
+        assert inflight(gw.metrics) == before
+        assert gw.metrics.state.disconnected_clients == 1
+        assert sim.get_truth("partial") is None and len(sim.engine.running) + len(sim.engine.waiting) == 0
+        held.close()
+    await gw.gateway.wait_finished(2)
+    assert requests_total(gw.metrics, model="sim-model", error_type="cancelled") == 1
+    assert inflight(gw.metrics) == 0
+    assert_no_by_isl(gw)
+    assert (await sim.wait_truth("held")).outcome == "cancelled"
+    assert sim.get_truth("partial") is None
