@@ -11,6 +11,7 @@ engine serving a tiny local model (:mod:`servelens.engines.vllm_cpu`).
 from __future__ import annotations
 
 import contextlib
+import math
 import signal
 import sys
 import threading
@@ -67,14 +68,17 @@ class DemoConfig:
     max_context: int = 32768
 
     def __post_init__(self) -> None:
+        # checked here, before anything starts (NaN and inf would otherwise fail late and obscurely)
         if self.engine not in ENGINES:
             raise ValueError(f"unknown engine {self.engine!r}; expected one of {', '.join(ENGINES)}")
-        if self.time_scale <= 0:
-            raise ValueError(f"time-scale must be > 0, got {self.time_scale}")
-        if self.duration_s is not None and self.duration_s <= 0:
-            raise ValueError(f"duration must be > 0 s, got {self.duration_s}")
-        if self.sim_speedup <= 0:
-            raise ValueError(f"sim speedup must be > 0, got {self.sim_speedup}")
+        if not (math.isfinite(self.time_scale) and self.time_scale > 0):
+            raise ValueError(f"time-scale must be a finite number > 0, got {self.time_scale}")
+        if self.duration_s is not None and not (math.isfinite(self.duration_s) and self.duration_s > 0):
+            raise ValueError(f"duration must be a finite number of seconds > 0, got {self.duration_s}")
+        if self.max_requests is not None and self.max_requests < 1:
+            raise ValueError(f"max-requests must be >= 1, got {self.max_requests}")
+        if not (math.isfinite(self.sim_speedup) and self.sim_speedup > 0):
+            raise ValueError(f"speedup must be a finite number > 0, got {self.sim_speedup}")
         object.__setattr__(self, "isl_buckets", IslBuckets.parse(self.isl_buckets).boundaries)
 
 
@@ -126,8 +130,35 @@ def _wait_for_interrupt(console: Console) -> None:
             signal.signal(s, h)
 
 
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """Turn SIGTERM and SIGHUP into KeyboardInterrupt while the demo runs, so that ``kill`` or a
+    closed terminal stops the engine and gateway (children in their own sessions, which the signal
+    does not reach) instead of leaving them running. Only in the main thread (Python's rule for
+    signal handlers); elsewhere a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = {s: signal.signal(s, interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
 def run_demo(config: DemoConfig, console: Console | None = None) -> DemoResult:
-    """Run the demo (blocking). Raises ServerStartError/ValueError/OSError on failures."""
+    """Run the demo (blocking). Raises ServerStartError/ValueError/OSError on failures, and
+    KeyboardInterrupt on Ctrl-C, SIGTERM or SIGHUP (the engine and gateway are stopped first)."""
+    with _terminate_as_interrupt():
+        return _run_demo(config, console)
+
+
+def _run_demo(config: DemoConfig, console: Console | None) -> DemoResult:
     console = console or Console(width=None if sys.stdout.isatty() else 150)
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,18 +1,32 @@
 """`servelens demo` end to end with a short duration: the table has non-empty buckets and the
-client and gateway columns agree (issue 6)."""
+client and gateway columns agree (issue 6); --keep-running and --trace; SIGTERM stops the engine
+and gateway; bad flags are one-line errors before anything starts."""
 
+import io
 import json
+import os
+import re
+import selectors
+import signal
 import subprocess
 import sys
+import time
+import urllib.request
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from servelens.cli.main import main
 from servelens.core.quantiles import bucket_bounds
-from servelens.core.state import TTFT_EDGES_S
+from servelens.core.state import ITL_EDGES_S, TTFT_EDGES_S
+from servelens.process import ServerStartError
 
 
-def le_index(x: float) -> int:
-    _lower, upper = bucket_bounds(x, TTFT_EDGES_S)
-    return list(TTFT_EDGES_S).index(upper) if upper in TTFT_EDGES_S else len(TTFT_EDGES_S)
+def le_index(x: float, edges: tuple[float, ...] = TTFT_EDGES_S) -> int:
+    _lower, upper = bucket_bounds(x, edges)
+    return list(edges).index(upper) if upper in edges else len(edges)
 
 
 def test_demo_short_run(tmp_path: Path) -> None:
@@ -36,6 +50,162 @@ def test_demo_short_run(tmp_path: Path) -> None:
         # the gateway sees the request first and the first chunk last: its TTFT is a little lower;
         # its percentile is interpolated inside le buckets, so compare at le resolution
         assert abs(le_index(c["ttft_p50_s"]) - le_index(s["ttft_p50_s"])) <= 1, (b, c, s)
+        # ITL: many tokens per bucket, so p50 and p95 both compare at le resolution
+        for f in ("itl_p50_s", "itl_p95_s"):
+            assert c[f] is not None and s[f] is not None, (b, f)
+            assert abs(le_index(c[f], ITL_EDGES_S) - le_index(s[f], ITL_EDGES_S)) <= 1, (b, f, c, s)
         assert c["mean_cached_tokens"] == s["mean_cached_tokens"]
+        # the printed table shows the same counts, client/server, on the bucket's row
+        row = next(line for line in proc.stdout.splitlines() if line.startswith(f"│ {b} "))
+        assert f"{c['requests']:,}/{s['requests']:,}" in row, row
+    assert client["all"]["requests"] == server["all"]["requests"] == sum(client[b]["requests"] for b in client
+                                                                         if b != "all")
     assert (out / "report.html").stat().st_size > 100_000  # plotly inlined: self-contained
     assert (out / "results.jsonl").exists()
+
+
+def _read_until(proc: subprocess.Popen[bytes], prefix: str, timeout_s: float = 60.0) -> list[str]:
+    """The demo's stdout lines up to and including the first that starts with ``prefix``.
+
+    Reads the pipe's file descriptor directly: a buffered reader would keep lines that arrived
+    together in its buffer, where the selector cannot see them."""
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    lines: list[str] = []
+    buf = b""
+    deadline = time.monotonic() + timeout_s
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while time.monotonic() < deadline:
+            if not sel.select(timeout=deadline - time.monotonic()):
+                continue
+            data = os.read(fd, 65536)
+            if not data:
+                break  # the demo exited
+            buf += data
+            while b"\n" in buf:
+                raw, buf = buf.split(b"\n", 1)
+                lines.append(raw.decode(errors="replace"))
+                if lines[-1].startswith(prefix):
+                    return lines
+    raise AssertionError(f"no line starting {prefix!r}: {chr(10).join(lines)[-2000:]}")
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except FileNotFoundError:  # it has exited
+        return []
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _start_demo(*args: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "servelens", "demo", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True,
+    )
+
+
+def _stop(proc: subprocess.Popen[bytes], kids: list[int]) -> None:
+    """Stop the demo and never leave its engine or gateway behind, even when an assertion failed
+    before ``kids`` was read: SIGTERM (the demo stops them), then SIGKILL what is left."""
+    if proc.poll() is None:
+        kids = kids + _children(proc.pid)
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
+    for k in kids:
+        if _running(k):
+            os.kill(k, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads children from /proc (Linux)")
+def test_demo_sigterm_mid_run_stops_engine_and_gateway(tmp_path: Path) -> None:
+    # the engine and gateway run in their own sessions: a SIGTERM to the demo must stop them too
+    proc = _start_demo("--duration", "60", "--output-dir", str(tmp_path / "demo"))
+    kids: list[int] = []
+    try:
+        _read_until(proc, "bench")  # engine and gateway up, replay starting
+        kids = _children(proc.pid)
+        assert len(kids) == 2, kids
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 130
+        assert proc.stdout is not None and b"servelens: interrupted" in proc.stdout.read()
+        assert [k for k in kids if _running(k)] == []
+    finally:
+        _stop(proc, kids)
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads children from /proc (Linux)")
+def test_demo_keep_running_with_another_trace(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    proc = _start_demo("--trace", "azure_conv_2023_500.csv", "--duration", "2", "--keep-running",
+                       "--output-dir", str(out))
+    kids: list[int] = []
+    try:
+        lines = _read_until(proc, "--keep-running")
+        kids = _children(proc.pid)
+        assert len(kids) == 2, kids
+        gateway = next(re.search(r"gateway at (http://\S+)", line)[1] for line in lines  # type: ignore[index]
+                       if line.startswith("gateway"))
+        # the run is over (report written) and the gateway still serves its metrics for a dashboard
+        assert (out / "report.html").exists()
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["config"]["trace"].endswith("azure_conv_2023_500.csv") and summary["succeeded"] > 0
+        with urllib.request.urlopen(gateway + "/metrics", timeout=10) as resp:
+            assert b"servelens_time_to_first_token_by_isl_seconds_bucket" in resp.read()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+        assert [k for k in kids if _running(k)] == []
+    finally:
+        _stop(proc, kids)
+
+
+def _demo_in_process(*argv: str) -> tuple[int, str]:
+    err = io.StringIO()
+    with redirect_stderr(err), redirect_stdout(io.StringIO()):
+        rc = main(["demo", *argv])
+    return rc, err.getvalue()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--duration", "nan"], "duration must be a finite number"),
+    (["--duration", "0"], "duration must be a finite number"),
+    (["--time-scale", "inf"], "time-scale must be a finite number"),
+    (["--max-requests", "0"], "max-requests must be >= 1"),
+    (["--speedup", "nan"], "speedup must be a finite number"),
+    (["--trace", "/nonexistent/trace.jsonl"], "trace file not found"),
+])
+def test_demo_bad_flags_are_one_line_before_anything_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, argv: list[str], message: str
+) -> None:
+    def no_servers(*_a: Any, **_k: Any) -> None:
+        raise AssertionError("a server was started for bad flags")
+
+    monkeypatch.setattr("servelens.demo.ServerProcess", no_servers)
+    rc, err = _demo_in_process(*argv, "--output-dir", str(tmp_path / "o"))
+    assert rc == 2 and err.startswith("servelens: error:") and err.count("\n") == 1, err
+    assert message in err, err
+
+
+def test_demo_engine_that_fails_to_start_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    class Failing:
+        def __init__(self, *_a: Any, **_k: Any) -> None: ...
+
+        def __enter__(self) -> None:
+            raise ServerStartError("servelens sim exited with status 1: address in use")
+
+        def __exit__(self, *_a: Any) -> None: ...
+
+    monkeypatch.setattr("servelens.demo.ServerProcess", Failing)
+    rc, err = _demo_in_process("--output-dir", str(tmp_path / "o"))
+    assert rc == 2 and err == "servelens: error: servelens sim exited with status 1: address in use\n"

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from servelens.cli.main import CliError
 from servelens.demo import DEMO_TRACE, ENGINES, DemoConfig, run_demo
+from servelens.process import ServerStartError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -47,5 +49,8 @@ def _run(args: argparse.Namespace) -> int:
         keep_running=args.keep_running,
         sim_speedup=args.speedup,
     )
-    result = run_demo(config)
+    try:
+        result = run_demo(config)
+    except ServerStartError as exc:  # the child's own one-line reason is in the message
+        raise CliError(str(exc)) from None
     return 0 if result.bench.records else 1
