@@ -127,6 +127,8 @@ def test_cli_writes_three_files_that_promtool_accepts(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("argv, message", [
     (["--ttft-p95-slo", "0"], "SLO"),
+    (["--ttft-p95-slo", "inf"], "SLO must be a finite number"),
+    (["--ttft-p95-slo", "nan"], "SLO must be a finite number"),
     (["--isl-buckets", "1024,512"], "strictly increasing"),
     (["--metrics-prefix", "9bad"], "prefix"),
 ])

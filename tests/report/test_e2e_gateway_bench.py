@@ -1,6 +1,7 @@
 """End to end: sim <- gateway <- bench, with real Prometheus and VictoriaMetrics scraping the
 gateway. ``servelens report --prometheus`` and the recording rules must agree with the bench's
-client-side table within the resolution of the ``le`` buckets, buckets in numeric order."""
+client-side table within the resolution of the ``le`` buckets, buckets in numeric order; the
+dashboard's per-bucket queries return one series each, of their own bucket, on both servers."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from servelens.bench.runner import BenchConfig, run_bench
 from servelens.cli.main import main
 from servelens.core.buckets import IslBuckets
 from servelens.core.state import ITL_EDGES_S, TTFT_EDGES_S
+from servelens.dashboards.grafana import grafana_dashboard, substitute_variables
 from servelens.dashboards.output import write_dashboard_files
 from servelens.dashboards.rules import record_name
 from servelens.gateway.testing import run_gateway
@@ -95,9 +97,32 @@ async def test_report_and_rules_agree_with_bench_through_gateway(tmp_path: Path)
                         assert r["mean_cached_tokens"] == pytest.approx(c.mean_cached_tokens, rel=1e-6)
             # recording rules (Prometheus evaluates them; VictoriaMetrics needs vmalert)
             for label in USED:
-                got = prom.client.scalar(
-                    f'sum({record_name(NAMES.ttft_by_isl, "p50")}{{isl_bucket="{label}"}})')
-                assert _near(TTFT_EDGES_S, got, client[label].ttft_p50_s), (label, got)
+                for hist, stat, field, edges in (
+                    (NAMES.ttft_by_isl, "p50", "ttft_p50_s", TTFT_EDGES_S),
+                    (NAMES.ttft_by_isl, "p95", "ttft_p95_s", TTFT_EDGES_S),
+                    (NAMES.ttft_by_isl, "mean", "ttft_mean_s", TTFT_EDGES_S),
+                    (NAMES.itl_by_isl, "p50", "itl_p50_s", ITL_EDGES_S),
+                    (NAMES.itl_by_isl, "p95", "itl_p95_s", ITL_EDGES_S),
+                ):
+                    got = prom.client.scalar(f'sum({record_name(hist, stat)}{{isl_bucket="{label}"}})')
+                    assert _near(edges, got, getattr(client[label], field)), (label, stat, field, got)
+            # the dashboard's per-bucket panels on both servers: each query returns its own bucket,
+            # so a panel's series come in query order, which is numeric order
+            dash = grafana_dashboard(NAMES, BUCKETS)
+            for s in (prom, vm):
+                for panel in dash["panels"]:
+                    if "by input length" not in panel["title"]:
+                        continue
+                    legends = [t["legendFormat"] for t in panel["targets"]]
+                    assert legends == list(BUCKETS.labels), panel["title"]
+                    with_data = []
+                    for t in panel["targets"]:
+                        got = await asyncio.to_thread(s.client.query, substitute_variables(t["expr"], "5m", ".*"))
+                        assert len(got) <= 1, (s.kind, t["expr"])
+                        if got and not math.isnan(got[0].value):
+                            assert got[0].labels.get("isl_bucket") == t["legendFormat"], (s.kind, t["expr"])
+                            with_data.append(t["legendFormat"])
+                    assert set(USED) <= set(with_data), (s.kind, panel["title"], with_data)
         finally:
             await asyncio.to_thread(stack.close)
     # the HTML report from the bench's results file: exact figures and p95 over send time

@@ -141,7 +141,7 @@ def test_metrics_url_over_http() -> None:
 def test_html_is_self_contained_and_in_numeric_order(results_file: Path, tmp_path: Path) -> None:
     rep = report_from_results(results_file, BUCKETS)
     shuffled = list(reversed(rep.rows))
-    path = write_html(tmp_path / "sub" / "report.html", shuffled, rep.timeseries, title="T<1>")
+    path = write_html(tmp_path / "sub" / "report.html", shuffled, list(reversed(rep.timeseries)), title="T<1>")
     text = path.read_text()
     assert "T&lt;1&gt;" in text
     assert text.count("<script") >= 5
@@ -153,6 +153,10 @@ def test_html_is_self_contained_and_in_numeric_order(results_file: Path, tmp_pat
         assert heading in text, heading
     arrays = re.findall(r'"categoryarray":(\[[^\]]*\])', text)
     assert arrays and all(json.loads(a) == list(BUCKETS.labels) for a in arrays)
+    # the over-time chart (the last figure) draws its bucket lines in numeric order
+    last_figure = text.split("Plotly.newPlot(")[-1]
+    assert "over time" in last_figure
+    assert re.findall(r'"name":"([^"]+)"', last_figure) == ["0-512", "513-1024", "1025-2048", "16385+"]
     # table rows in numeric order, "all" last
     cells = re.findall(r"<tr[^>]*><td>([^<]+)</td>", text)
     assert cells == [*BUCKETS.labels, "all"]

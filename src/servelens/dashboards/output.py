@@ -30,7 +30,7 @@ def write_dashboard_files(
 ) -> DashboardFiles:
     """Write ``grafana-dashboard.json``, ``recording-rules.yml`` and ``alert-rules.yml`` into
     ``output_dir`` (created if missing). Raises OSError when it cannot be written and ValueError
-    for a non-positive SLO."""
+    for an SLO that is not a finite number > 0."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     alerts = alert_rules(names, ttft_p95_slo_s, window)  # validates before anything is written

@@ -8,6 +8,7 @@ Record names follow the Prometheus ``level:metric:operations`` convention, e.g.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import yaml
@@ -62,10 +63,10 @@ def alert_rules(
     """Example alert rules: TTFT p95 of an ISL bucket above ``ttft_p95_slo_s`` seconds for ``for_``.
 
     Uses the recording rule of :func:`recording_rules` (load both files). A bucket without traffic
-    has a NaN p95 and does not fire. Raises ValueError for a non-positive SLO.
+    has a NaN p95 and does not fire. Raises ValueError for an SLO that is not a finite number > 0.
     """
-    if not ttft_p95_slo_s > 0:
-        raise ValueError(f"TTFT p95 SLO must be > 0 seconds, got {ttft_p95_slo_s}")
+    if not (math.isfinite(ttft_p95_slo_s) and ttft_p95_slo_s > 0):  # an inf SLO would never fire
+        raise ValueError(f"TTFT p95 SLO must be a finite number of seconds > 0, got {ttft_p95_slo_s}")
     p95 = record_name(names.ttft_by_isl, "p95", window)
     rule = {
         "alert": "TTFTp95AboveSLOByInputLength",
