@@ -21,7 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-from servelens.serving import READY_RE
+from servelens.serving import PARENT_PID_ENV, READY_RE
 
 
 class ServerStartError(RuntimeError):
@@ -33,7 +33,9 @@ class ServerProcess:
 
     Args:
         command: the subcommand and its arguments, e.g. ``["sim", "--preset", "h100-llama3-8b"]``
-            (``--port 0`` and ``--host 127.0.0.1`` are added unless present).
+            (``--port 0`` and ``--host 127.0.0.1`` are added unless present). The child is
+            SIGTERMed by Linux when this process dies, even by SIGKILL (see
+            :func:`servelens.serving.die_with_parent`).
         log_path: where the child's stdout/stderr go after the ready line (None: discarded).
         start_timeout_s: how long to wait for the ready line.
 
@@ -46,6 +48,8 @@ class ServerProcess:
         args = list(command)
         if "--port" not in args:
             args += ["--port", "0"]
+        if "--host" not in args:
+            args += ["--host", "127.0.0.1"]
         self.args = [sys.executable, "-m", "servelens", *args]
         self.log_path = log_path
         self.start_timeout_s = start_timeout_s
@@ -55,7 +59,9 @@ class ServerProcess:
 
     def start(self) -> ServerProcess:
         """Start the child and wait for its ready line; returns self."""
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        # the child asks Linux to SIGTERM it when this process dies, even by SIGKILL
+        # (serving.die_with_parent): it lives in its own session, which our signals do not reach
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **{PARENT_PID_ENV: str(os.getpid())})
         self.proc = subprocess.Popen(
             self.args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
             start_new_session=True,

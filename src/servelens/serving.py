@@ -5,8 +5,10 @@ ready line on stdout once listening, then serve until SIGTERM/SIGINT and stop cl
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import gc
 import logging
+import os
 import re
 import signal
 import sys
@@ -15,6 +17,29 @@ from typing import Any
 
 READY_RE = re.compile(r"^servelens (\w+) listening on (http://\S+)\s*$")
 """Matches the ready line; groups: the server's name and its base URL."""
+
+
+PARENT_PID_ENV = "SERVELENS_PARENT_PID"
+"""Set by :class:`servelens.process.ServerProcess` in its child's environment: the parent's pid."""
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent() -> None:
+    """In a server started by :class:`~servelens.process.ServerProcess` (``SERVELENS_PARENT_PID``
+    set): ask Linux for SIGTERM when the parent goes away, even by SIGKILL (``prctl(PR_SET_PDEATHSIG)``;
+    strictly, when the parent's thread that started it ends), so a killed demo, test or benchmark
+    leaves no server behind. A parent already gone means SIGTERM now. Elsewhere a no-op."""
+    want = os.environ.get(PARENT_PID_ENV)
+    if not want or not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if str(os.getppid()) != want:  # the parent died before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def ready_line(name: str, url: str) -> str:
@@ -56,6 +81,7 @@ async def serve_until_signal(name: str, url: str, stop: Callable[[], Awaitable[N
     sigs = (signal.SIGTERM, signal.SIGINT)
     for sig in sigs:
         loop.add_signal_handler(sig, event.set)
+    die_with_parent()  # after the handlers: a SIGTERM from it stops the server cleanly
     print(ready_line(name, url), flush=True)
     try:
         await event.wait()
