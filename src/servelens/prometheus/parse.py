@@ -18,5 +18,6 @@ def parse_exposition(text: str) -> dict[tuple[str, LabelKey], float]:
             for s in family.samples:
                 samples[(s.name, tuple(sorted(s.labels.items())))] = float(s.value)
     except Exception as exc:  # the parser raises assorted errors on garbage
-        raise ValueError(f"not Prometheus text exposition: {exc}") from None
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else "it does not parse as metric lines"
+        raise ValueError(f"not Prometheus text exposition: {reason}") from None
     return samples
