@@ -159,7 +159,7 @@ def test_html_is_self_contained_and_in_numeric_order(results_file: Path, tmp_pat
     assert re.findall(r'"name":"([^"]+)"', last_figure) == ["0-512", "513-1024", "1025-2048", "16385+"]
     # table rows in numeric order, "all" last
     cells = re.findall(r"<tr[^>]*><td>([^<]+)</td>", text)
-    assert cells == [*BUCKETS.labels, "all"]
+    assert cells == [*BUCKETS.labels, "all requests"]
     no_time = render_html(rep.rows, None)
     assert "over time" not in no_time
 
@@ -202,6 +202,8 @@ def test_cli_results_folder_and_html(results_file: Path, tmp_path: Path) -> None
     (["--prometheus", "http://127.0.0.1:1", "--window", "5m"], "cannot reach"),
     (["--results", "x", "--metrics-before", "y"], "--metrics-before needs --metrics"),
     (["--results", "x", "--isl-buckets", "0"], "positive integer"),
+    (["--results", "x", "--window", "10m"], "--window applies to --prometheus only"),
+    (["--metrics", "x", "--range", "2h"], "--range applies to --prometheus only"),
 ])
 def test_cli_errors_are_one_line(argv: list[str], message: str) -> None:
     rc, _, err = _run(["report", *argv])

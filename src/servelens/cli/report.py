@@ -34,10 +34,10 @@ def add_parser(subparsers: Any) -> None:
                      "VictoriaMetrics)")
     p.add_argument("--metrics-before", metavar="URL|FILE",
                    help="with --metrics: an earlier scrape; report the difference")
-    p.add_argument("--window", default="5m",
+    p.add_argument("--window", default=None,
                    help="with --prometheus: the window of the rate() percentiles and of the Requests count "
                    "(exact: last value in the window minus the value at its start; default: 5m)")
-    p.add_argument("--range", dest="range_", default="1h", metavar="DURATION",
+    p.add_argument("--range", dest="range_", default=None, metavar="DURATION",
                    help="with --prometheus: span of the p95-over-time chart in --html (default: 1h)")
     p.add_argument("--metrics-prefix", default=DEFAULT_PREFIX,
                    help="metric name prefix (dynamo_frontend for Dynamo names; default: servelens)")
@@ -57,6 +57,9 @@ def build_report(args: argparse.Namespace) -> Report:
     buckets = IslBuckets.parse(args.isl_buckets) if args.isl_buckets else None
     if args.metrics_before and not args.metrics:
         raise ValueError("--metrics-before needs --metrics")
+    for flag, value in (("--window", args.window), ("--range", args.range_)):
+        if value is not None and not args.prometheus:
+            raise ValueError(f"{flag} applies to --prometheus only (the other sources have no time window)")
     if args.results:
         if args.model:
             raise ValueError("--model applies to --metrics and --prometheus, not --results")
@@ -65,8 +68,9 @@ def build_report(args: argparse.Namespace) -> Report:
         return report_from_results(args.results, buckets or default)
     if args.metrics:
         return report_from_metrics(args.metrics, names, args.metrics_before, args.model, buckets)
-    range_s = parse_duration_s(args.range_) if args.html else None
-    return report_from_prometheus(args.prometheus, names, args.window, buckets, args.model, range_s=range_s)
+    range_s = parse_duration_s(args.range_ or "1h") if args.html else None
+    return report_from_prometheus(args.prometheus, names, args.window or "5m", buckets, args.model,
+                                  range_s=range_s)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -61,9 +61,18 @@ def _requests(row: BucketRow) -> str:
     return text
 
 
+ALL_ROW_LABEL = "all requests"
+"""How the "all" row is labelled on screen (its key in CSV/JSON stays ``all``)."""
+
+
+def display_label(bucket: str) -> str:
+    """The label shown for a row: the bucket (``513-1024``), or "all requests" for the "all" row."""
+    return ALL_ROW_LABEL if bucket == "all" else bucket
+
+
 def _label_column(table: Table, rows: Sequence[BucketRow]) -> None:
     """The bucket label column: never truncated or wrapped (its header on two lines)."""
-    longest = max((len(r.bucket) for r in rows), default=0)
+    longest = max((len(display_label(r.bucket)) for r in rows), default=0)
     table.add_column("Input length\n(tokens)", justify="left", no_wrap=True, min_width=max(longest, 12))
 
 
@@ -78,7 +87,7 @@ def _value_columns(table: Table, headers: Sequence[str], cells: Sequence[Sequenc
 def row_cells(row: BucketRow) -> list[str]:
     """The display cells of a row (times in ms or s, ``*`` marks a low-count bucket)."""
     return [
-        row.bucket,
+        display_label(row.bucket),
         _requests(row),
         _ms(row.ttft_p50_s),
         _ms(row.ttft_p95_s),
@@ -155,7 +164,7 @@ def side_by_side(
     for c, row in zip(client, cells, strict=True):
         if c.bucket == "all":
             table.add_section()
-        table.add_row(c.bucket, *row)
+        table.add_row(display_label(c.bucket), *row)
     return table
 
 
