@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -50,9 +51,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         return int(func(args) or 0)
-    except KeyboardInterrupt:
-        print("servelens: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        # Ctrl-C: 130; a SIGTERM or SIGHUP turned into KeyboardInterrupt("SIGTERM") (the demo does): 128 + its number
+        name = exc.args[0] if exc.args and isinstance(exc.args[0], str) else "SIGINT"
+        signum = signal.Signals.__members__.get(name, signal.SIGINT)
+        print("servelens: interrupted" + (f" ({name})" if signum != signal.SIGINT else ""), file=sys.stderr)
+        return 128 + int(signum)
     except (CliError, ValueError, OSError) as exc:
         print(f"servelens: error: {exc}", file=sys.stderr)
         return 2
