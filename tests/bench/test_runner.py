@@ -131,6 +131,7 @@ async def test_client_and_server_tables_are_never_cropped(upstream: Upstream, wi
     tops = [line for line in lines if line.startswith("┏")]
     assert tops and all(t.endswith("┓") for t in tops), buf.getvalue()  # every table whole
     assert max(len(line) for line in lines) <= width
+    assert "…" not in buf.getvalue()  # no header or cell cut
     one = "Client vs server" in buf.getvalue()  # the side-by-side table, else the client's and the server's
     assert len(tops) == (1 if one else 2) and (one or "Server (gateway /metrics)" in buf.getvalue())
     if width in (80, 200):  # too narrow for side by side / wide enough

@@ -36,7 +36,7 @@ from servelens.core.summary import BucketRow, rows_from_histograms, rows_from_sa
 from servelens.core.timing import NS_PER_S
 from servelens.prometheus.names import DEFAULT_PREFIX, MetricNames
 from servelens.report.metrics_text import Scrape, bucket_histograms, parse_scrape
-from servelens.report.table import fits, rich_table, side_by_side
+from servelens.report.table import fit_to, fits, rich_table, side_by_side
 
 LONG_REQUEST_POLICIES = ("drop", "clip")
 PREBUILD_MAX_TOKENS = 30_000_000
@@ -684,11 +684,16 @@ def print_result(result: BenchResult, console: Console | None = None) -> None:
     if both is not None and fits(both, console.width):  # one table: the client's figures beside the server's
         console.print(both)
     elif both is not None:  # a narrow terminal: the client's table, then the server's
-        console.print(rich_table(result.client_rows, title=title + "\nClient (exact percentiles)",
-                                 caption="\n".join(lines)))
-        console.print(rich_table(result.server_rows or [], title="Server (gateway /metrics)"))
+        client = rich_table(result.client_rows, title=title + "\nClient (exact percentiles)", caption="\n".join(lines))
+        server = rich_table(result.server_rows or [], title="Server (gateway /metrics)")
+        fit_to(client, console.width)
+        fit_to(server, console.width)
+        console.print(client)
+        console.print(server)
     else:
-        console.print(rich_table(result.client_rows, title=title, caption="\n".join(lines)))
+        table = rich_table(result.client_rows, title=title, caption="\n".join(lines))
+        fit_to(table, console.width)
+        console.print(table)
         if result.server_rows is not None:
             console.print("server side: the /metrics endpoint has no servelens by-ISL histograms "
                           f"(prefix {s['config']['metrics_prefix']!r})")

@@ -80,7 +80,7 @@ def _value_columns(table: Table, headers: Sequence[str], cells: Sequence[Sequenc
     """Right-aligned columns that may wrap between words but are never narrower than their
     longest word (rich would otherwise cut ``1,234`` to ``1,2…`` on a narrow terminal)."""
     for i, h in enumerate(headers):
-        words = [w for row in cells for w in row[i].split()]
+        words = [w for row in cells for w in row[i].split()] + h.split()
         table.add_column(h, justify="right", min_width=max((len(w) for w in words), default=1))
 
 
@@ -177,6 +177,22 @@ def fits(table: Table, width: int) -> bool:
     return border.endswith(("┓", "┐"))
 
 
+def fit_to(table: Table, width: int) -> bool:
+    """Make ``table`` render within ``width`` columns if it can: when its natural layout does not fit,
+    every column is set to its minimum width (its longest word; cells wrap between words), since
+    rich's own width plan crops the right-hand columns before it shrinks the others to their
+    minimums. Returns True when the table now fits whole."""
+    if fits(table, width):
+        return True
+    for col in table.columns:
+        col.width = col.min_width
+    if fits(table, width):
+        return True
+    for col in table.columns:
+        col.width = None
+    return False
+
+
 def format_rows(rows: Sequence[BucketRow], fmt: str, title: str | None = None, width: int | None = None) -> str:
     """Render rows as ``table`` (rich, plain text), ``csv``, ``json`` or ``markdown``.
 
@@ -187,7 +203,9 @@ def format_rows(rows: Sequence[BucketRow], fmt: str, title: str | None = None, w
     """
     if fmt == "table":
         console = Console(file=io.StringIO(), record=True, width=width or WIDE_WIDTH, force_terminal=False)
-        console.print(rich_table(rows, title))
+        table = rich_table(rows, title)
+        fit_to(table, width or WIDE_WIDTH)
+        console.print(table)
         return console.export_text()
     if fmt == "json":
         return json.dumps([asdict(r) | {"low_count": r.low_count} for r in rows], indent=2) + "\n"
