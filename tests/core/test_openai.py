@@ -65,3 +65,10 @@ def test_done_malformed_error_finish() -> None:
 def test_error_body_shape() -> None:
     body = json.loads(error_body("bad", "invalid_request_error", 400))
     assert body == {"error": {"message": "bad", "type": "invalid_request_error", "param": None, "code": 400}}
+
+
+def test_error_body_echoing_a_lone_surrogate_is_json() -> None:
+    # decode_json lets a client's "\ud800" in; an error message that echoes it must still encode
+    raw = error_body("The model '\ud800x☃' does not exist.", "invalid_request_error", "model_not_found")
+    assert b"\\ud800" in raw
+    assert json.loads(raw)["error"]["message"] == "The model '\ud800x☃' does not exist."

@@ -78,6 +78,22 @@ async def test_request_nested_too_deep_is_400_and_counted(fake: ScriptedUpstream
         assert not fake.completions()
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_unknown_model_with_a_lone_surrogate_is_an_openai_404(fake: ScriptedUpstream, http: aiohttp.ClientSession,
+                                                                    stream: bool) -> None:
+    # JSON lets a client escape a lone surrogate; the 404 echoes the name (it was a 500 with aiohttp's
+    # text and a traceback: the error body could not be encoded)
+    body = b'{"model":"\\ud800x","messages":[],"stream":%s}' % (b"true" if stream else b"false")
+    async with run_gateway(fake.url) as gw:
+        status, got = await post(http, gw.url, body)
+        assert status == 404
+        assert_openai_error(got, "model_not_found")
+        assert "\ud800x" in json.loads(got)["error"]["message"]
+        await gw.gateway.wait_finished(1)
+        assert requests_total(gw.metrics, model="unknown_model", error_type="not_found") == 1
+        assert requests_total(gw.metrics) == 1 and inflight(gw.metrics) == 0
+
+
 async def test_passthrough_body_nested_too_deep_is_relayed(http: aiohttp.ClientSession) -> None:
     # with several upstreams the passthrough reads the body for a model name to route by
     a, b = ScriptedUpstream(models=["m-a"]), ScriptedUpstream(models=["m-b"])

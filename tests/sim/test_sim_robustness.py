@@ -31,6 +31,15 @@ async def test_token_id_beyond_int64_is_400(path: str) -> None:
         assert "token ids must be in [0, " in json.loads(await r.read())["error"]["message"]
 
 
+async def test_unknown_model_with_a_lone_surrogate_is_an_openai_404() -> None:
+    # the 404 echoes the name; it was a 500 in aiohttp's text (the error body could not be encoded)
+    async with run_sim(speedup=50) as sim, aiohttp.ClientSession() as s, \
+            s.post(sim.url + "/v1/chat/completions", data=b'{"model":"\\ud800","messages":[]}') as r:
+        assert r.status == 404
+        err = json.loads(await r.read())["error"]
+        assert set(err) == {"message", "type", "param", "code"} and "\ud800" in err["message"]
+
+
 async def test_client_gone_during_a_write_is_cancelled_without_a_traceback(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

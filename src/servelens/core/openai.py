@@ -161,5 +161,12 @@ def parse_response(body: bytes | str) -> ChunkInfo:
 
 
 def error_body(message: str, type_: str, code: int | str | None = None, param: str | None = None) -> bytes:
-    """An OpenAI error object ``{"error": {"message", "type", "param", "code"}}`` as JSON bytes."""
-    return msgspec.json.encode({"error": {"message": message, "type": type_, "param": param, "code": code}})
+    """An OpenAI error object ``{"error": {"message", "type", "param", "code"}}`` as JSON bytes.
+
+    Text echoing a client's lone surrogate (``"\\ud800"``, which :func:`decode_json` lets in) is
+    written as a ``\\uXXXX`` escape, as the client sent it (never a UnicodeEncodeError)."""
+    obj = {"error": {"message": message, "type": type_, "param": param, "code": code}}
+    try:
+        return msgspec.json.encode(obj)
+    except UnicodeEncodeError:
+        return json.dumps(obj, separators=(",", ":")).encode()
