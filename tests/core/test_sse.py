@@ -88,3 +88,12 @@ def test_one_read_decodes_as_byte_by_byte(read: bytes) -> None:
     got = whole.decode(read) + whole.flush()
     want = [b for i in range(len(read)) for b in bytewise.decode(read[i : i + 1])] + bytewise.flush()
     assert got == want
+
+
+def test_pending_bytes_and_discard_of_an_unfinished_block() -> None:
+    d = SSEDecoder()
+    assert d.decode(b"data: a\n\ndata: {\"x\":") != []
+    assert d.pending_bytes == len(b'data: {"x":')
+    d.decode(b"1}\n")
+    assert d.discard() == b'data: {"x":1}\n' and d.pending_bytes == 0
+    assert [b.data for b in d.decode(b"data: b\n\n")] == ["b"]  # parsing starts afresh

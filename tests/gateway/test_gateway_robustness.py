@@ -397,3 +397,47 @@ async def test_client_error_naming_stream_options_does_not_stop_usage_injection(
         await gw.gateway.wait_finished(2)
     # the good request still got usage (continuous) injected
     assert seen[-1]["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+
+
+async def test_upstream_bodies_that_never_end_do_not_grow_the_gateway(monkeypatch: pytest.MonkeyPatch,
+                                                                      http: aiohttp.ClientSession) -> None:
+    # a broken upstream sending one endless line: held whole, the gateway grew at the upstream's rate
+    # (a unary body: GBs within the response timeout; a stream whose usage the gateway strips: nothing
+    # reached the client either). Now a held body fails past MAX_BODY_BYTES (502 backend_error) and
+    # an SSE event past MAX_EVENT_BYTES is relayed on unparsed (backend_error once the stream ends).
+    from servelens.gateway import relay, upstream
+
+    limit = 256 * 1024
+    monkeypatch.setattr(upstream, "MAX_BODY_BYTES", limit)
+    monkeypatch.setattr(relay, "MAX_EVENT_BYTES", limit)
+    enough = asyncio.Event()
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        stream = json.loads(await request.read()).get("stream", False)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream" if stream else "application/json"})
+        await resp.prepare(request)
+        await resp.write(b'data: {"choices":[{"index":0,"delta":{"content":"' if stream else b'{"choices":"')
+        while not enough.is_set():  # unary: until the gateway hangs up
+            await resp.write(b"x" * 65536)
+        await resp.write(b'"},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n')
+        await resp.write_eof()
+        return resp
+
+    async with raw_upstream(handler) as url, run_gateway(url) as gw:
+        async with asyncio.timeout(20):
+            status, got = await post(http, gw.url, json.dumps(chat()).encode())
+            assert status == 502
+            assert_openai_error(got, "upstream_error")
+            await gw.gateway.wait_finished(1)
+            assert requests_total(gw.metrics, model=FAKE_MODEL, error_type="backend_error", request_type="unary") == 1
+            async with http.post(gw.url + "/v1/chat/completions", json=chat(stream=True)) as r:
+                assert r.status == 200
+                received = 0
+                while received <= 2 * limit:  # while the upstream is still sending its line
+                    received += len(await r.content.readany())
+                enough.set()
+                rest = await r.read()
+            assert rest.endswith(b"data: [DONE]\n\n")
+            await gw.gateway.wait_finished(2)
+        assert requests_total(gw.metrics, model=FAKE_MODEL, error_type="backend_error", request_type="stream") == 1
+        assert requests_total(gw.metrics) == 2 and inflight(gw.metrics) == 0

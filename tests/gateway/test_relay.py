@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from servelens.gateway import relay
 from servelens.gateway.relay import StreamMeter
 from servelens.gateway.usage import STRIP_ALL, STRIP_CONTINUOUS, STRIP_CONTINUOUS_NULL
 from servelens.prometheus import FrontendMetrics
@@ -196,3 +197,23 @@ def test_strip_continuous_keeps_final_usage_chunk() -> None:
         final = ev({"choices": [], "usage": usage(5, 1)})
         out = mt.feed(1 * MS, ev({**delta(content="a"), "usage": usage(5, 1)}) + final)
         assert out == ev(delta(content="a"))[:-3] + member.encode() + b"}\n\n" + final
+
+
+@pytest.mark.parametrize("strip", [0, STRIP_ALL])
+def test_an_event_over_the_limit_is_given_up_and_relayed_unparsed(monkeypatch: pytest.MonkeyPatch, strip: int) -> None:
+    # an upstream that never ends its line: the event was held whole (when stripping, nothing went to
+    # the client and memory grew at the upstream's rate); now it is let go past MAX_EVENT_BYTES
+    monkeypatch.setattr(relay, "MAX_EVENT_BYTES", 1000)
+    _, mt = meter(strip)
+    first = ev(delta(content="a"))
+    out = mt.feed(1 * MS, first + b'data: {"choices":[{"delta":{"content":"' + b"x" * 600)
+    assert out == (first if strip else None)
+    held = b"x" * 600
+    out = mt.feed(2 * MS, held)  # over the limit: the held bytes go out (when stripping)
+    assert mt._decoder.pending_bytes == 0
+    assert out == (b'data: {"choices":[{"delta":{"content":"' + b"x" * 1200 if strip else None)
+    later = ev({**fin(content="b"), "usage": usage(5, 2)}) + b"data: [DONE]\n\n"
+    assert mt.feed(3 * MS, later) == (later if strip else None)  # as it came: unparsed, unstripped
+    assert mt.end(4 * MS) == (b"" if strip else None)
+    assert mt.outcome() == ("error", "backend_error")
+    assert mt.live.timer.output_tokens == 1 and mt.completion_tokens is None

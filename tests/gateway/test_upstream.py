@@ -367,6 +367,33 @@ async def test_oversized_or_upgrade_response_heads_are_unavailable(head: bytes, 
     assert not loop_errors
 
 
+@pytest.mark.parametrize("status", [200, 500])
+async def test_a_body_held_whole_over_the_limit_fails_and_is_not_held(monkeypatch: pytest.MonkeyPatch,
+                                                                      status: int) -> None:
+    # an upstream whose unary (or error) body never ends: it was held until the response timeout
+    # (GBs in seconds); now the response fails once the body is over MAX_BODY_BYTES
+    from servelens.gateway import upstream as upstream_mod
+
+    monkeypatch.setattr(upstream_mod, "MAX_BODY_BYTES", 256 * 1024)
+    sent = 0
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        nonlocal sent
+        await read_request(r)
+        w.write(b"HTTP/1.1 %d X\r\nTransfer-Encoding: chunked\r\n\r\n" % status)
+        while True:  # endless, until the client goes
+            w.write(chunk(b"x" * 65536))
+            sent += 65536
+            await w.drain()
+
+    async with one_response(handler) as resp:
+        with pytest.raises(UpstreamError) as err:
+            await asyncio.wait_for(resp.read(), 5)
+        assert err.value.error_type == "backend_error" and "over 262144 bytes" in str(err.value)
+        assert not resp._pieces
+    assert sent < 64 * 1024 * 1024
+
+
 def test_request_head_host_forms_and_url_credentials() -> None:
     head = UpstreamClient._head("POST", URL("http://[::1]:8000/v1/x?a=1"), CIMultiDict(), 2)
     assert head.startswith(b"POST /v1/x?a=1 HTTP/1.1\r\nHost: [::1]:8000\r\n")

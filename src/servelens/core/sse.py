@@ -136,6 +136,20 @@ class SSEDecoder:
         self._scanned = max(n, pos) - start
         return out
 
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes held for the unfinished block (what an event with no end yet costs in memory)."""
+        return len(self._buf)
+
+    def discard(self) -> bytes:
+        """Drop the unfinished block and return its bytes (nothing of it is parsed further)."""
+        buf = bytes(self._buf)
+        self._buf = bytearray()
+        self._parsed = 0
+        self._scanned = 0
+        self._reset()
+        return buf
+
     def flush(self) -> list[SSEBlock]:
         """End of stream: dispatch a final block that lacked its blank line, if any."""
         buf = bytes(self._buf)

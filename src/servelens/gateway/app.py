@@ -24,7 +24,8 @@ a missing ``model`` or a ``stream`` that is not a boolean -> 400 ``validation``;
 ``validation``; unknown model -> 404 ``not_found`` under ``model="unknown_model"`` (502
 ``unavailable`` there when the upstream's model list cannot be fetched); upstream unreachable ->
 502 ``unavailable``; no response headers (or body, for unary) within ``response_timeout_s``, or
-silence over ``read_timeout_s`` -> 504 ``response_timeout``; upstream 400/4xx -> ``validation``,
+silence over ``read_timeout_s`` -> 504 ``response_timeout``; a unary or error body over
+:data:`~servelens.gateway.upstream.MAX_BODY_BYTES` -> 502 ``backend_error``; upstream 400/4xx -> ``validation``,
 404 -> ``not_found``, 429 and 503 -> ``overload``, other 5xx -> ``backend_error`` (the upstream's
 status and body are relayed); an ``error`` object or malformed chunk inside a 200 stream ->
 ``backend_error`` (a whole ``application/json`` reply to a stream request is measured as a unary
@@ -459,6 +460,9 @@ class Gateway:
             if exc.error_type == "response_timeout":
                 out.fail("response_timeout", 504)
                 return openai_error(504, str(exc), "server_error", "upstream_timeout")
+            if exc.error_type == "backend_error":
+                out.fail("backend_error", 502)
+                return openai_error(502, str(exc), "server_error", "upstream_error")
             out.fail("unavailable", 502)
             return openai_error(502, str(exc), "server_error", "upstream_unavailable")
         except Exception:
@@ -578,6 +582,8 @@ class Gateway:
     def _failed(exc: UpstreamError, what: str) -> _UpstreamFailed:
         if exc.error_type == "response_timeout":
             return _UpstreamFailed("response_timeout", "upstream did not answer in time")
+        if exc.error_type == "backend_error":  # a body too large to hold
+            return _UpstreamFailed("backend_error", f"{what}: {exc}")
         return _UpstreamFailed("unavailable", f"{what}: {exc}")
 
     async def _error_reply(self, up: UpstreamResponse, out: _Outcome) -> web.Response:

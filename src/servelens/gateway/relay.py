@@ -23,6 +23,11 @@ drives a :class:`~servelens.core.state.LiveRequest`:
 When the gateway injected usage the client did not ask for (``strip`` is not
 :data:`~servelens.gateway.usage.STRIP_NONE`), ``feed`` returns the bytes to send instead:
 whole blocks only, with the injected usage removed (see :mod:`servelens.gateway.usage`).
+
+An event still unfinished after :data:`MAX_EVENT_BYTES` (an upstream that never ends its line or
+its event) is not held any longer: the stream counts as ``backend_error`` and the rest of it is
+relayed as it comes, unmeasured and unstripped (memory stays bounded; the relay's back-pressure
+applies, as it cannot while a block is held back for stripping).
 """
 
 from __future__ import annotations
@@ -40,6 +45,21 @@ from servelens.gateway.usage import (
     null_usage,
     remove_usage,
 )
+
+MAX_EVENT_BYTES = 16 * 1024 * 1024
+"""Largest unfinished SSE event held (bytes); a streamed chunk is normally one token's worth."""
+
+
+class _Unparsed(SSEDecoder):
+    """The decoder of a stream given up on: every read is one block of raw bytes without data."""
+
+    __slots__ = ()
+
+    def decode(self, chunk: bytes) -> list[SSEBlock]:
+        return [SSEBlock(None, None, None, chunk)]
+
+    def flush(self) -> list[SSEBlock]:
+        return []
 
 
 class StreamMeter:
@@ -93,6 +113,8 @@ class StreamMeter:
         (possibly empty: an incomplete block is held until its end arrives).
         """
         blocks = self._decoder.decode(data)
+        if not blocks and self._decoder.pending_bytes > MAX_EVENT_BYTES:
+            return self._give_up()
         if self.strip == STRIP_NONE:
             for blk in blocks:
                 if blk.data is not None:
@@ -102,6 +124,14 @@ class StreamMeter:
         for blk in blocks:
             out.append(self._measure(t_ns, blk) if blk.data is not None else blk.raw)
         return b"".join(out)
+
+    def _give_up(self) -> bytes | None:
+        """An event over :data:`MAX_EVENT_BYTES`: stop parsing; its bytes go out when stripping
+        (else they were sent already), and so does everything after them."""
+        held = self._decoder.discard()
+        self._decoder = _Unparsed()
+        self.malformed = True
+        return held if self.strip != STRIP_NONE else None
 
     def end(self, t_ns: int) -> bytes | None:
         """The upstream body ended; returns the held bytes when stripping (else None)."""

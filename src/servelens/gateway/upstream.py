@@ -14,15 +14,16 @@ against nginx (docs/benchmarks.md, issue 4). This client does what a reverse pro
 * connections kept alive ``keepalive_s`` after use (LIFO; below the 5 s keep-alive of uvicorn, which
   serves vLLM and SGLang, so the upstream rarely closes a connection just as it is reused); a request
   is never sent twice (like nginx and aiohttp for POST: an upstream that read it may have acted on it);
-* limits: response head (status line and headers) at most :data:`MAX_HEAD_BYTES`; a response after
-  the final one on the same connection is not read (the connection is dropped);
+* limits: response head (status line and headers) at most :data:`MAX_HEAD_BYTES`; a body held whole
+  (read with :meth:`UpstreamResponse.read`, or not yet pumped) at most :data:`MAX_BODY_BYTES`; a
+  response after the final one on the same connection is not read (the connection is dropped);
 * timeouts: ``connect_timeout_s`` to connect; ``headers_timeout_s`` from sending the request to the
   response headers; ``read_timeout_s`` of silence from the upstream at any point (not counted while
   the gateway itself holds reading back because its client is slow); one timer per request.
 
 Errors are :class:`UpstreamError` with a Dynamo ``error_type``: ``unavailable`` (cannot connect, or the
 connection failed before a response), ``response_timeout`` (silence), ``truncated_stream`` (the body
-was cut).
+was cut), ``backend_error`` (a body to hold whole over :data:`MAX_BODY_BYTES`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ from yarl import URL
 
 MAX_HEAD_BYTES = 64 * 1024
 """Largest response head accepted (bytes; nginx's default is 4-8 KiB, aiohttp's 8 KiB per field)."""
+MAX_BODY_BYTES = 64 * 1024 * 1024
+"""Largest response body held in memory whole (bytes: a unary reply, an error body); a pumped stream
+is not held (it goes to the client as it is read)."""
 
 Sink = Callable[[bytes], None]
 """Receives each body piece as it is parsed (in the connection's callback)."""
@@ -51,7 +55,8 @@ _PARSE_ERRORS = (httptools.HttpParserError, httptools.HttpParserUpgrade)
 
 class UpstreamError(Exception):
     """The upstream request failed; ``error_type`` is Dynamo's name for it (``unavailable``,
-    ``response_timeout``, ``truncated_stream``); ``before_response``: no response byte was read."""
+    ``response_timeout``, ``truncated_stream``, ``backend_error``); ``before_response``: no response
+    byte was read."""
 
     def __init__(self, error_type: str, message: str, before_response: bool = False) -> None:
         super().__init__(message)
@@ -73,6 +78,7 @@ class UpstreamResponse:
         "_fresh",
         "_header_pairs",
         "_headers_fut",
+        "_held",
         "_paused",
         "_pieces",
         "_sink",
@@ -88,6 +94,7 @@ class UpstreamResponse:
         self._headers_fut: asyncio.Future[None] = conn.loop.create_future()
         self._header_pairs: list[tuple[str, str]] = []
         self._pieces: list[bytes] = []
+        self._held = 0  # bytes in _pieces
         self._sink: Sink | None = None
         self._flush: Flush | None = None
         self._waiter: asyncio.Future[None] | None = None
@@ -115,6 +122,12 @@ class UpstreamResponse:
         sink = self._sink
         if sink is None:
             self._pieces.append(data)
+            self._held += len(data)
+            if self._held > MAX_BODY_BYTES:  # not held any longer: the response fails
+                self._pieces = []
+                self._on_fail(UpstreamError("backend_error",
+                                            f"the upstream's response body is over {MAX_BODY_BYTES} bytes"))
+                self._conn.close()
         else:
             sink(data)
         self._fresh = True
@@ -183,6 +196,7 @@ class UpstreamResponse:
     def take_held(self) -> bytes:
         """The body bytes received so far and not yet read (they are then gone from the response)."""
         held, self._pieces = self._pieces, []
+        self._held = 0
         return held[0] if len(held) == 1 else b"".join(held)
 
     async def pump(self, sink: Sink, flush: Flush, drain: Callable[[], Awaitable[None]]) -> None:
@@ -193,6 +207,7 @@ class UpstreamResponse:
         self._sink = sink
         self._flush = flush
         held, self._pieces = self._pieces, []
+        self._held = 0
         for piece in held:
             sink(piece)
         if held and flush():
