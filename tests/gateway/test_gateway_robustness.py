@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import json
 import logging
@@ -170,6 +171,47 @@ async def test_model_list_nested_too_deep_does_not_stop_the_gateway(http: aiohtt
         status, got = await post(http, gw.url, json.dumps(chat()).encode())
         assert status == 502
         assert_openai_error(got, "upstream_unavailable")
+
+
+async def test_model_lists_that_never_end_are_not_held(monkeypatch: pytest.MonkeyPatch,
+                                                        http: aiohttp.ClientSession) -> None:
+    # an upstream whose /v1/models answer never ends: every poll held it whole for its 5 s
+    # (2.5 GB here); now a list over MAX_MODEL_LIST_BYTES is a failed poll, and the merged list
+    # of several upstreams and /ready do not hold it either
+    from servelens.gateway import app as app_mod
+    from servelens.gateway import models
+
+    monkeypatch.setattr(models, "MAX_MODEL_LIST_BYTES", 64 * 1024)
+    monkeypatch.setattr(app_mod, "MAX_MODEL_LIST_BYTES", 64 * 1024)
+    sent: list[int] = []
+
+    async def endless(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        await resp.write(b'{"data":[{"id":"')
+        sent.append(0)
+        with contextlib.suppress(ConnectionError):
+            while sent[-1] < 64 * 1024 * 1024:  # bounded, in case the gateway reads it all
+                await resp.write(b"x" * 65536)
+                sent[-1] += 65536
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/v1/models", endless)
+    async with serve_app(app) as url, asyncio.timeout(20):
+        async with run_gateway(url) as gw:
+            poll = gw.gateway.router.last_poll
+            assert poll is not None and not poll.ok and poll.error == "answer over 65536 bytes"
+            status, got = await post(http, gw.url, json.dumps(chat()).encode())
+            assert status == 502
+            assert_openai_error(got, "upstream_unavailable")
+            async with http.get(gw.url + "/ready") as r:
+                assert r.status == 200
+        async with serve_app(app) as url2, run_gateway(models={FAKE_MODEL: url, "other": url2}) as gw, \
+                http.get(gw.url + "/v1/models") as r:
+            assert r.status == 200
+            assert sorted(m["id"] for m in (await r.json())["data"]) == [FAKE_MODEL, "other"]
+    assert max(sent) < 16 * 1024 * 1024
 
 
 async def test_prompt_counting_in_its_thread_does_not_block_the_event_loop(tmp_path: Path) -> None:

@@ -56,7 +56,7 @@ from servelens.core.state import LiveRequest
 from servelens.core.status import error_type_for_status
 from servelens.core.timing import RequestRecord
 from servelens.gateway.config import GatewayConfig
-from servelens.gateway.models import ModelRouter
+from servelens.gateway.models import MAX_MODEL_LIST_BYTES, ModelRouter, read_capped
 from servelens.gateway.prompt import PromptCounter
 from servelens.gateway.relay import StreamMeter
 from servelens.gateway.requestlog import RequestLog, RequestLogEntry
@@ -261,7 +261,7 @@ class Gateway:
         async def probe(url: str) -> str:
             try:
                 async with asyncio.timeout(2.0), self.session.get(f"{url}/v1/models") as resp:
-                    await resp.read()
+                    # the status is the answer: the body is not read (the connection is not reused)
                     return "ok" if resp.status < 500 else f"HTTP {resp.status}"
             except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                 return f"unreachable: {type(exc).__name__}"
@@ -288,8 +288,8 @@ class Gateway:
         for url in self.config.upstreams:
             try:
                 async with asyncio.timeout(5.0), self.session.get(f"{url}/v1/models", headers=headers) as resp:
-                    obj = _decode_json(await resp.read()) if resp.status == 200 else {}
-            except (aiohttp.ClientError, OSError, TimeoutError, msgspec.DecodeError):
+                    obj = _decode_json(await read_capped(resp, MAX_MODEL_LIST_BYTES)) if resp.status == 200 else {}
+            except (aiohttp.ClientError, OSError, TimeoutError, msgspec.DecodeError, ValueError):
                 obj = {}
             entries = obj.get("data") if isinstance(obj, dict) else None
             for e in entries if isinstance(entries, list) else []:

@@ -23,6 +23,22 @@ from servelens.prometheus import FrontendMetrics
 
 log = logging.getLogger("servelens.gateway")
 
+MAX_MODEL_LIST_BYTES = 4 * 1024 * 1024
+"""Largest ``/v1/models`` answer read (bytes; a list of thousands of models is well under it)."""
+
+
+async def read_capped(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The whole body of ``resp``, read as it comes; raises ValueError once it is over ``limit`` bytes
+    (an upstream whose answer never ends must not fill the gateway's memory)."""
+    parts: list[bytes] = []
+    size = 0
+    async for part in resp.content.iter_any():
+        size += len(part)
+        if size > limit:
+            raise ValueError(f"answer over {limit} bytes")
+        parts.append(part)
+    return b"".join(parts)
+
 
 @dataclass(frozen=True)
 class PollResult:
@@ -37,11 +53,13 @@ async def fetch_models(session: aiohttp.ClientSession, upstream: str, timeout_s:
     """``GET {upstream}/v1/models`` -> the advertised model ids (never raises)."""
     try:
         async with asyncio.timeout(timeout_s), session.get(f"{upstream}/v1/models") as resp:
-            body = await resp.read()
             if resp.status != 200:
                 return PollResult(False, error=f"HTTP {resp.status}")
+            body = await read_capped(resp, MAX_MODEL_LIST_BYTES)
     except aiohttp.ClientConnectorError as exc:  # its own text adds "ssl:default" and repeats the address
         return PollResult(False, error=f"cannot connect: {exc.os_error.strerror or exc.os_error}")
+    except ValueError as exc:
+        return PollResult(False, error=str(exc))
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
         return PollResult(False, error=f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
     try:
