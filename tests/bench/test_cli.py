@@ -6,6 +6,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from servelens.cli.main import main
 
 
@@ -97,3 +99,31 @@ async def test_cli_unknown_model_says_what_the_server_said(tmp_path: Path, capsy
             run_main, capsys, "--url", sim.url, "--model", "gpt-4", "--num-requests", "1", "--output-dir",
             str(tmp_path), "--no-progress")
     assert code == 2 and "HTTP 404" in err and "gpt-4" in err and "does not exist" in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize(("flags", "says"), [
+    (["--duration", "inf"], "duration must be a finite number, got inf"),  # was an OverflowError traceback
+    (["--duration", "nan"], "duration must be a finite number"),  # was "cannot convert float NaN to integer"
+    (["--rate", "nan"], "rate must be a finite number"),
+    (["--ramp-up", "inf", "--concurrency", "2"], "ramp-up must be a finite number"),  # the workers never started
+    (["--ramp-up", "nan", "--concurrency", "2"], "ramp-up must be a finite number"),
+    (["--time-scale", "nan", "--trace", "mooncake_conversation_400.jsonl"], "time-scale must be a finite number"),
+    (["--request-timeout", "0"], "request-timeout must be > 0 s"),  # every request failed
+    (["--request-timeout", "-1"], "request-timeout must be > 0 s"),  # was "cannot reach ...: Timeout"
+    (["--request-timeout", "nan"], "request-timeout must be a finite number"),
+    (["--max-loop-lag-ms", "-1"], "max-loop-lag-ms must be >= 0"),
+    (["--max-loop-lag-ms", "nan"], "max-loop-lag-ms must be a finite number"),
+    (["--url", "http://127.0.0.1:99999"], "is not a valid URL: Port out of range"),  # the URL was its own reason
+    (["--url", "http://[::1"], "is not a valid URL"),
+    (["--url", "http://"], "has no host"),
+    (["--url", "http://127.0.0.1:9/?a=1"], "must not have a query or fragment"),
+    (["--metrics-url", "metrics.txt"], "--metrics-url must start with http:// or https://"),
+])
+def test_cli_bad_numbers_and_urls_are_one_line_before_any_load(tmp_path: Path, capsys: Any, flags: list[str],
+                                                                says: str) -> None:
+    # nothing listens on port 9: had the bench tried to send anything, the error would be "cannot reach"
+    size = ["--max-requests", "1"] if "--trace" in flags else ["--num-requests", "1"]
+    args = ["--url", "http://127.0.0.1:9", *size, "--output-dir", str(tmp_path), "--no-progress"]
+    code, _out, err = run_main(capsys, *args, *flags)
+    assert code == 2 and err.startswith("servelens: error: ") and err.count("\n") == 1, err
+    assert says in err, err

@@ -13,11 +13,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import numpy as np
@@ -112,6 +114,15 @@ class BenchConfig:
     ramp_up_s: float | None = None
 
     def __post_init__(self) -> None:
+        for name, value in (("rate", self.rate), ("duration", self.duration_s), ("ramp-up", self.ramp_up_s),
+                            ("time-scale", self.time_scale), ("request-timeout", self.request_timeout_s),
+                            ("max-loop-lag-ms", self.lag_threshold_ms)):
+            if value is not None and not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value}")
+        if self.request_timeout_s <= 0:
+            raise ValueError(f"request-timeout must be > 0 s, got {self.request_timeout_s}")
+        if self.lag_threshold_ms < 0:
+            raise ValueError(f"max-loop-lag-ms must be >= 0, got {self.lag_threshold_ms}")
         if self.endpoint not in ENDPOINTS:
             raise ValueError(f"unknown endpoint {self.endpoint!r}; expected chat or completions")
         if self.long_requests not in LONG_REQUEST_POLICIES:
@@ -134,8 +145,9 @@ class BenchConfig:
             raise ValueError(f"time-scale must be >= 0, got {self.time_scale}")
         if self.max_context is not None and self.max_context < 2:
             raise ValueError(f"max-context must be >= 2 tokens, got {self.max_context}")
-        if not self.url.startswith(("http://", "https://")):
-            raise ValueError(f"--url must start with http:// or https://, got {self.url!r}")
+        _check_url("--url", self.url)
+        if self.metrics_url is not None:
+            _check_url("--metrics-url", self.metrics_url)
         object.__setattr__(self, "isl_buckets", IslBuckets.parse(self.isl_buckets).boundaries)
         parse_length_dist(self.isl)
         parse_length_dist(self.osl)
@@ -146,6 +158,22 @@ class BenchConfig:
         """``url`` without a trailing ``/`` or ``/v1``."""
         u = self.url.rstrip("/")
         return u[:-3] if u.endswith("/v1") else u
+
+
+def _check_url(flag: str, url: str) -> None:
+    """Raise ValueError (one line) unless ``url`` is an ``http(s)://host[:port]`` URL without a query or
+    fragment (a bad one would otherwise fail later with the URL repeated as its own reason)."""
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"{flag} must start with http:// or https://, got {url!r}")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - validates the port number
+    except ValueError as exc:
+        raise ValueError(f"{flag} {url!r} is not a valid URL: {exc}") from None
+    if not parts.hostname:
+        raise ValueError(f"{flag} {url!r} has no host")
+    if parts.query or parts.fragment:
+        raise ValueError(f"{flag} must not have a query or fragment, got {url!r}")
 
 
 @dataclass(frozen=True)
