@@ -27,6 +27,7 @@ from servelens.core.buckets import DEFAULT_ISL_BOUNDARIES, IslBuckets
 from servelens.process import ServerProcess
 from servelens.report.html import write_html
 from servelens.report.sources import report_from_results
+from servelens.report.table import output_width
 
 DEMO_TRACE = "mooncake_conversation_400.jsonl"
 DEMO_PREFIX_CACHE_BLOCKS = 250_000
@@ -124,7 +125,8 @@ def _wait_for_interrupt(console: Console) -> None:
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         console.print("[bold]--keep-running[/]: engine and gateway stay up; press Ctrl-C to stop them.")
-        stop.wait()
+        while not stop.wait(0.2):  # short waits: the signal handler runs between them in any case
+            pass
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
@@ -159,7 +161,7 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoResult:
 
 
 def _run_demo(config: DemoConfig, console: Console | None) -> DemoResult:
-    console = console or Console(width=None if sys.stdout.isatty() else 150)
+    console = console or Console(width=None if sys.stdout.isatty() else output_width() or 150)
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     buckets = IslBuckets(config.isl_buckets)

@@ -105,9 +105,14 @@ def test_report_cli_uses_the_terminal_width_and_a_wide_one_otherwise(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = _scrape_file(tmp_path)
+    monkeypatch.delenv("COLUMNS", raising=False)
     assert main(["report", "--metrics", str(path)]) == 0
     piped = capsys.readouterr().out
     assert 80 < max(len(line) for line in piped.splitlines()) <= table.WIDE_WIDTH
+    monkeypatch.setenv("COLUMNS", "90")  # a pipe with $COLUMNS set: that width
+    assert main(["report", "--metrics", str(path)]) == 0
+    assert max(len(line) for line in capsys.readouterr().out.splitlines()) <= 90
+    monkeypatch.delenv("COLUMNS")
     monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
     monkeypatch.setattr(shutil, "get_terminal_size", lambda *a, **k: os.terminal_size((80, 24)))
     assert main(["report", "--metrics", str(path)]) == 0
@@ -115,3 +120,17 @@ def test_report_cli_uses_the_terminal_width_and_a_wide_one_otherwise(
     assert max(len(line) for line in tty.splitlines()) <= 80
     assert len(_lines_of(tty, "│ 513-1024 ")) == 1
     assert "…" not in "".join(line for line in tty.splitlines() if "│" in line)  # no cell cut
+
+
+def test_requests_in_no_bucket_are_explained() -> None:
+    # 34 in "all", 33 in the buckets: one request failed before its prompt length was known
+    rows = [_row("0-512", 20), _row("513-1024", 13), _row("all", 34)]
+    for fmt in ("table", "markdown"):
+        assert "1 request in no bucket" in format_rows(rows, fmt, width=200), fmt
+    assert "no bucket" in _render(side_by_side(rows, rows), 200)
+    assert "no bucket" not in format_rows(MANY, "table", width=200)  # they add up: no note
+
+
+def test_interpolated_percentiles_say_how_far_off_they_can_be() -> None:
+    out = format_rows(MANY, "table", width=200)  # rows from histograms (exact=False)
+    assert "off by up to a bucket's width" in out

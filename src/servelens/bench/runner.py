@@ -38,7 +38,7 @@ from servelens.core.summary import BucketRow, rows_from_histograms, rows_from_sa
 from servelens.core.timing import NS_PER_S
 from servelens.prometheus.names import DEFAULT_PREFIX, MetricNames
 from servelens.report.metrics_text import Scrape, bucket_histograms, parse_scrape
-from servelens.report.table import fit_to, fits, rich_table, side_by_side
+from servelens.report.table import fit_to, fits, output_width, rich_table, side_by_side
 
 LONG_REQUEST_POLICIES = ("drop", "clip")
 PREBUILD_MAX_TOKENS = 30_000_000
@@ -696,7 +696,8 @@ def print_result(result: BenchResult, console: Console | None = None) -> None:
     if console is None:
         console = Console()
         if not console.is_terminal:
-            console = Console(width=max(console.width, 150))  # a file or pipe: do not wrap the columns
+            # a file or pipe: $COLUMNS when set, else wide enough not to wrap the columns
+            console = Console(width=output_width() or max(console.width, 150))
     s = result.summary
     lines = [result.lag.verdict(), result.prompt_deviation.line()]
     if result.dropped or result.clipped:

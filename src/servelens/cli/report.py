@@ -4,7 +4,6 @@ or a Prometheus-compatible HTTP API; optionally a self-contained HTML report."""
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 from typing import Any
 
@@ -14,7 +13,7 @@ from servelens.prometheus.names import DEFAULT_PREFIX, MetricNames
 from servelens.report.html import write_html
 from servelens.report.promapi import parse_duration_s
 from servelens.report.sources import Report, report_from_metrics, report_from_prometheus, report_from_results
-from servelens.report.table import FORMATS, format_rows
+from servelens.report.table import FORMATS, format_rows, output_width
 
 
 def add_parser(subparsers: Any) -> None:
@@ -77,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     """Print the table; write the HTML report when asked."""
     report = build_report(args)
     # a terminal: its real width; a file or pipe: format_rows' wide default
-    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+    width = output_width()
     sys.stdout.write(format_rows(report.rows, args.format, args.title, width))
     sys.stdout.flush()
     if args.html:

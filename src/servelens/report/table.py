@@ -5,6 +5,9 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
+import shutil
+import sys
 from collections.abc import Sequence
 from dataclasses import asdict
 
@@ -50,6 +53,24 @@ def starred(row: BucketRow) -> bool:
 def low_count_note(rows: Sequence[BucketRow]) -> str | None:
     """The footnote for ``*``, or None when no row is starred."""
     return f"* fewer than {LOW_COUNT} requests" if any(starred(r) for r in rows) else None
+
+
+INTERPOLATED_NOTE = ("percentiles interpolated inside the histograms' le buckets: off by up to a bucket's width "
+                     "(with Dynamo's edges TTFT jumps 0.47 s, 1 s, 2.2 s; ITL gaps of 0, chunks read together, "
+                     "share the first bucket with gaps up to 1.8 ms)")
+
+
+def unbucketed_note(rows: Sequence[BucketRow]) -> str | None:
+    """A note when the "all" row counts requests that no bucket does (they failed before their
+    prompt length was known), else None."""
+    total = next((r.requests for r in rows if r.bucket == "all"), None)
+    if total is None:
+        return None
+    missing = total - sum(r.requests for r in rows if r.bucket != "all")
+    if missing <= 0:
+        return None
+    return (f"{missing:,} request{'s' if missing != 1 else ''} in no bucket (failed before the prompt length "
+            "was known): counted in 'all requests' only")
 
 
 def _requests(row: BucketRow) -> str:
@@ -101,8 +122,8 @@ def row_cells(row: BucketRow) -> list[str]:
 def rich_table(rows: Sequence[BucketRow], title: str | None = None, caption: str | None = None) -> Table:
     """A rich Table of the rows (buckets in the order given; "all" separated by a line)."""
     exact = all(r.exact for r in rows) if rows else True
-    notes = [n for n in (low_count_note(rows), None if exact else "percentiles interpolated from le buckets") if n]
-    lines = ([caption] if caption else []) + (["; ".join(notes)] if notes else [])
+    notes = [n for n in (low_count_note(rows), unbucketed_note(rows), None if exact else INTERPOLATED_NOTE) if n]
+    lines = ([caption] if caption else []) + notes
     table = Table(title=title, caption="\n".join(lines) or None)
     cells = [row_cells(r) for r in rows]
     _label_column(table, rows)
@@ -136,9 +157,9 @@ def side_by_side(
     ``notes``: more caption lines.
     """
     srv = {r.bucket: r for r in server}
-    caption = "client: exact percentiles; server: histogram_quantile over le buckets (coarser at the tail)"
-    note = low_count_note(client)
-    table = Table(title=title, caption="\n".join([caption + (f"; {note}" if note else ""), *notes]))
+    lines = ["client: exact percentiles; server: " + INTERPOLATED_NOTE]
+    lines += [n for n in (low_count_note(client), unbucketed_note(client)) if n]
+    table = Table(title=title, caption="\n".join([*lines, *notes]))
     headers = ("Requests client/server", "TTFT p50 client/server", "TTFT p95 client/server",
                "TTFT p99 client/server", "ITL p50 client/server", "ITL p95 client/server",
                "Avg cached tokens client/server")
@@ -175,6 +196,15 @@ def fits(table: Table, width: int) -> bool:
     Console(file=buf, width=width, force_terminal=False, color_system=None).print(table)
     border = next((line for line in buf.getvalue().splitlines() if line.startswith(("┏", "┌"))), "")
     return border.endswith(("┓", "┐"))
+
+
+def output_width() -> int | None:
+    """Columns for tables on stdout: the terminal's width on a terminal; else ``$COLUMNS`` when it is set
+    to a positive number; else None (a file or pipe: the wide default, :data:`WIDE_WIDTH`)."""
+    if sys.stdout.isatty():
+        return shutil.get_terminal_size().columns
+    cols = os.environ.get("COLUMNS", "")
+    return int(cols) if cols.isdigit() and int(cols) > 0 else None
 
 
 def fit_to(table: Table, width: int) -> bool:
@@ -224,6 +254,9 @@ def format_rows(rows: Sequence[BucketRow], fmt: str, title: str | None = None, w
             if r.bucket == "all":
                 cells = [f"**{c}**" for c in cells]
             lines.append("| " + " | ".join(cells) + " |")
+        for extra in (unbucketed_note(rows), None if all(r.exact for r in rows) else INTERPOLATED_NOTE):
+            if extra:
+                lines += ["", extra]
         note = low_count_note(rows)
         if note:
             lines += ["", "\\" + note]  # escaped: a line starting "* " is a list item
