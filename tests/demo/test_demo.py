@@ -34,6 +34,9 @@ def test_demo_short_run(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "servelens", "demo", "--duration", "8", "--output-dir", str(out)],
         capture_output=True, text=True, timeout=240, check=False,
+        # os.environ as Python sees it: a COLUMNS put into the C environment behind its back (it is
+        # there under pytest) would narrow the piped tables, which honour $COLUMNS
+        env=dict(os.environ),
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "Client vs server" in proc.stdout and "16385+" in proc.stdout

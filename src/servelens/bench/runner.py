@@ -38,7 +38,7 @@ from servelens.core.summary import BucketRow, rows_from_histograms, rows_from_sa
 from servelens.core.timing import NS_PER_S
 from servelens.prometheus.names import DEFAULT_PREFIX, MetricNames
 from servelens.report.metrics_text import Scrape, bucket_histograms, parse_scrape
-from servelens.report.table import fit_to, fits, output_width, rich_table, side_by_side
+from servelens.report.table import fit_to, output_width, rich_table, side_by_side
 
 LONG_REQUEST_POLICIES = ("drop", "clip")
 PREBUILD_MAX_TOKENS = 30_000_000
@@ -710,7 +710,7 @@ def print_result(result: BenchResult, console: Console | None = None) -> None:
         title += " [CLIENT FIGURES NOT TRUSTWORTHY]"
     both = side_by_side(result.client_rows, result.server_rows, title=title + "\nClient vs server (gateway "
                         "/metrics)", notes=lines) if result.server_rows else None
-    if both is not None and fits(both, console.width):  # one table: the client's figures beside the server's
+    if both is not None and fit_to(both, console.width):  # one table: the client's figures beside the server's
         console.print(both)
     elif both is not None:  # a narrow terminal: the client's table, then the server's
         client = rich_table(result.client_rows, title=title + "\nClient (exact percentiles)", caption="\n".join(lines))

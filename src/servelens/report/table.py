@@ -191,11 +191,13 @@ def side_by_side(
 
 def fits(table: Table, width: int) -> bool:
     """True when rich renders ``table`` within ``width`` columns whole (wrapping cells as needed);
-    False when it would have to crop columns off its right edge."""
+    False when it would have to crop columns off its right edge or cut a header or cell short (``…``)."""
     buf = io.StringIO()
     Console(file=buf, width=width, force_terminal=False, color_system=None).print(table)
-    border = next((line for line in buf.getvalue().splitlines() if line.startswith(("┏", "┌"))), "")
-    return border.endswith(("┓", "┐"))
+    lines = buf.getvalue().splitlines()
+    border = next((line for line in lines if line.startswith(("┏", "┌"))), "")
+    cut = any("…" in line for line in lines if line.startswith(("┃", "│")))
+    return border.endswith(("┓", "┐")) and not cut
 
 
 def output_width() -> int | None:
@@ -216,11 +218,25 @@ def fit_to(table: Table, width: int) -> bool:
         return True
     for col in table.columns:
         col.width = col.min_width
-    if fits(table, width):
-        return True
-    for col in table.columns:
-        col.width = None
-    return False
+    if not fits(table, width):
+        for col in table.columns:
+            col.width = None
+        return False
+    # the room left unwraps whole columns, those needing the least first (most columns on one line)
+    spare = width - _rendered_width(table)
+    needs = [(max((len(str(c)) for c in col.cells), default=0) - (col.width or 0), i)
+             for i, col in enumerate(table.columns)]
+    for need, i in sorted(needs):
+        if 0 < need <= spare:
+            table.columns[i].width = (table.columns[i].width or 0) + need
+            spare -= need
+    return True
+
+
+def _rendered_width(table: Table) -> int:
+    buf = io.StringIO()
+    Console(file=buf, width=WIDE_WIDTH * 4, force_terminal=False, color_system=None).print(table)
+    return max((len(line) for line in buf.getvalue().splitlines() if line.startswith(("┏", "┌"))), default=0)
 
 
 def format_rows(rows: Sequence[BucketRow], fmt: str, title: str | None = None, width: int | None = None) -> str:
