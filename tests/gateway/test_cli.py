@@ -66,6 +66,48 @@ def test_bad_yaml_and_unknown_key(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert "unknown gateway setting(s): bogus" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [  # each was a TypeError traceback, or accepted and broken later
+        ("max_body_bytes: abc", "max_body_bytes must be an integer, got 'abc'"),
+        ("max_models: x", "max_models must be an integer"),
+        ("max_models: .inf", "max_models must be an integer"),
+        ("models_refresh_s: x", "models_refresh_s must be a number of seconds"),
+        ("models_refresh_s: .nan", "models_refresh_s must be a number of seconds"),  # the refresher died
+        ("repoll_min_interval_s: .nan", "repoll_min_interval_s must be a number of seconds"),  # never re-polled
+        ("read_timeout_s: abc", "read_timeout_s must be a number of seconds, got 'abc'"),
+        ("isl_buckets: 5.5", "isl_buckets must be a list or a comma-separated string"),
+        ("host: 5", "host must be a string"),
+        ("metrics_prefix: 5", "metrics_prefix must be a string"),
+        ("tokenizer: 5", "tokenizer must be a string"),
+        ("request_log: [1]", "request_log must be a string"),
+        ('by_isl_only: "yes"', "by_isl_only must be true or false"),
+        ("inject_usage: 0", "inject_usage must be true or false"),
+        ("models: [unknown_model]", "'unknown_model' is reserved"),  # was a warning, and a server without it
+    ],
+)
+def test_config_file_settings_of_the_wrong_type_are_one_line(setting: str, message: str, tmp_path: Path) -> None:
+    # checked on the config (main() would serve, had a bad value been accepted); main() prints a
+    # ValueError as one line (test_user_errors_are_one_line)
+    f = tmp_path / "gw.yaml"
+    f.write_text(f"upstream: http://127.0.0.1:9\n{setting}\n")
+    with pytest.raises(ValueError) as err:
+        parse("--config", str(f), "--port", "0")
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_config_file_that_is_not_text_and_infinite_timeouts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "gw.yaml"
+    f.write_bytes(b"\xab\xcd\x00")
+    assert main(["gateway", "--config", str(f)]) == 2
+    assert capsys.readouterr().err == f"servelens: error: config file {f} is not UTF-8 text (invalid start byte)\n"
+    # inf stays allowed for the timeouts and the refresh period: no limit, never
+    f.write_text("upstream: http://127.0.0.1:9\nread_timeout_s: .inf\nresponse_timeout_s: .inf\n"
+                 "models_refresh_s: .inf\n")
+    cfg = parse("--config", str(f))
+    assert cfg.read_timeout_s == cfg.response_timeout_s == cfg.models_refresh_s == float("inf")
+
+
 async def test_cli_serves_measures_and_stops_cleanly(tmp_path: Path) -> None:
     log = tmp_path / "req.jsonl"
     with ServerProcess(["sim", "--speedup", "20"]) as sim:

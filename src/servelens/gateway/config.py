@@ -26,6 +26,7 @@ path unchanged.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -35,6 +36,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from servelens.core.buckets import DEFAULT_ISL_BOUNDARIES, IslBuckets
+from servelens.core.status import UNKNOWN_MODEL
 from servelens.prometheus.names import DEFAULT_PREFIX, check_prefix
 
 ContinuousUsage = Literal["auto", "on", "off"]
@@ -79,6 +81,8 @@ def parse_isl_spec(spec: Any) -> str | None:
         return None
     if isinstance(spec, int):
         spec = [spec]
+    if not isinstance(spec, str | list | tuple):
+        raise ValueError(f"isl_buckets must be a list or a comma-separated string of token counts, got {spec!r}")
     return IslBuckets.parse(spec).spec
 
 
@@ -132,6 +136,7 @@ class GatewayConfig:
     _upstreams: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        self._check_types()
         if self.upstream is not None:
             object.__setattr__(self, "upstream", normalize_upstream(self.upstream))
         models: list[tuple[str, str]] = []
@@ -141,6 +146,8 @@ class GatewayConfig:
                 raise ValueError(f"model names must be non-empty strings, got {name!r}")
             if name in seen:
                 raise ValueError(f"model {name!r} is listed twice")
+            if name == UNKNOWN_MODEL:  # it would be served under the label of requests for unknown models
+                raise ValueError(f"model name {name!r} is reserved for requests naming an unknown model")
             seen.add(name)
             models.append((name, normalize_upstream(url)))
         object.__setattr__(self, "models", tuple(models))
@@ -159,7 +166,7 @@ class GatewayConfig:
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes must be at least 1024, got {self.max_body_bytes}")
         for name in ("connect_timeout_s", "response_timeout_s", "read_timeout_s"):
-            if not float(getattr(self, name)) > 0:
+            if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
         if self.models_refresh_s < 0 or self.repoll_min_interval_s < 0:
             raise ValueError("models_refresh_s and repoll_min_interval_s must be >= 0")
@@ -171,6 +178,25 @@ class GatewayConfig:
         if self.upstream is not None:
             ups.insert(0, self.upstream)
         object.__setattr__(self, "_upstreams", tuple(dict.fromkeys(ups)))
+
+    def _check_types(self) -> None:
+        """ValueError (one line) for a setting of the wrong type (a YAML file can hold anything)."""
+        for name in ("host", "metrics_prefix", "tokenizer", "request_log"):
+            v = getattr(self, name)
+            if not isinstance(v, str) and (v is not None or name in ("host", "metrics_prefix")):
+                raise ValueError(f"{name} must be a string, got {v!r}")
+        for name in ("by_isl_only", "inject_usage"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        for name in ("port", "max_body_bytes", "max_models"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ValueError(f"{name} must be an integer, got {v!r}")
+        for name in ("connect_timeout_s", "response_timeout_s", "read_timeout_s", "models_refresh_s",
+                     "repoll_min_interval_s"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or math.isnan(v):
+                raise ValueError(f"{name} must be a number of seconds, got {v!r}")
 
     @property
     def upstreams(self) -> tuple[str, ...]:
@@ -242,6 +268,8 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise ValueError(f"cannot read config file {p}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"config file {p} is not UTF-8 text ({exc.reason})") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
