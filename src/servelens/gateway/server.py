@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,7 +66,20 @@ async def start_gateway(config: GatewayConfig, metrics: FrontendMetrics | None =
 async def serve_forever(config: GatewayConfig) -> None:
     """Run until SIGTERM/SIGINT; print ``servelens gateway listening on URL`` once ready."""
     running = await start_gateway(config)
+    print(startup_summary(running), file=sys.stderr, flush=True)
     await serve_until_signal("gateway", running.url, running.close)
+
+
+def startup_summary(running: RunningGateway) -> str:
+    """One line for stderr at start: where requests go, the models known so far, the ISL buckets and
+    the metric prefix (the ready line on stdout stays exactly ``servelens gateway listening on URL``)."""
+    cfg = running.gateway.config
+    models = sorted(running.gateway.router.routes)
+    buckets = running.metrics.isl_buckets
+    return (f"servelens gateway: upstream {', '.join(cfg.upstreams)}; "
+            f"models {', '.join(models) if models else 'none yet (polling /v1/models)'}; "
+            f"ISL buckets {', '.join(buckets.labels) if buckets else 'off'}; "
+            f"metrics {cfg.metrics_prefix}_*{' (by-ISL only)' if cfg.by_isl_only else ''}")
 
 
 def run(config: GatewayConfig, use_uvloop: bool = True) -> None:
