@@ -221,6 +221,10 @@ def test_cli_garbage_files(tmp_path: Path) -> None:
     txt.write_text("this is { not exposition\n")
     rc, _, err = _run(["report", "--metrics", str(txt)])
     assert rc == 2 and err.count("\n") == 1
+    scrape = tmp_path / "scrape.txt"  # a /metrics scrape given to --results: pointed at --metrics
+    scrape.write_text("# HELP x a\n# TYPE x counter\nx_total 1\n")
+    rc, _, err = _run(["report", "--results", str(scrape)])
+    assert rc == 2 and err.count("\n") == 1 and "use --metrics" in err
 
 
 def test_cli_results_use_the_bench_runs_buckets_and_refuse_the_summary(results_file: Path) -> None:

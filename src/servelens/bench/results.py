@@ -143,9 +143,11 @@ def load_results(path: str | Path) -> list[BenchRecord]:
             try:
                 out.append(_decoder.decode(line))
             except msgspec.ValidationError as exc:
-                raise ValueError(f"{p}:{lineno}: not a bench result line: {exc}") from None
+                hint = " (a gateway --request-log? it is not a bench results file)" if b'"isl_source"' in line else ""
+                raise ValueError(f"{p}:{lineno}: not a bench result line: {exc}{hint}") from None
             except msgspec.DecodeError as exc:
-                raise ValueError(f"{p}:{lineno}: not JSON: {exc}") from None
+                hint = " (Prometheus text? use --metrics)" if line.lstrip().startswith(b"#") else ""
+                raise ValueError(f"{p}:{lineno}: not JSON: {exc}{hint}") from None
     return out
 
 
