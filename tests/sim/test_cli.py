@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import aiohttp
+import pytest
 
 from servelens.cli.main import build_parser, main
 from servelens.cli.sim import config_from_args
@@ -67,3 +68,19 @@ def test_cli_accepts_every_fault_mode_by_name() -> None:
     args = build_parser().parse_args(["sim", "--fault-modes", ",".join(FAULT_MODES)])
     assert set(config_from_args(args).fault_modes) == set(FAULT_MODES)
     assert {"stall_mid_stream", "slow_headers", "null_details"} <= set(FAULT_MODES)
+
+
+@pytest.mark.parametrize(("flags", "says"), [
+    (["--decode-base-s", "inf"], "decode_base_s must be a number of seconds in [0, 3600], got inf"),
+    (["--step-overhead-s", "nan"], "step_overhead_s must be a number of seconds in [0, 3600], got nan"),
+    (["--prefill-s-per-token", "1e308"], "prefill_s_per_token must be a number of seconds in [0, 3600]"),
+    (["--speedup", "1e-300"], "speedup must be >= 0.001"),
+    (["--speedup", "nan"], "speedup must be >= 0.001"),
+])
+def test_cli_times_that_would_overflow_the_step_clock_are_refused(flags: list[str], says: str) -> None:
+    # they were accepted; the first request's step then died with an OverflowError (the request hung,
+    # and the traceback came at shutdown). Checked on the config: main() would serve had it been
+    # accepted; it prints a ValueError as one line (test_cli_bad_values_are_one_line_errors)
+    with pytest.raises(ValueError) as err:
+        config_from_args(build_parser().parse_args(["sim", "--port", "0", *flags]))
+    assert says in str(err.value)

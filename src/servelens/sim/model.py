@@ -32,6 +32,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+MAX_COST_S = 3600.0
+"""Largest value of one timing parameter (seconds): larger ones overflow the step clock."""
+MIN_SPEEDUP = 1e-3
+"""Smallest speedup (a thousand times slower than the model); smaller ones overflow the step clock."""
+
 
 @dataclass(frozen=True)
 class ModelParams:
@@ -52,7 +57,8 @@ class ModelParams:
         block_size: prefix-cache block size in tokens (vLLM ``--block-size``, default 16).
         prefix_cache_blocks: prefix-cache LRU capacity in blocks; 0 disables prefix caching.
 
-    Raises ValueError on construction for negative costs or non-positive sizes.
+    Raises ValueError on construction for costs outside ``[0, MAX_COST_S]`` (NaN and inf included: a
+    step would never end) or non-positive sizes.
     """
 
     step_overhead_s: float = 0.0005
@@ -71,8 +77,8 @@ class ModelParams:
         for f in fields(self):
             v = getattr(self, f.name)
             if f.name.endswith("_s") or "_s_per_" in f.name:
-                if not v >= 0:
-                    raise ValueError(f"{f.name} must be >= 0, got {v!r}")
+                if not 0 <= v <= MAX_COST_S:
+                    raise ValueError(f"{f.name} must be a number of seconds in [0, {MAX_COST_S:g}], got {v!r}")
             elif f.name == "prefix_cache_blocks":
                 if v < 0:
                     raise ValueError(f"{f.name} must be >= 0, got {v!r}")

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from servelens.sim.model import ModelParams, step_s
+from servelens.sim.model import MIN_SPEEDUP, ModelParams, step_s
 from servelens.sim.prefix_cache import PrefixCache
 
 
@@ -326,8 +326,8 @@ class StepLoop:
     """
 
     def __init__(self, engine: Engine, clock: Clock, speedup: float = 1.0, catchup_ns: int = 2_000_000) -> None:
-        if not speedup > 0:
-            raise ValueError(f"speedup must be > 0, got {speedup!r}")
+        if not speedup >= MIN_SPEEDUP:
+            raise ValueError(f"speedup must be >= {MIN_SPEEDUP:g} (inf: no waiting), got {speedup!r}")
         self.engine = engine
         self.clock = clock
         self.speedup = speedup

@@ -48,7 +48,7 @@ from servelens.prometheus.sim_engine import SimMetrics
 from servelens.serving import listen_error, unreadable_body
 from servelens.sim import faults as F
 from servelens.sim.faults import FaultInjector, FaultPlan
-from servelens.sim.model import ModelParams
+from servelens.sim.model import MIN_SPEEDUP, ModelParams
 from servelens.sim.prefix_cache import block_hashes
 from servelens.sim.presets import DEFAULT_PRESET, get_preset
 from servelens.sim.scheduler import Engine, MonotonicClock, SimRequest, StepLoop
@@ -103,8 +103,8 @@ class SimConfig:
     spin_us: int = 1000
 
     def __post_init__(self) -> None:
-        if not self.speedup > 0:
-            raise ValueError(f"speedup must be > 0, got {self.speedup!r}")
+        if not self.speedup >= MIN_SPEEDUP:
+            raise ValueError(f"speedup must be >= {MIN_SPEEDUP:g} (inf: no waiting), got {self.speedup!r}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if self.default_max_tokens < 1:
