@@ -45,3 +45,20 @@ def test_the_installed_script_runs() -> None:
         proc = subprocess.run([script, *args], capture_output=True, text=True, timeout=60, check=False)
         assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("usage: servelens")
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["bench"], "the following arguments are required: --url (see servelens bench --help)"),
+    (["bench", "--url", "http://h:1", "--seed", "abc"], "argument --seed: invalid int value: 'abc'"),
+    (["sim", "--preset", "x"], "argument --preset: invalid choice: 'x'"),
+    (["report", "--results", "a", "--metrics", "b"], "not allowed with argument --results"),
+    (["nope"], "invalid choice: 'nope'"),
+    (["--bogus"], "unrecognized arguments: --bogus (see servelens --help)"),
+])
+def test_bad_flags_are_one_line(argv: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # argparse printed its usage block (up to 20 lines) before the error, named by the subcommand
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("servelens: error: ") and err.count("\n") == 1 and says in err, err

@@ -11,6 +11,7 @@ import importlib
 import signal
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from servelens import __version__
 
@@ -22,9 +23,18 @@ class CliError(Exception):
     """A user-facing error: printed as one line, exit status 2."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser whose usage errors (a bad flag, a missing or malformed value) are one line
+    ``servelens: error: ...`` pointing at ``--help``, exit status 2, like every other user error
+    (subcommand parsers are of this class too: ``add_subparsers`` makes them so)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"servelens: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every available subcommand."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="servelens",
         description="Per-input-length latency metrics for OpenAI-compatible LLM inference servers.",
     )
