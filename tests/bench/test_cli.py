@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -127,3 +128,45 @@ def test_cli_bad_numbers_and_urls_are_one_line_before_any_load(tmp_path: Path, c
     code, _out, err = run_main(capsys, *args, *flags)
     assert code == 2 and err.startswith("servelens: error: ") and err.count("\n") == 1, err
     assert says in err, err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+async def test_cli_kill_mid_run_keeps_the_finished_requests(tmp_path: Path, sig: signal.Signals) -> None:
+    # kill, timeout(1) or a closed terminal: the bench ended on the spot (status -15) and wrote nothing;
+    # now it stops as on Ctrl-C: the finished requests are written and it says so, status 128 + signal
+    from servelens.sim.testing import run_sim
+
+    async with run_sim(speedup=2) as sim:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "servelens", "bench", "--url", sim.url, "--isl", "64", "--osl", "400",
+            "--num-requests", "200", "--concurrency", "2", "--output-dir", str(tmp_path), "--no-progress",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        try:
+            async with asyncio.timeout(60):
+                while len(sim.truth()) < 4:  # the probe and a few of the run's requests are done
+                    await asyncio.sleep(0.02)
+            proc.send_signal(sig)
+            _out, err = await asyncio.wait_for(proc.communicate(), 30)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    assert proc.returncode == 128 + sig, err
+    text = err.decode()
+    assert text.startswith(f"servelens: interrupted ({sig.name}); the requests that finished are in ")
+    assert text.count("\n") == 1 and "Traceback" not in text
+    assert (tmp_path / "results.jsonl").exists()
+
+
+def test_cli_interrupted_before_any_result_does_not_point_at_an_older_run(tmp_path: Path, capsys: Any,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # a results.jsonl left in the folder by an earlier run was named as this run's finished requests
+    (tmp_path / "results.jsonl").write_text("")
+    import servelens.cli.bench as bench_cli
+
+    def interrupted_early(config: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench_cli, "run_bench_sync", interrupted_early)
+    code, _out, err = run_main(capsys, "--url", "http://127.0.0.1:9", "--output-dir", str(tmp_path), "--no-progress")
+    assert (code, err) == (130, "servelens: interrupted\n")

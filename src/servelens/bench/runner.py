@@ -14,6 +14,8 @@ import asyncio
 import contextlib
 import json
 import math
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -735,10 +737,43 @@ def print_result(result: BenchResult, console: Console | None = None) -> None:
         console.print(f"results: {result.results_path}  summary: {result.summary_path}")
 
 
+async def _run_until_signal(config: BenchConfig) -> BenchResult:
+    """:func:`run_bench`, stopped by SIGTERM or SIGHUP as Ctrl-C stops it (the finished requests are
+    written), then ``KeyboardInterrupt("SIGTERM")`` (or ``"SIGHUP"``) is raised. The signals are taken
+    by the loop (a handler raising at an arbitrary point could be swallowed by a callback); outside
+    the main thread they are left alone."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    got: list[str] = []
+
+    def stop(sig: signal.Signals) -> None:
+        if not got and task is not None:
+            got.append(sig.name)
+            task.cancel()
+
+    previous: dict[signal.Signals, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            previous[sig] = signal.getsignal(sig)
+            loop.add_signal_handler(sig, stop, sig)
+    try:
+        return await run_bench(config)
+    except asyncio.CancelledError:
+        if got:
+            raise KeyboardInterrupt(got[0]) from None
+        raise
+    finally:
+        for sig, handler in previous.items():
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, handler)  # the caller's (the demo's), not the default the loop leaves
+
+
 def run_bench_sync(config: BenchConfig) -> BenchResult:
-    """:func:`run_bench` in a fresh event loop (uvloop when installed)."""
+    """:func:`run_bench` in a fresh event loop (uvloop when installed). Raises KeyboardInterrupt on
+    Ctrl-C, and ``KeyboardInterrupt("SIGTERM")``/``("SIGHUP")`` on those signals, once the requests
+    that finished are written."""
     try:
         import uvloop
     except ImportError:  # pragma: no cover
-        return asyncio.run(run_bench(config))
-    return uvloop.run(run_bench(config))
+        return asyncio.run(_run_until_signal(config))
+    return uvloop.run(_run_until_signal(config))

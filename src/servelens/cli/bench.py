@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 from servelens.bench.results import RESULTS_FILE
 from servelens.bench.runner import BenchConfig, print_result, run_bench_sync
 from servelens.bench.traces import PACKAGED_TRACES, TRACE_FORMATS, packaged_trace
+from servelens.cli.main import interrupted
 from servelens.core.buckets import DEFAULT_ISL_BOUNDARIES
 
 EPILOG = """\
@@ -129,13 +131,18 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 def run(args: argparse.Namespace) -> int:
     """Run the bench and print the table; exit 0 (1 when every request failed)."""
     config = config_from_args(args)
+    started_ns = time.time_ns()
     try:
         result = run_bench_sync(config)
-    except KeyboardInterrupt:
-        if config.output_dir and (Path(config.output_dir) / RESULTS_FILE).exists():
-            print(f"servelens: interrupted; the requests that finished are in {Path(config.output_dir) / RESULTS_FILE}"
-                  f" (servelens report --results {config.output_dir})", file=sys.stderr)
-            return 130
+    except KeyboardInterrupt as exc:
+        results = Path(config.output_dir) / RESULTS_FILE if config.output_dir else None
+        # written by this run (a results file of an earlier run in the folder is not this run's)
+        if results is not None and results.exists() and results.stat().st_mtime_ns >= started_ns:
+            status, which = interrupted(exc)
+            print(f"servelens: interrupted{which}; the requests that finished are in "
+                  f"{results} (servelens report --results {config.output_dir})",
+                  file=sys.stderr)
+            return status
         raise
     print_result(result)
     return 1 if result.records and result.errors == len(result.records) else 0

@@ -51,22 +51,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def interrupted(exc: KeyboardInterrupt) -> tuple[int, str]:
+    """Exit status and wording for an interrupted command: Ctrl-C -> ``(130, "")``; a SIGTERM or SIGHUP
+    turned into ``KeyboardInterrupt("SIGTERM")`` (the demo and the bench do) -> 128 + its number and
+    ``" (SIGTERM)"``."""
+    name = exc.args[0] if exc.args and isinstance(exc.args[0], str) else "SIGINT"
+    signum = signal.Signals.__members__.get(name, signal.SIGINT)
+    return 128 + int(signum), (f" ({name})" if signum != signal.SIGINT else "")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the process exit status."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    func = getattr(args, "func", None)
-    if func is None:
-        parser.print_help()
-        return 0
     try:
+        parser = build_parser()  # imports every subcommand: a Ctrl-C can come while it does
+        args = parser.parse_args(argv)
+        func = getattr(args, "func", None)
+        if func is None:
+            parser.print_help()
+            return 0
         return int(func(args) or 0)
     except KeyboardInterrupt as exc:
-        # Ctrl-C: 130; a SIGTERM or SIGHUP turned into KeyboardInterrupt("SIGTERM") (the demo does): 128 + its number
-        name = exc.args[0] if exc.args and isinstance(exc.args[0], str) else "SIGINT"
-        signum = signal.Signals.__members__.get(name, signal.SIGINT)
-        print("servelens: interrupted" + (f" ({name})" if signum != signal.SIGINT else ""), file=sys.stderr)
-        return 128 + int(signum)
+        status, which = interrupted(exc)
+        print(f"servelens: interrupted{which}", file=sys.stderr)
+        return status
     except (CliError, ValueError, OSError) as exc:
         print(f"servelens: error: {exc}", file=sys.stderr)
         return 2
