@@ -42,3 +42,37 @@ def test_trace_that_is_not_utf8_names_the_file(tmp_path: Path, fmt: str | None) 
     path.write_bytes(b'{"timestamp": 0, "input_length": 10, "output_length": 5}\n\xff\xfe\x00junk\n')
     with pytest.raises(ValueError, match=r"trace\.bin.*not UTF-8 text"):
         read_trace(path, fmt)
+
+
+@pytest.mark.parametrize("silent", ["url", "metrics-url"])
+async def test_server_that_never_answers_is_one_line_within_the_control_timeout(
+        silent: str, upstream: Any, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a server that accepts and never answers: /v1/models and the /metrics scrape waited
+    # --request-timeout (600 s) in silence; they are bounded by CONTROL_TIMEOUT_S (shortened here)
+    import asyncio
+
+    import aiohttp
+
+    from servelens.bench import runner
+    from servelens.gateway.testing import raw_tcp_server
+
+    monkeypatch.setattr(runner, "_CONTROL_TIMEOUT", aiohttp.ClientTimeout(total=0.3))
+    done = asyncio.Event()
+
+    async def never(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await done.wait()
+
+    async with raw_tcp_server(never) as (port, _):
+        silent_url = f"http://127.0.0.1:{port}"
+        url, metrics = (silent_url, None) if silent == "url" else (upstream.url, silent_url + "/metrics")
+        args = ["bench", "--url", url, "--num-requests", "1", "--output-dir", str(tmp_path), "--no-progress"]
+        if metrics:
+            args += ["--metrics-url", metrics]
+        try:
+            code = await asyncio.wait_for(asyncio.to_thread(main, args), 30)
+        finally:
+            done.set()
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    what = "cannot reach" if silent == "url" else "cannot scrape"
+    assert err.startswith(f"servelens: error: {what} {silent_url}") and err.endswith(": timed out\n"), err

@@ -317,11 +317,19 @@ def _reason(exc: BaseException) -> str:
     or, when it has none (a timeout), its class name."""
     if isinstance(exc, aiohttp.ClientConnectorError):
         return f"cannot connect ({exc.os_error.strerror or exc.os_error})"
+    if isinstance(exc, TimeoutError) and not str(exc):
+        return "timed out"
     return str(exc) or type(exc).__name__
 
 
+CONTROL_TIMEOUT_S = 10.0
+"""Bound on the bench's own small requests (``/v1/models``, ``/metrics`` scrapes), in seconds: a server
+that accepts and never answers is an error within it, not after ``--request-timeout``."""
+_CONTROL_TIMEOUT = aiohttp.ClientTimeout(total=CONTROL_TIMEOUT_S)
+
+
 async def _get_json(session: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> Any:
-    async with session.get(url, headers=headers) as resp:
+    async with session.get(url, headers=headers, timeout=_CONTROL_TIMEOUT) as resp:
         if resp.status != 200:
             raise ValueError(f"GET {url} answered HTTP {resp.status}")
         try:
@@ -395,7 +403,7 @@ async def _probe(
 
 async def _scrape(session: aiohttp.ClientSession, url: str) -> Scrape:
     try:
-        async with session.get(url) as resp:
+        async with session.get(url, timeout=_CONTROL_TIMEOUT) as resp:
             if resp.status != 200:
                 raise ValueError(f"GET {url} answered HTTP {resp.status}")
             text = await resp.text()
