@@ -28,6 +28,7 @@ from servelens.process import ServerProcess
 from servelens.report.html import write_html
 from servelens.report.sources import report_from_results
 from servelens.report.table import output_width
+from servelens.sim.model import MIN_SPEEDUP
 
 DEMO_TRACE = "mooncake_conversation_400.jsonl"
 DEMO_PREFIX_CACHE_BLOCKS = 250_000
@@ -78,8 +79,8 @@ class DemoConfig:
             raise ValueError(f"duration must be a finite number of seconds > 0, got {self.duration_s}")
         if self.max_requests is not None and self.max_requests < 1:
             raise ValueError(f"max-requests must be >= 1, got {self.max_requests}")
-        if not (math.isfinite(self.sim_speedup) and self.sim_speedup > 0):
-            raise ValueError(f"speedup must be a finite number > 0, got {self.sim_speedup}")
+        if not (math.isfinite(self.sim_speedup) and self.sim_speedup >= MIN_SPEEDUP):
+            raise ValueError(f"speedup must be a finite number >= {MIN_SPEEDUP:g}, got {self.sim_speedup}")
         object.__setattr__(self, "isl_buckets", IslBuckets.parse(self.isl_buckets).boundaries)
 
 
@@ -163,13 +164,18 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoResult:
 def _run_demo(config: DemoConfig, console: Console | None) -> DemoResult:
     console = console or Console(width=None if sys.stdout.isatty() else output_width() or 150)
     out = Path(config.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"cannot write to --output-dir {out}: {exc.strerror or exc}") from None
     buckets = IslBuckets(config.isl_buckets)
     trace = config.trace
     if not Path(trace).exists() and trace in PACKAGED_TRACES:
         trace = str(packaged_trace(trace))
     if not Path(trace).exists():
         raise ValueError(f"trace file not found: {config.trace}")
+    if Path(trace).is_dir():  # else found out once the engine and gateway are up
+        raise ValueError(f"--trace {trace} is a folder; give a trace file in it (Mooncake .jsonl or Azure .csv)")
     with _engine(config, out, console) as (engine_url, tokenizer, max_context):
         gw_args = ["gateway", "--upstream", engine_url, "--isl-buckets", buckets.spec,
                    "--request-log", str(out / "gateway-requests.jsonl")]

@@ -186,7 +186,11 @@ def _demo_in_process(*argv: str) -> tuple[int, str]:
     (["--time-scale", "inf"], "time-scale must be a finite number"),
     (["--max-requests", "0"], "max-requests must be >= 1"),
     (["--speedup", "nan"], "speedup must be a finite number"),
+    (["--speedup", "1e-300"], "speedup must be a finite number >= 0.001"),  # was the sim's refusal, once started
+    (["--engine", "vllm", "--speedup", "2"], "--speedup applies to --engine sim only"),  # was ignored
     (["--trace", "/nonexistent/trace.jsonl"], "trace file not found"),
+    (["--trace", "/"], "--trace / is a folder"),  # was "[Errno 21] Is a directory", once both were up
+    (["--output-dir", "/proc/version/o"], "cannot write to --output-dir /proc/version/o"),  # was "[Errno 20] ..."
 ])
 def test_demo_bad_flags_are_one_line_before_anything_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, argv: list[str], message: str
@@ -195,7 +199,7 @@ def test_demo_bad_flags_are_one_line_before_anything_starts(
         raise AssertionError("a server was started for bad flags")
 
     monkeypatch.setattr("servelens.demo.ServerProcess", no_servers)
-    rc, err = _demo_in_process(*argv, "--output-dir", str(tmp_path / "o"))
+    rc, err = _demo_in_process("--output-dir", str(tmp_path / "o"), *argv)  # a later --output-dir wins
     assert rc == 2 and err.startswith("servelens: error:") and err.count("\n") == 1, err
     assert message in err, err
 

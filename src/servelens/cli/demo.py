@@ -31,7 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    help="where report.html, results.jsonl, summary.json and logs go (default servelens-demo)")
     p.add_argument("--keep-running", action="store_true",
                    help="leave the engine and gateway up after the run (for a dashboard) until Ctrl-C")
-    p.add_argument("--speedup", type=float, default=8.0,
+    p.add_argument("--speedup", type=float, default=None,
                    help="sim only: divide every simulated time by this (default 8: the packaged trace "
                    "carries more prefill than one simulated H100 serves)")
     p.set_defaults(func=_run)
@@ -39,6 +39,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 def _run(args: argparse.Namespace) -> int:
     vllm = args.engine == "vllm"
+    if vllm and args.speedup is not None:  # it was ignored in silence
+        raise CliError("--speedup applies to --engine sim only (vLLM runs in real time)")
     config = DemoConfig(
         engine=args.engine,
         trace=args.trace,
@@ -47,7 +49,7 @@ def _run(args: argparse.Namespace) -> int:
         max_requests=args.max_requests if args.max_requests is not None else (30 if vllm else None),
         output_dir=args.output_dir,
         keep_running=args.keep_running,
-        sim_speedup=args.speedup,
+        **({"sim_speedup": args.speedup} if args.speedup is not None else {}),
     )
     try:
         result = run_demo(config)
