@@ -6,6 +6,7 @@ import importlib.metadata
 import shutil
 import subprocess
 import sysconfig
+from pathlib import Path
 
 import pytest
 
@@ -62,3 +63,13 @@ def test_bad_flags_are_one_line(argv: list[str], says: str, capsys: pytest.Captu
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("servelens: error: ") and err.count("\n") == 1 and says in err, err
+
+
+def test_file_errors_name_the_path_first(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # was "servelens: error: [Errno 2] No such file or directory: '/.../nope'"
+    missing = tmp_path / "nope" / "deeper"
+    (tmp_path / "nope").write_text("")  # a file where a folder is needed
+    assert main(["dashboard", "--output-dir", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"servelens: error: {tmp_path / 'nope'}"), err
+    assert "[Errno" not in err and err.count("\n") == 1, err

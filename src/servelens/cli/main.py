@@ -75,8 +75,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"servelens: interrupted{which}", file=sys.stderr)
         return status
     except (CliError, ValueError, OSError) as exc:
-        print(f"servelens: error: {exc}", file=sys.stderr)
+        print(f"servelens: error: {_reason(exc)}", file=sys.stderr)
         return 2
+
+
+def _reason(exc: Exception) -> str:
+    """The error's text; a file error as ``PATH: reason`` (not ``[Errno 2] No such file or directory: 'PATH'``)."""
+    if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+        return f"{exc.filename}: {exc.strerror}"
+    return str(exc)
 
 
 if __name__ == "__main__":
