@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import shutil
 import sys
 from collections.abc import Sequence
@@ -201,12 +200,13 @@ def fits(table: Table, width: int) -> bool:
 
 
 def output_width() -> int | None:
-    """Columns for tables on stdout: the terminal's width on a terminal; else ``$COLUMNS`` when it is set
-    to a positive number; else None (a file or pipe: the wide default, :data:`WIDE_WIDTH`)."""
+    """Columns for tables on stdout: the terminal's width on a terminal; else None (a file or pipe: the
+    wide default, :data:`WIDE_WIDTH`). ``$COLUMNS`` is not read for a pipe: Python's ``readline`` puts
+    ``COLUMNS=80`` into the C environment of any process that loads it (pytest does), which every child
+    inherits, so it does not tell what the reader of a pipe wants."""
     if sys.stdout.isatty():
         return shutil.get_terminal_size().columns
-    cols = os.environ.get("COLUMNS", "")
-    return int(cols) if cols.isdigit() and int(cols) > 0 else None
+    return None
 
 
 def fit_to(table: Table, width: int) -> bool:
