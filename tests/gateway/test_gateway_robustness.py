@@ -483,3 +483,24 @@ async def test_upstream_bodies_that_never_end_do_not_grow_the_gateway(monkeypatc
             await gw.gateway.wait_finished(2)
         assert requests_total(gw.metrics, model=FAKE_MODEL, error_type="backend_error", request_type="stream") == 1
         assert requests_total(gw.metrics) == 2 and inflight(gw.metrics) == 0
+
+
+async def test_html_page_for_a_stream_request_is_relayed_and_a_backend_error(http: aiohttp.ClientSession) -> None:
+    # a login page or a proxy's error page in front of the engine, with status 200: relayed as it is and
+    # counted backend_error, as the same page for a unary request is (it was truncated_stream)
+    page = b"<html><body>Please sign in</body></html>"
+
+    async def handler(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=page, content_type="text/html")
+
+    async with raw_upstream(handler) as url, run_gateway(url) as gw:
+        for stream in (True, False):
+            async with http.post(gw.url + "/v1/chat/completions", json=chat(stream=stream)) as r:
+                assert r.status == 200 and await r.read() == page
+                assert r.headers["Content-Type"].startswith("text/html")
+        await gw.gateway.wait_finished(2)
+        for request_type in ("stream", "unary"):
+            assert requests_total(gw.metrics, model=FAKE_MODEL, error_type="backend_error",
+                                  request_type=request_type) == 1
+        assert requests_total(gw.metrics) == 2 and inflight(gw.metrics) == 0

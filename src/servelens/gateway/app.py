@@ -28,7 +28,7 @@ silence over ``read_timeout_s`` -> 504 ``response_timeout``; a unary or error bo
 :data:`~servelens.gateway.upstream.MAX_BODY_BYTES` -> 502 ``backend_error``; upstream 400/4xx -> ``validation``,
 404 -> ``not_found``, 429 and 503 -> ``overload``, other 5xx -> ``backend_error`` (the upstream's
 status and body are relayed); an ``error`` object or malformed chunk inside a 200 stream ->
-``backend_error`` (a whole ``application/json`` reply to a stream request is measured as a unary
+``backend_error`` (a whole ``application/json`` or ``text/html`` reply to a stream request is measured as a unary
 reply); a stream ending with neither ``finish_reason`` nor ``[DONE]``, or cut by the
 upstream -> ``truncated_stream`` (a cut is passed on: the client connection is closed without the
 final chunk); the client going away -> ``cancelled`` (the upstream request is closed at once, so
@@ -652,8 +652,9 @@ class Gateway:
             out.upstream_request_id = up.headers.get("x-request-id")
             if up.status != 200:
                 return await self._error_reply(up, out)
-            if up.headers.get("Content-Type", "").lower().startswith("application/json"):
-                # a whole JSON reply to a stream request (an engine that ignores "stream"): measured as such
+            if up.headers.get("Content-Type", "").lower().startswith(("application/json", "text/html")):
+                # a whole JSON reply to a stream request (an engine that ignores "stream"): measured as such;
+                # an HTML page (a proxy's or a login page in front of the engine) too: backend_error, as unary
                 return await self._unary_reply(up, live, out)
             meter = StreamMeter(live, inj.strip)
             resp = await self._relay(request, out, up, meter)

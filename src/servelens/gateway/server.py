@@ -74,7 +74,7 @@ def startup_summary(running: RunningGateway) -> str:
     """One line for stderr at start: where requests go, the models known so far, the ISL buckets and
     the metric prefix (the ready line on stdout stays exactly ``servelens gateway listening on URL``)."""
     cfg = running.gateway.config
-    models = sorted(running.gateway.router.routes)
+    models = [m if m.isprintable() else repr(m) for m in sorted(running.gateway.router.routes)]  # one line
     buckets = running.metrics.isl_buckets
     return (f"servelens gateway: upstream {', '.join(cfg.upstreams)}; "
             f"models {', '.join(models) if models else 'none yet (polling /v1/models)'}; "
