@@ -5,7 +5,7 @@ import pytest
 from servelens.sim.model import ModelParams, decode_s, idle_ttft_s, prefill_chunk_s, step_s
 from servelens.sim.prefix_cache import block_hashes
 from servelens.sim.presets import PRESETS, get_preset
-from servelens.sim.scheduler import Engine, SimRequest, StepLoop, VirtualClock, simulate
+from servelens.sim.scheduler import Engine, SimRequest, Step, StepLoop, VirtualClock, simulate
 from servelens.sim.tokenizer import make_text, tokenize
 
 P = get_preset("llama-3.1-8b-h100").params
@@ -164,3 +164,35 @@ def test_cancel_stops_within_one_step() -> None:
     engine.complete(step, now + 1)
     assert engine.plan() is None and r.finished and not engine.running
     assert r.generated - (r.tokens_at_cancel or 0) <= 1
+
+
+async def test_a_failing_step_lets_its_requests_go_and_the_loop_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    engine = Engine(P)
+    real_plan = engine.plan
+    calls = 0
+
+    def plan_failing_once() -> Step | None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise OverflowError("a step cost nothing validated")
+        return real_plan()
+
+    engine.plan = plan_failing_once  # type: ignore[method-assign]
+    loop = StepLoop(engine, VirtualClock())
+    first, second = asyncio.Event(), asyncio.Event()
+    a = req("a", tokenize(make_text(10, "a")), 3)
+    a.on_done = first.set
+    loop.submit(a)
+    loop.start()
+    try:
+        await asyncio.wait_for(first.wait(), 5)  # let go, not hanging
+        assert len(a.token_times_ns) < 3
+        b = req("b", tokenize(make_text(10, "b")), 3)
+        b.on_done = second.set
+        loop.submit(b)
+        await asyncio.wait_for(second.wait(), 5)  # the loop still serves
+        assert len(b.token_times_ns) == 3
+    finally:
+        await loop.stop()
+    assert "sim step failed; letting go of 1 request(s)" in caplog.text

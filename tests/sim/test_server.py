@@ -10,6 +10,7 @@ import pytest
 
 from servelens.core.openai import parse_chunk
 from servelens.sim.model import idle_ttft_s
+from servelens.sim.scheduler import Step
 from servelens.sim.testing import capture, run_sim
 from servelens.sim.tokenizer import count_tokens, make_text
 
@@ -270,3 +271,36 @@ async def test_no_cached_tokens_field_when_prefix_cache_is_off() -> None:
             usage = json.loads(cap.data[-2])["usage"]
             assert usage["prompt_tokens"] == 64 and "prompt_tokens_details" not in usage
             assert (await sim.wait_truth(cap.headers["x-request-id"])).cached_tokens == 0
+
+
+async def test_requests_let_go_by_a_failing_step_end_with_an_error(caplog: pytest.LogCaptureFixture) -> None:
+    # a step that raises (a bug, or a model input nothing validated) used to stop the step loop, and
+    # every request hung; now its requests end with an error and the engine serves the next ones
+    async with run_sim() as sim, aiohttp.ClientSession() as s:
+        engine = sim.engine
+        real_plan = engine.plan
+        fail = {"after_tokens": 3}
+
+        def plan() -> Step | None:
+            if fail and any(r.generated >= fail["after_tokens"] for r in engine.running):
+                fail.clear()
+                raise OverflowError("step cost")
+            return real_plan()
+
+        engine.plan = plan  # type: ignore[method-assign]
+        body = chat("hello there", max_tokens=50, ignore_eos=True, stream=True)
+        async with s.post(sim.url + "/v1/chat/completions", json=body) as r:
+            assert r.status == 200
+            text = (await r.read()).decode()
+        assert '"error"' in text and "Engine dropped the request" in text and "[DONE]" not in text
+        assert text.count('"content"') >= 3  # the tokens before the failure went out
+
+        fail["after_tokens"] = 0  # unary: fails before its tokens are out
+        async with s.post(sim.url + "/v1/chat/completions", json=chat("again", max_tokens=5)) as r:
+            assert r.status == 500
+            assert (await r.json())["error"]["message"].startswith("Engine dropped the request")
+
+        async with s.post(sim.url + "/v1/chat/completions", json=chat("fine now", max_tokens=5)) as r:
+            assert r.status == 200 and (await r.json())["usage"]["completion_tokens"] <= 5
+    assert caplog.text.count("sim step failed; letting go of 1 request(s)") == 2
+    assert [t.outcome for t in sim.truth()] == ["error", "error", "ok"]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from bisect import bisect_right
 from collections import deque
@@ -28,6 +29,8 @@ from typing import Protocol
 
 from servelens.sim.model import MIN_SPEEDUP, ModelParams, step_s
 from servelens.sim.prefix_cache import PrefixCache
+
+log = logging.getLogger("servelens.sim")
 
 
 class Clock(Protocol):
@@ -129,6 +132,8 @@ class SimRequest:
         if self.on_done is not None:
             cb, self.on_done = self.on_done, None
             cb()
+        if self.notify is not None:  # a handler waiting for tokens learns it was let go
+            self.notify()
 
     @property
     def kv_reserved(self) -> int:
@@ -361,7 +366,18 @@ class StepLoop:
         self.engine.drop_all()
 
     async def run(self) -> None:
-        """Plan, sleep, complete; forever (until cancelled)."""
+        """Plan, sleep, complete; forever (until cancelled). A step that raises (a bug, or a model
+        input nothing validated) is logged with its traceback, and the requests in the engine are let
+        go (their ``on_done`` runs, so their clients get an end instead of hanging); the loop goes on."""
+        while True:
+            try:
+                await self._steps()
+            except Exception:
+                log.exception("sim step failed; letting go of %d request(s)",
+                              len(self.engine.waiting) + len(self.engine.running))
+                self.engine.drop_all()
+
+    async def _steps(self) -> None:
         engine, clock, stats = self.engine, self.clock, self.stats
         start = clock.now_ns()
         while True:

@@ -556,6 +556,12 @@ async def _write_stream(request: web.Request, resp: web.StreamResponse, st: SimS
     times = sreq.token_times_ns
     while sent < osl:
         if sreq.generated <= sent:
+            if sreq.finished:  # the engine let go of it (shut down, or a step failed): end with an error
+                out.outcome, out.status = "error", 200
+                await w.event(error_body("Engine dropped the request (servelens sim)", "InternalServerError", 500))
+                await w.flush()
+                await resp.write_eof()
+                return resp
             await ev.wait()
             ev.clear()
             continue
@@ -626,6 +632,9 @@ async def _whole(request: web.Request, st: SimState, p: Parsed, plan: FaultPlan,
     osl = sreq.osl_target
     stop_at = max(1, osl // 2) if ("error_mid_stream" in plan or "reset_mid_stream" in plan) else osl
     while sreq.generated < min(osl, stop_at) or (stop_at == osl and not sreq.finished):
+        if sreq.finished:  # let go before its tokens were out (shut down, or a step failed)
+            out.outcome, out.status = "error", 500
+            return _error_response(500, "Engine dropped the request (servelens sim)", "InternalServerError", rid)
         await ev.wait()
         ev.clear()
     if stop_at < osl:
