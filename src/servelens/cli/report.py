@@ -64,7 +64,10 @@ def build_report(args: argparse.Namespace) -> Report:
             raise ValueError("--model applies to --metrics and --prometheus, not --results")
         bench_bounds = summary_isl_buckets(args.results)  # the buckets the bench run used
         default = IslBuckets(bench_bounds) if bench_bounds else IslBuckets.default()
-        return report_from_results(args.results, buckets or default)
+        report = report_from_results(args.results, buckets or default)
+        if not any(r.requests for r in report.rows):
+            raise ValueError(f"{args.results}: no requests in it (an empty results file)")
+        return report
     if args.metrics:
         return report_from_metrics(args.metrics, names, args.metrics_before, args.model, buckets)
     range_s = parse_duration_s(args.range_ or "1h") if args.html else None
