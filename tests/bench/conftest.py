@@ -26,6 +26,8 @@ class Upstream:
     tokens_per_chunk: int = 1
     prompt_extra_tokens: int = 0  # added to usage.prompt_tokens (as a chat template would)
     more_models: tuple[str, ...] = ()  # listed after ``model`` by /v1/models
+    metrics_ok_scrapes: int | None = None  # /metrics answers 500 after this many scrapes
+    scrapes: int = 0
     bodies: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -94,6 +96,9 @@ async def upstream() -> AsyncIterator[Upstream]:
 
     async def metrics(_: web.Request) -> web.Response:
         # an engine's /metrics without servelens by-ISL families
+        up.scrapes += 1
+        if up.metrics_ok_scrapes is not None and up.scrapes > up.metrics_ok_scrapes:
+            return web.Response(status=500, text="scrape failed")
         text = ('# HELP vllm:num_requests_running Running\n# TYPE vllm:num_requests_running gauge\n'
                 'vllm:num_requests_running{model_name="tiny"} 0.0\n')
         return web.Response(text=text, content_type="text/plain")

@@ -105,7 +105,7 @@ async def test_cli_unknown_model_says_what_the_server_said(tmp_path: Path, capsy
 @pytest.mark.parametrize(("flags", "says"), [
     (["--duration", "inf"], "duration must be a finite number, got inf"),  # was an OverflowError traceback
     (["--duration", "nan"], "duration must be a finite number"),  # was "cannot convert float NaN to integer"
-    (["--rate", "nan"], "rate must be a finite number"),
+    (["--rate", "nan"], "rate must be a number of requests per second"),
     (["--ramp-up", "inf", "--concurrency", "2"], "ramp-up must be a finite number"),  # the workers never started
     (["--ramp-up", "nan", "--concurrency", "2"], "ramp-up must be a finite number"),
     (["--time-scale", "nan", "--trace", "mooncake_conversation_400.jsonl"], "time-scale must be a finite number"),

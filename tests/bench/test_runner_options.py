@@ -162,3 +162,24 @@ async def test_unreachable_metrics_url_is_one_clear_error(upstream: Upstream) ->
         await run_bench(BenchConfig(url=upstream.url, isl="5", osl="1", num_requests=1,
                                     metrics_url="http://127.0.0.1:9/metrics"))
     assert "ssl:default" not in str(exc.value)
+
+
+async def test_a_failed_final_scrape_keeps_the_results(upstream: Upstream, tmp_path: Path) -> None:
+    # the results were written only after the final /metrics scrape: a scrape error lost the whole run
+    from servelens.bench.results import load_results
+
+    upstream.metrics_ok_scrapes = 1  # the "before" scrape works, the one after the load fails
+    res = await run_bench(BenchConfig(url=upstream.url, isl="10", osl="2", num_requests=3,
+                                      metrics_url=upstream.url + "/metrics", output_dir=str(tmp_path)))
+    assert res.server_rows is None and "HTTP 500" in res.summary["server_error"]
+    assert len(load_results(tmp_path / "results.jsonl")) == 3
+    assert json.loads((tmp_path / "summary.json").read_text())["server_error"] == res.summary["server_error"]
+    buf = io.StringIO()
+    print_result(res, Console(file=buf, width=150))
+    assert "server side: none, the final scrape failed" in buf.getvalue()
+
+
+def test_rate_inf_sends_everything_at_once_and_nan_is_refused() -> None:
+    BenchConfig(url="http://127.0.0.1:9", rate=float("inf"))  # vLLM's --request-rate inf: accepted
+    with pytest.raises(ValueError, match="rate must be a number"):
+        BenchConfig(url="http://127.0.0.1:9", rate=float("nan"))

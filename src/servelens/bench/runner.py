@@ -40,7 +40,7 @@ from servelens.core.summary import BucketRow, rows_from_histograms, rows_from_sa
 from servelens.core.timing import NS_PER_S
 from servelens.prometheus.names import DEFAULT_PREFIX, MetricNames
 from servelens.report.metrics_text import Scrape, bucket_histograms, parse_scrape
-from servelens.report.table import fit_to, output_width, rich_table, side_by_side
+from servelens.report.table import fit_to, rich_table, side_by_side
 
 LONG_REQUEST_POLICIES = ("drop", "clip")
 PREBUILD_MAX_TOKENS = 30_000_000
@@ -116,7 +116,9 @@ class BenchConfig:
     ramp_up_s: float | None = None
 
     def __post_init__(self) -> None:
-        for name, value in (("rate", self.rate), ("duration", self.duration_s), ("ramp-up", self.ramp_up_s),
+        if self.rate is not None and math.isnan(self.rate):
+            raise ValueError("rate must be a number of requests per second (inf: all at once), got nan")
+        for name, value in (("duration", self.duration_s), ("ramp-up", self.ramp_up_s),
                             ("time-scale", self.time_scale), ("request-timeout", self.request_timeout_s),
                             ("max-loop-lag-ms", self.lag_threshold_ms)):
             if value is not None and not math.isfinite(value):
@@ -524,7 +526,7 @@ async def run_bench(config: BenchConfig) -> BenchResult:
         if not items:
             if dropped:
                 raise ValueError(f"the workload is empty: {dropped} requests were over the context ({max_context} "
-                                 "tokens, ISL + OSL) and dropped; --long-requests clip keeps them, clipped")
+                                 "tokens, ISL + OSL) and dropped; --long-requests clip keeps them, clipped to fit")
             raise ValueError("the workload is empty (every request was filtered out by --duration)")
         url = config.base_url + ENDPOINTS[config.endpoint]
         continuous, ignore_eos = await _probe(session, url, model, config, headers)
@@ -576,10 +578,17 @@ async def run_bench(config: BenchConfig) -> BenchResult:
             lag_report = await lag.stop()
             await progress.stop()
         done = [r for r in records if r is not None]
+        results_path = None
+        if config.output_dir:  # before the server scrape: an interrupt or a failed scrape loses nothing
+            results_path = write_results(Path(config.output_dir) / RESULTS_FILE, done)
         server_rows = None
+        server_error = None
         if config.metrics_url and before is not None:
             expect = sum(1 for r in done if r.http_status is not None)
-            server_rows = await _server_rows(session, config, before, expect)
+            try:
+                server_rows = await _server_rows(session, config, before, expect)
+            except ValueError as exc:  # the server's side is missing, the client's figures stand
+                server_error = str(exc)
     buckets = IslBuckets(config.isl_buckets)
     client_rows = tuple(rows_from_samples(to_samples(done), buckets))
     elapsed = (max(r.end_ns for r in done) - min(r.send_ns for r in done)) / NS_PER_S if done else 0.0
@@ -587,10 +596,11 @@ async def run_bench(config: BenchConfig) -> BenchResult:
     summary = _summary(config, model, done, client_rows, server_rows, lag_report, dropped, clipped, elapsed,
                        deviation, continuous, ignore_eos, tokenizer.name, max_context, client_cpu_s)
 
-    results_path = summary_path = None
+    if server_error is not None:
+        summary["server_error"] = server_error
+    summary_path = None
     if config.output_dir:
         out = Path(config.output_dir)
-        results_path = write_results(out / RESULTS_FILE, done)
         summary_path = out / SUMMARY_FILE
         summary_path.write_text(json.dumps(summary, indent=2) + "\n")
     return BenchResult(
@@ -706,8 +716,7 @@ def print_result(result: BenchResult, console: Console | None = None) -> None:
     if console is None:
         console = Console()
         if not console.is_terminal:
-            # a file or pipe: $COLUMNS when set, else wide enough not to wrap the columns
-            console = Console(width=output_width() or max(console.width, 150))
+            console = Console(width=max(console.width, 150))  # a file or pipe: do not wrap the columns
     s = result.summary
     lines = [result.lag.verdict(), result.prompt_deviation.line()]
     if result.dropped or result.clipped:
@@ -733,7 +742,9 @@ def print_result(result: BenchResult, console: Console | None = None) -> None:
         table = rich_table(result.client_rows, title=title, caption="\n".join(lines))
         fit_to(table, console.width)
         console.print(table)
-        if result.server_rows is not None:
+        if s.get("server_error"):
+            console.print(f"server side: none, the final scrape failed: {s['server_error']}")
+        elif result.server_rows is not None:
             console.print("server side: the /metrics endpoint has no servelens by-ISL histograms "
                           f"(prefix {s['config']['metrics_prefix']!r})")
     rps = s.get("requests_per_s")
@@ -773,7 +784,8 @@ async def _run_until_signal(config: BenchConfig) -> BenchResult:
     finally:
         for sig, handler in previous.items():
             loop.remove_signal_handler(sig)
-            signal.signal(sig, handler)  # the caller's (the demo's), not the default the loop leaves
+            if handler is not None:  # None: set from C, cannot be put back from Python
+                signal.signal(sig, handler)  # the caller's (the demo's), not the default the loop leaves
 
 
 def run_bench_sync(config: BenchConfig) -> BenchResult:
