@@ -55,6 +55,7 @@ def test_the_installed_script_runs() -> None:
     (["report", "--results", "a", "--metrics", "b"], "not allowed with argument --results"),
     (["nope"], "invalid choice: 'nope'"),
     (["--bogus"], "unrecognized arguments: --bogus (see servelens --help)"),
+    (["bench", "--url", "http://h:1", "--bogus"], "unrecognized arguments: --bogus (see servelens bench --help)"),
 ])
 def test_bad_flags_are_one_line(argv: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:
     # argparse printed its usage block (up to 20 lines) before the error, named by the subcommand

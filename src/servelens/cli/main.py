@@ -64,7 +64,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the process exit status."""
     try:
         parser = build_parser()  # imports every subcommand: a Ctrl-C can come while it does
-        args = parser.parse_args(argv)
+        args, extras = parser.parse_known_args(argv)
+        if extras:  # reported by the subcommand's parser, so the hint names its --help
+            _parser_of(parser, getattr(args, "command", None)).error(f"unrecognized arguments: {' '.join(extras)}")
         func = getattr(args, "func", None)
         if func is None:
             parser.print_help()
@@ -77,6 +79,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CliError, ValueError, OSError) as exc:
         print(f"servelens: error: {_reason(exc)}", file=sys.stderr)
         return 2
+
+
+def _parser_of(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser:
+    """The parser of subcommand ``command`` (the top-level one when None or unknown)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            sub: argparse.ArgumentParser = action.choices[command]
+            return sub
+    return parser
 
 
 def _reason(exc: Exception) -> str:
