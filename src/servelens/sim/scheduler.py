@@ -204,13 +204,20 @@ class Engine:
             self.running = keep
 
     def drop_all(self) -> None:
-        """Let go of every request (engine shutdown); their ``on_done`` callbacks run."""
+        """Let go of every request (engine shutdown); their ``on_done`` callbacks run, all of them even
+        when one raises (the first such error is raised after the last)."""
         reqs = [*self.waiting, *self.running]
         self.waiting.clear()
         self.running = []
         self.kv_reserved = 0
+        first: Exception | None = None
         for r in reqs:
-            r._finish()
+            try:
+                r._finish()
+            except Exception as exc:
+                first = first or exc
+        if first is not None:
+            raise first
 
     def plan(self) -> Step | None:
         """The next step, or None when nothing can run (idle)."""
@@ -375,7 +382,11 @@ class StepLoop:
             except Exception:
                 log.exception("sim step failed; letting go of %d request(s)",
                               len(self.engine.waiting) + len(self.engine.running))
-                self.engine.drop_all()
+                try:
+                    self.engine.drop_all()
+                except Exception:  # a request's own callback failed: the loop must still go on
+                    log.exception("letting go of the requests failed too")
+                await asyncio.sleep(0)  # a failure that repeats must not hold the event loop
 
     async def _steps(self) -> None:
         engine, clock, stats = self.engine, self.clock, self.stats
