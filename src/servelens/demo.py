@@ -27,7 +27,6 @@ from servelens.core.buckets import DEFAULT_ISL_BOUNDARIES, IslBuckets
 from servelens.process import ServerProcess
 from servelens.report.html import write_html
 from servelens.report.sources import report_from_results
-from servelens.report.table import output_width
 from servelens.sim.model import MIN_SPEEDUP
 
 DEMO_TRACE = "mooncake_conversation_400.jsonl"
@@ -123,7 +122,8 @@ def _engine(config: DemoConfig, out: Path, console: Console) -> Iterator[tuple[s
 
 def _wait_for_interrupt(console: Console) -> None:
     stop = threading.Event()
-    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    # Ctrl-C, SIGTERM and a closed terminal (SIGHUP) all stop them the same way (exit 0: the way to end it)
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         console.print("[bold]--keep-running[/]: engine and gateway stay up; press Ctrl-C to stop them.")
         while not stop.wait(0.2):  # short waits: the signal handler runs between them in any case
@@ -162,7 +162,7 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoResult:
 
 
 def _run_demo(config: DemoConfig, console: Console | None) -> DemoResult:
-    console = console or Console(width=None if sys.stdout.isatty() else output_width() or 150)
+    console = console or Console(width=None if sys.stdout.isatty() else 150)
     out = Path(config.output_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
