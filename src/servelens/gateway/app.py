@@ -55,7 +55,7 @@ from servelens.core.openai import decode_json, error_body, parse_response
 from servelens.core.state import LiveRequest
 from servelens.core.status import error_type_for_status
 from servelens.core.timing import RequestRecord
-from servelens.gateway.config import GatewayConfig
+from servelens.gateway.config import GatewayConfig, redacted_url
 from servelens.gateway.models import MAX_MODEL_LIST_BYTES, ModelRouter, read_capped
 from servelens.gateway.prompt import PromptCounter
 from servelens.gateway.relay import StreamMeter
@@ -223,7 +223,8 @@ class Gateway:
                                         headers_timeout_s=cfg.response_timeout_s)
         result = await self.router.poll(self._session)
         if result is not None and not result.ok:
-            log.warning("cannot list models at %s yet: %s (will retry)", cfg.upstream, result.error)
+            log.warning("cannot list models at %s yet: %s (will retry)",
+                        ", ".join(map(redacted_url, cfg.upstreams)), result.error)
         refresher = asyncio.create_task(self.router.refresh_forever(self._session))
         try:
             yield
@@ -270,7 +271,8 @@ class Gateway:
         states = await asyncio.gather(*(probe(u) for u in ups))
         ok = all(s == "ok" for s in states)
         return web.json_response(
-            {"status": "ready" if ok else "not ready", "upstreams": dict(zip(ups, states, strict=True))},
+            {"status": "ready" if ok else "not ready",
+             "upstreams": {redacted_url(u): st for u, st in zip(ups, states, strict=True)}},
             status=200 if ok else 503,
         )
 
@@ -693,7 +695,7 @@ class Gateway:
             else:
                 flags[upstream] = before
         else:
-            log.info("upstream %s rejects %s; not sending it again", upstream, field)
+            log.info("upstream %s rejects %s; not sending it again", redacted_url(upstream), field)
         return inj, learn, retry
 
     async def _relay(

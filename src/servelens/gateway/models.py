@@ -18,7 +18,7 @@ import aiohttp
 import msgspec
 
 from servelens.core.openai import decode_json
-from servelens.gateway.config import GatewayConfig
+from servelens.gateway.config import GatewayConfig, redacted_url
 from servelens.prometheus import FrontendMetrics
 
 log = logging.getLogger("servelens.gateway")
@@ -150,4 +150,5 @@ class ModelRouter:
             await asyncio.sleep(period)
             result = await self.poll(session)
             if result is not None and not result.ok:
-                log.warning("cannot list models at %s: %s", self.config.upstream, result.error)
+                log.warning("cannot list models at %s: %s",
+                            ", ".join(map(redacted_url, self.config.upstreams)), result.error)

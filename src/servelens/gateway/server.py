@@ -10,7 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from servelens.gateway.app import Gateway
-from servelens.gateway.config import GatewayConfig
+from servelens.gateway.config import GatewayConfig, redacted_url
 from servelens.prometheus import FrontendMetrics
 from servelens.serving import listen_error, serve_until_signal
 
@@ -76,7 +76,7 @@ def startup_summary(running: RunningGateway) -> str:
     cfg = running.gateway.config
     models = [m if m.isprintable() else repr(m) for m in sorted(running.gateway.router.routes)]  # one line
     buckets = running.metrics.isl_buckets
-    return (f"servelens gateway: upstream {', '.join(cfg.upstreams)}; "
+    return (f"servelens gateway: upstream {', '.join(redacted_url(u) for u in cfg.upstreams)}; "
             f"models {', '.join(models) if models else 'none yet (polling /v1/models)'}; "
             f"ISL buckets {', '.join(buckets.labels) if buckets else 'off'}; "
             f"metrics {cfg.metrics_prefix}_*{' (by-ISL only)' if cfg.by_isl_only else ''}")

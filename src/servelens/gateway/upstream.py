@@ -488,7 +488,8 @@ class UpstreamClient:
         ``read_timeout_s``).
         """
         if url.scheme not in ("http", "https") or not url.host:
-            raise UpstreamError("unavailable", f"unsupported upstream URL {url} (http:// or https://)", True)
+            shown = url.with_password("***") if url.password else url
+            raise UpstreamError("unavailable", f"unsupported upstream URL {shown} (http:// or https://)", True)
         conn = await self._acquire((url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80)))
         resp = conn.send(self._head(method, url, headers, len(body)), body)
         try:
