@@ -44,7 +44,7 @@ def test_trace_that_is_not_utf8_names_the_file(tmp_path: Path, fmt: str | None) 
         read_trace(path, fmt)
 
 
-@pytest.mark.parametrize("silent", ["url", "metrics-url"])
+@pytest.mark.parametrize("silent", ["url", "url-with-model", "metrics-url"])
 async def test_server_that_never_answers_is_one_line_within_the_control_timeout(
         silent: str, upstream: Any, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     # a server that accepts and never answers: /v1/models and the /metrics scrape waited
@@ -64,8 +64,10 @@ async def test_server_that_never_answers_is_one_line_within_the_control_timeout(
 
     async with raw_tcp_server(never) as (port, _):
         silent_url = f"http://127.0.0.1:{port}"
-        url, metrics = (silent_url, None) if silent == "url" else (upstream.url, silent_url + "/metrics")
+        url, metrics = (upstream.url, silent_url + "/metrics") if silent == "metrics-url" else (silent_url, None)
         args = ["bench", "--url", url, "--num-requests", "1", "--output-dir", str(tmp_path), "--no-progress"]
+        if silent == "url-with-model":  # the model list was skipped, and the probe waited 600 s
+            args += ["--model", "m"]
         if metrics:
             args += ["--metrics-url", metrics]
         try:
@@ -74,5 +76,5 @@ async def test_server_that_never_answers_is_one_line_within_the_control_timeout(
             done.set()
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1, err
-    what = "cannot reach" if silent == "url" else "cannot scrape"
+    what = "cannot scrape" if silent == "metrics-url" else "cannot reach"
     assert err.startswith(f"servelens: error: {what} {silent_url}") and err.endswith(": timed out\n"), err

@@ -343,14 +343,21 @@ async def _get_json(session: aiohttp.ClientSession, url: str, headers: dict[str,
 async def _discover(
     session: aiohttp.ClientSession, config: BenchConfig, headers: dict[str, str]
 ) -> tuple[str, int | None]:
-    """The model to use and the context length ``/v1/models`` reports (vLLM's ``max_model_len``)."""
+    """The model to use and the context length ``/v1/models`` reports (vLLM's ``max_model_len``).
+
+    An endpoint that cannot be reached, or does not answer within ``CONTROL_TIMEOUT_S``, is a
+    ValueError even with ``--model`` (the load would only wait on it); one that answers without a
+    usable list is fine when ``--model`` names the model.
+    """
     url = config.base_url + "/v1/models"
     try:
         data = await _get_json(session, url, headers)
     except (TimeoutError, aiohttp.ClientError) as exc:
-        if config.model:
-            return config.model, None
         raise ValueError(f"cannot reach {url}: {_reason(exc)}") from None
+    except ValueError:
+        if config.model:  # no /v1/models here (or not JSON): the model is named, go on
+            return config.model, None
+        raise
     models = data.get("data") if isinstance(data, dict) else None
     if not isinstance(models, list) or not models:
         if config.model:
