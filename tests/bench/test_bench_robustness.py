@@ -78,3 +78,32 @@ async def test_server_that_never_answers_is_one_line_within_the_control_timeout(
     assert code == 2 and err.count("\n") == 1, err
     what = "cannot scrape" if silent == "metrics-url" else "cannot reach"
     assert err.startswith(f"servelens: error: {what} {silent_url}") and err.endswith(": timed out\n"), err
+
+
+async def test_a_server_without_a_model_list_runs_when_model_is_given(tmp_path: Path) -> None:
+    # llama.cpp-style servers may lack /v1/models (404): with --model the bench goes on
+    import json as _json
+
+    from aiohttp import web
+
+    from servelens.bench.runner import BenchConfig, run_bench
+    from servelens.gateway.testing import serve_app
+
+    async def complete(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        usage = {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}
+        chunk = {"choices": [{"index": 0, "delta": {"content": " w"}, "finish_reason": "length"}],
+                 "usage": usage if (body.get("stream_options") or {}).get("continuous_usage_stats") else None}
+        await resp.write(b"data: " + _json.dumps(chunk).encode() + b"\n\n")
+        await resp.write(b"data: " + _json.dumps({"choices": [], "usage": usage}).encode() + b"\n\ndata: [DONE]\n\n")
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", complete)
+    async with serve_app(app) as url:
+        res = await run_bench(BenchConfig(url=url, model="m", isl="5", osl="1", num_requests=2))
+        assert res.model == "m" and len(res.records) == 2 and all(r.ok for r in res.records)
+        with pytest.raises(ValueError, match="answered HTTP 404"):  # without --model: which model?
+            await run_bench(BenchConfig(url=url, isl="5", osl="1", num_requests=1))
