@@ -79,11 +79,16 @@ def build_body(
     return msgspec.json.encode(body)
 
 
-def _error_message(body: bytes) -> str:
+def error_message(body: bytes) -> str:
+    """The message of an error reply, at most 300 characters: OpenAI's ``error.message`` (read by the
+    core's :func:`~servelens.core.openai.parse_response`), a top-level ``message`` (as Dynamo writes),
+    else the start of the body as text (``(empty body)`` for none)."""
     info = parse_response(body)
-    if info.error:
-        return info.error
-    return body[:300].decode("utf-8", errors="replace").strip()
+    msg = info.error or (info.obj.get("message") if isinstance(info.obj, dict) else None)
+    if isinstance(msg, str) and msg:
+        return msg[:300]
+    text = body.decode("utf-8", "replace").strip()
+    return text[:300] if text else "(empty body)"
 
 
 async def send_request(
@@ -114,7 +119,7 @@ async def send_request(
             if resp.status != 200:
                 body = await resp.content.read(_ERR_BODY_LIMIT)
                 error_type = error_type_for_status(resp.status)
-                error = f"HTTP {resp.status}: {_error_message(body)}"
+                error = f"HTTP {resp.status}: {error_message(body)}"
             else:
                 decoder = SSEDecoder()
                 done = False

@@ -28,14 +28,13 @@ import numpy as np
 from rich.console import Console
 
 from servelens.bench.arrivals import ARRIVALS, arrival_offsets, trace_offsets
-from servelens.bench.client import ENDPOINTS, RequestSpec, build_body, send_request
+from servelens.bench.client import ENDPOINTS, RequestSpec, build_body, error_message, send_request
 from servelens.bench.distributions import parse_length_dist
 from servelens.bench.lag import LagMonitor, LagReport
 from servelens.bench.prompts import PromptBuilder, load_tokenizer
 from servelens.bench.results import RESULTS_FILE, SUMMARY_FILE, BenchRecord, to_samples, write_results
 from servelens.bench.traces import TraceRow, clip_row, read_trace
 from servelens.core.buckets import DEFAULT_ISL_BOUNDARIES, IslBuckets
-from servelens.core.openai import parse_response
 from servelens.core.summary import BucketRow, rows_from_histograms, rows_from_samples
 from servelens.core.timing import NS_PER_S
 from servelens.prometheus.names import DEFAULT_PREFIX, MetricNames
@@ -376,18 +375,6 @@ async def _discover(
     return model, ctx if isinstance(ctx, int) and ctx > 0 else None
 
 
-def _error_message(body: bytes) -> str:
-    """The message of an error reply: OpenAI's ``error.message`` (read by the core's
-    :func:`~servelens.core.openai.parse_response`), a top-level ``message`` (as Dynamo writes), else
-    the start of the body as text."""
-    info = parse_response(body)
-    msg = info.error or (info.obj.get("message") if isinstance(info.obj, dict) else None)
-    if isinstance(msg, str) and msg:
-        return msg[:300]
-    text = body.decode("utf-8", "replace").strip()
-    return text[:300] if text else "(empty body)"
-
-
 async def _probe(
     session: aiohttp.ClientSession, url: str, model: str, config: BenchConfig, headers: dict[str, str]
 ) -> tuple[bool, bool]:
@@ -404,7 +391,7 @@ async def _probe(
                     return cont, eos
                 if resp.status not in (400, 422):
                     raise ValueError(f"POST {url} answered HTTP {resp.status} to a one-token probe request: "
-                                     f"{_error_message(answer)}")
+                                     f"{error_message(answer)}")
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise ValueError(f"cannot reach {url}: {_reason(exc)}") from None
     raise ValueError(f"POST {url} rejected a minimal streaming request (HTTP 400); check --model and --endpoint")
