@@ -22,7 +22,7 @@ from pathlib import Path
 from rich.console import Console
 
 from servelens.bench.runner import BenchConfig, BenchResult, print_result, run_bench_sync
-from servelens.bench.traces import PACKAGED_TRACES, packaged_trace
+from servelens.bench.traces import resolve_trace
 from servelens.core.buckets import DEFAULT_ISL_BOUNDARIES, IslBuckets
 from servelens.process import ServerProcess
 from servelens.report.html import write_html
@@ -169,13 +169,7 @@ def _run_demo(config: DemoConfig, console: Console | None) -> DemoResult:
     except OSError as exc:
         raise ValueError(f"cannot write to --output-dir {out}: {exc.strerror or exc}") from None
     buckets = IslBuckets(config.isl_buckets)
-    trace = config.trace
-    if not Path(trace).exists() and trace in PACKAGED_TRACES:
-        trace = str(packaged_trace(trace))
-    if not Path(trace).exists():
-        raise ValueError(f"trace file not found: {config.trace}")
-    if Path(trace).is_dir():  # else found out once the engine and gateway are up
-        raise ValueError(f"--trace {trace} is a folder; give a trace file in it (Mooncake .jsonl or Azure .csv)")
+    trace = str(resolve_trace(config.trace))  # before the engine and gateway start
     with _engine(config, out, console) as (engine_url, tokenizer, max_context):
         gw_args = ["gateway", "--upstream", engine_url, "--isl-buckets", buckets.spec,
                    "--request-log", str(out / "gateway-requests.jsonl")]

@@ -55,6 +55,19 @@ def packaged_trace(name: str = "mooncake_conversation_400.jsonl") -> Path:
     return Path(str(resources.files("servelens").joinpath("data", "traces", name)))
 
 
+def resolve_trace(name_or_path: str) -> Path:
+    """The trace file for ``--trace``: a path, or the name of a packaged cut (:data:`PACKAGED_TRACES`)
+    when no such path exists. Raises ValueError (one line) for a missing file or a folder."""
+    path = Path(name_or_path)
+    if not path.exists() and name_or_path in PACKAGED_TRACES:
+        path = packaged_trace(name_or_path)
+    if not path.exists():
+        raise ValueError(f"trace file not found: {name_or_path}")
+    if path.is_dir():
+        raise ValueError(f"--trace {name_or_path} is a folder; give a trace file in it (Mooncake .jsonl or Azure .csv)")
+    return path
+
+
 def detect_format(path: str | Path) -> str:
     """``"mooncake"`` or ``"azure"`` from the first non-empty line of the file.
 

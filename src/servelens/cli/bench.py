@@ -10,7 +10,7 @@ from pathlib import Path
 
 from servelens.bench.results import RESULTS_FILE
 from servelens.bench.runner import BenchConfig, print_result, run_bench_sync
-from servelens.bench.traces import PACKAGED_TRACES, TRACE_FORMATS, packaged_trace
+from servelens.bench.traces import PACKAGED_TRACES, TRACE_FORMATS, resolve_trace
 from servelens.cli.main import interrupted
 from servelens.core.buckets import DEFAULT_ISL_BOUNDARIES
 
@@ -82,13 +82,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
     """Build the frozen config (raises ValueError for bad values)."""
-    trace = args.trace
-    if trace and not os.path.exists(trace) and trace in PACKAGED_TRACES:
-        trace = str(packaged_trace(trace))
-    if trace and not os.path.exists(trace):
-        raise ValueError(f"trace file not found: {trace}")
-    if trace and os.path.isdir(trace):
-        raise ValueError(f"--trace {trace} is a folder; give a trace file in it (Mooncake .jsonl or Azure .csv)")
+    trace = str(resolve_trace(args.trace)) if args.trace else None
     if trace:
         given = [f for f, v in (("--isl", args.isl), ("--osl", args.osl), ("--num-requests", args.num_requests))
                  if v is not None]
