@@ -204,6 +204,7 @@ def test_cli_results_folder_and_html(results_file: Path, tmp_path: Path) -> None
     (["--results", "x", "--isl-buckets", "0"], "positive integer"),
     (["--results", "x", "--window", "10m"], "--window applies to --prometheus only"),
     (["--results", "/dev/null"], "no requests in it"),
+    (["--prometheus", "http://127.0.0.1:1", "--range", "2h"], "--range is the span of the HTML report's chart"),
     (["--metrics", "x", "--range", "2h"], "--range applies to --prometheus only"),
 ])
 def test_cli_errors_are_one_line(argv: list[str], message: str) -> None:

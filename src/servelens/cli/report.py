@@ -59,6 +59,8 @@ def build_report(args: argparse.Namespace) -> Report:
     for flag, value in (("--window", args.window), ("--range", args.range_)):
         if value is not None and not args.prometheus:
             raise ValueError(f"{flag} applies to --prometheus only (the other sources have no time window)")
+    if args.range_ is not None and not args.html:
+        raise ValueError("--range is the span of the HTML report's chart: give --html too")
     if args.results:
         if args.model:
             raise ValueError("--model applies to --metrics and --prometheus, not --results")
