@@ -116,6 +116,10 @@ async def test_bad_requests_get_openai_errors() -> None:
                 assert r.headers["x-request-id"]
         async with s.post(sim.url + "/v1/completions", data=b"{not json") as r:
             assert r.status == 400 and "JSON" in (await r.json())["error"]["message"]
+        for body in ({"prompt": ""}, {"prompt": [""]}):  # 0 tokens: vLLM refuses an empty prompt too
+            async with s.post(sim.url + "/v1/completions", json=body) as r:
+                err = (await r.json())["error"]
+                assert r.status == 400 and err["param"] == "prompt" and "cannot be empty" in err["message"]
         async with s.post(sim.url + "/v1/completions", json={"prompt": "x"},
                           headers={"x-servelens-fault": "bogus"}) as r:
             assert r.status == 400 and "bogus" in (await r.json())["error"]["message"]

@@ -210,6 +210,9 @@ def parse_request(obj: Any, endpoint: str, config: SimConfig) -> Parsed:
             ids = _prompt_ids(obj.get("prompt"))
     except ValueError as exc:
         raise BadRequest(str(exc), param="messages" if endpoint == "chat_completions" else "prompt") from None
+    if not ids:  # as vLLM: "The decoder prompt cannot be empty"
+        raise BadRequest("the prompt cannot be empty (0 tokens)",
+                         param="messages" if endpoint == "chat_completions" else "prompt")
     max_tokens = _int_field(obj, "max_completion_tokens", 1, None)
     if max_tokens is None:
         max_tokens = _int_field(obj, "max_tokens", 1, config.default_max_tokens)
