@@ -98,6 +98,19 @@ def listen_error(host: str, port: int, exc: OSError) -> OSError:
     return OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
 
 
+def client_error_reason(exc: BaseException) -> str:
+    """Why an aiohttp client request failed, in a few words: for a refused or unresolvable address
+    ``cannot connect (<the OS's reason>)`` (aiohttp's own text adds "ssl:default" and repeats the
+    address), a bare timeout ``timed out``, else the exception's text or, without one, its class name."""
+    from aiohttp import ClientConnectorError
+
+    if isinstance(exc, ClientConnectorError):
+        return f"cannot connect ({exc.os_error.strerror or exc.os_error})"
+    if isinstance(exc, TimeoutError) and not str(exc):
+        return "timed out"
+    return str(exc) or type(exc).__name__
+
+
 def unreadable_body(request: Any, exc: BaseException) -> str:
     """Why an aiohttp request body could not be read (``web.RequestPayloadError``: a Content-Encoding
     the body does not match, a broken chunked body), in one line; marks the body read, else aiohttp

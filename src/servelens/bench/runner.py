@@ -40,6 +40,7 @@ from servelens.core.timing import NS_PER_S
 from servelens.prometheus.names import DEFAULT_PREFIX, MetricNames
 from servelens.report.metrics_text import Scrape, bucket_histograms, parse_scrape
 from servelens.report.table import fit_to, rich_table, side_by_side
+from servelens.serving import client_error_reason
 
 LONG_REQUEST_POLICIES = ("drop", "clip")
 PREBUILD_MAX_TOKENS = 30_000_000
@@ -312,17 +313,6 @@ def _workload(config: BenchConfig, max_context: int | None) -> tuple[list[_Item]
     return items, dropped, clipped, scheduled
 
 
-def _reason(exc: BaseException) -> str:
-    """Why a connection attempt failed, in a few words: for a refused or unresolvable address the OS's
-    reason (aiohttp's own text adds "ssl:default" and repeats the address), else the exception's text
-    or, when it has none (a timeout), its class name."""
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return f"cannot connect ({exc.os_error.strerror or exc.os_error})"
-    if isinstance(exc, TimeoutError) and not str(exc):
-        return "timed out"
-    return str(exc) or type(exc).__name__
-
-
 CONTROL_TIMEOUT_S = 10.0
 """Bound on the bench's own small requests (``/v1/models``, ``/metrics`` scrapes), in seconds: a server
 that accepts and never answers is an error within it, not after ``--request-timeout``."""
@@ -352,7 +342,7 @@ async def _discover(
     try:
         data = await _get_json(session, url, headers)
     except (TimeoutError, aiohttp.ClientError) as exc:
-        raise ValueError(f"cannot reach {url}: {_reason(exc)}") from None
+        raise ValueError(f"cannot reach {url}: {client_error_reason(exc)}") from None
     except ValueError:
         if config.model:  # no /v1/models here (or not JSON): the model is named, go on
             return config.model, None
@@ -393,7 +383,7 @@ async def _probe(
                     raise ValueError(f"POST {url} answered HTTP {resp.status} to a one-token probe request: "
                                      f"{error_message(answer)}")
         except (TimeoutError, aiohttp.ClientError) as exc:
-            raise ValueError(f"cannot reach {url}: {_reason(exc)}") from None
+            raise ValueError(f"cannot reach {url}: {client_error_reason(exc)}") from None
     raise ValueError(f"POST {url} rejected a minimal streaming request (HTTP 400); check --model and --endpoint")
 
 
@@ -404,7 +394,7 @@ async def _scrape(session: aiohttp.ClientSession, url: str) -> Scrape:
                 raise ValueError(f"GET {url} answered HTTP {resp.status}")
             text = await resp.text()
     except (TimeoutError, aiohttp.ClientError) as exc:
-        raise ValueError(f"cannot scrape {url}: {_reason(exc)}") from None
+        raise ValueError(f"cannot scrape {url}: {client_error_reason(exc)}") from None
     return parse_scrape(text)
 
 

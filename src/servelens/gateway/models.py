@@ -20,6 +20,7 @@ import msgspec
 from servelens.core.openai import decode_json
 from servelens.gateway.config import GatewayConfig, redacted_url
 from servelens.prometheus import FrontendMetrics
+from servelens.serving import client_error_reason
 
 log = logging.getLogger("servelens.gateway")
 
@@ -56,12 +57,10 @@ async def fetch_models(session: aiohttp.ClientSession, upstream: str, timeout_s:
             if resp.status != 200:
                 return PollResult(False, error=f"HTTP {resp.status}")
             body = await read_capped(resp, MAX_MODEL_LIST_BYTES)
-    except aiohttp.ClientConnectorError as exc:  # its own text adds "ssl:default" and repeats the address
-        return PollResult(False, error=f"cannot connect: {exc.os_error.strerror or exc.os_error}")
     except ValueError as exc:
         return PollResult(False, error=str(exc))
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-        return PollResult(False, error=f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+        return PollResult(False, error=client_error_reason(exc))
     try:
         obj = decode_json(body)
     except msgspec.DecodeError:
