@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 from servelens.bench.results import RESULTS_FILE
@@ -125,13 +124,14 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 def run(args: argparse.Namespace) -> int:
     """Run the bench and print the table; exit 0 (1 when every request failed)."""
     config = config_from_args(args)
-    started_ns = time.time_ns()
+    results = Path(config.output_dir) / RESULTS_FILE if config.output_dir else None
+    before = _identity(results)
     try:
         result = run_bench_sync(config)
     except KeyboardInterrupt as exc:
-        results = Path(config.output_dir) / RESULTS_FILE if config.output_dir else None
         # written by this run (a results file of an earlier run in the folder is not this run's)
-        if results is not None and results.exists() and results.stat().st_mtime_ns >= started_ns:
+        now = _identity(results)
+        if results is not None and now is not None and now != before:
             status, which = interrupted(exc)
             print(f"servelens: interrupted{which}; the requests that finished are in "
                   f"{results} (servelens report --results {config.output_dir})",
@@ -140,3 +140,13 @@ def run(args: argparse.Namespace) -> int:
         raise
     print_result(result)
     return 1 if result.records and result.errors == len(result.records) else 0
+
+
+def _identity(path: Path | None) -> tuple[int, int, int] | None:
+    """``(inode, mtime ns, size)`` of ``path``, None when there is no such file: a file written in
+    between differs (no clock is compared)."""
+    try:
+        st = path.stat() if path is not None else None
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size) if st is not None else None
