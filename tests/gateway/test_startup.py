@@ -33,7 +33,7 @@ async def test_startup_summary_before_the_upstream_answers() -> None:
 
 
 def test_credentials_in_upstream_urls_are_never_shown() -> None:
-    from servelens.gateway.config import redacted_url
+    from servelens.gateway.upstream import redacted_url
 
     assert redacted_url("http://svc:s3cret@127.0.0.1:8000/v1") == "http://svc:***@127.0.0.1:8000/v1"
     assert redacted_url("https://token@engine:443") == "https://token@engine:443"  # a user name alone stays

@@ -55,12 +55,12 @@ from servelens.core.openai import decode_json, error_body, parse_response
 from servelens.core.state import LiveRequest
 from servelens.core.status import error_type_for_status
 from servelens.core.timing import RequestRecord
-from servelens.gateway.config import GatewayConfig, redacted_url
+from servelens.gateway.config import GatewayConfig
 from servelens.gateway.models import MAX_MODEL_LIST_BYTES, ModelRouter, read_capped
 from servelens.gateway.prompt import PromptCounter
 from servelens.gateway.relay import StreamMeter
 from servelens.gateway.requestlog import RequestLog, RequestLogEntry
-from servelens.gateway.upstream import UpstreamClient, UpstreamError, UpstreamResponse
+from servelens.gateway.upstream import UpstreamClient, UpstreamError, UpstreamResponse, redacted_url
 from servelens.gateway.usage import (
     STRIP_CONTINUOUS,
     STRIP_CONTINUOUS_NULL,

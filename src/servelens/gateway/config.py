@@ -280,16 +280,3 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"config file {p} must hold a mapping of settings")
     return {str(k).replace("-", "_"): v for k, v in data.items()}
 
-
-def redacted_url(url: str) -> str:
-    """``url`` fit to log or show: a password in it becomes ``***`` (``http://u:***@host:8000``);
-    a URL without credentials is returned as it is."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
-    authority, slash, path = rest.partition("/")
-    userinfo, at, hostport = authority.rpartition("@")
-    if not at:
-        return url
-    user, colon, _password = userinfo.partition(":")
-    return f"{scheme}://{user}{':***' if colon else ''}@{hostport}{slash}{path}"

@@ -18,7 +18,8 @@ import aiohttp
 import msgspec
 
 from servelens.core.openai import decode_json
-from servelens.gateway.config import GatewayConfig, redacted_url
+from servelens.gateway.config import GatewayConfig
+from servelens.gateway.upstream import redacted_url
 from servelens.prometheus import FrontendMetrics
 from servelens.serving import client_error_reason
 

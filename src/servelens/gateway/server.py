@@ -10,7 +10,8 @@ from typing import Any
 from aiohttp import web
 
 from servelens.gateway.app import Gateway
-from servelens.gateway.config import GatewayConfig, redacted_url
+from servelens.gateway.config import GatewayConfig
+from servelens.gateway.upstream import redacted_url
 from servelens.prometheus import FrontendMetrics
 from servelens.serving import listen_error, serve_until_signal
 

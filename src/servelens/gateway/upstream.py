@@ -53,6 +53,12 @@ Flush = Callable[[], bool]
 _PARSE_ERRORS = (httptools.HttpParserError, httptools.HttpParserUpgrade)
 
 
+def redacted_url(url: str) -> str:
+    """``url`` fit to log or show: a password in it becomes ``***`` (``http://u:***@host:8000``);
+    a URL without a password is returned as it is."""
+    parsed = URL(url)
+    return str(parsed.with_password("***")) if parsed.password else url
+
 class UpstreamError(Exception):
     """The upstream request failed; ``error_type`` is Dynamo's name for it (``unavailable``,
     ``response_timeout``, ``truncated_stream``, ``backend_error``); ``before_response``: no response
@@ -488,8 +494,8 @@ class UpstreamClient:
         ``read_timeout_s``).
         """
         if url.scheme not in ("http", "https") or not url.host:
-            shown = url.with_password("***") if url.password else url
-            raise UpstreamError("unavailable", f"unsupported upstream URL {shown} (http:// or https://)", True)
+            raise UpstreamError("unavailable", f"unsupported upstream URL {redacted_url(str(url))} (http:// or https://)",
+                                True)
         conn = await self._acquire((url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80)))
         resp = conn.send(self._head(method, url, headers, len(body)), body)
         try:
