@@ -223,7 +223,7 @@ def fit_to(table: Table, width: int) -> bool:
             col.width = None
         return False
     # the room left unwraps whole columns, those needing the least first (most columns on one line)
-    spare = width - _rendered_width(table)
+    spare = width - Console(width=WIDE_WIDTH * 4).measure(table).maximum  # columns now have fixed widths
     needs = [(max((len(str(c)) for c in col.cells), default=0) - (col.width or 0), i)
              for i, col in enumerate(table.columns)]
     for need, i in sorted(needs):
@@ -231,12 +231,6 @@ def fit_to(table: Table, width: int) -> bool:
             table.columns[i].width = (table.columns[i].width or 0) + need
             spare -= need
     return True
-
-
-def _rendered_width(table: Table) -> int:
-    buf = io.StringIO()
-    Console(file=buf, width=WIDE_WIDTH * 4, force_terminal=False, color_system=None).print(table)
-    return max((len(line) for line in buf.getvalue().splitlines() if line.startswith(("┏", "┌"))), default=0)
 
 
 def format_rows(rows: Sequence[BucketRow], fmt: str, title: str | None = None, width: int | None = None) -> str:
