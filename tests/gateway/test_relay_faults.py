@@ -178,3 +178,39 @@ async def test_hop_by_hop_response_headers_are_not_relayed() -> None:
             assert (b"data: [DONE]" in rest) if stream else rest == unary
         await gw.gateway.wait_finished(2)
         assert requests_total(gw.metrics, status="success") == 2 and inflight(gw.metrics) == 0
+
+
+async def test_client_gone_while_not_reading_is_noticed_and_the_upstream_closed() -> None:
+    # a client that stops reading and then closes its side (FIN) leaves the gateway a closing transport
+    # whose write buffer never drains; aiohttp reports no disconnect until it does, so the relay waited
+    # on drain() for ever: never counted, and the engine generated on (seen once against vLLM in CI)
+    import socket
+
+    from servelens.prometheus.parse import parse_exposition
+    from servelens.sim.testing import run_sim
+
+    async with run_sim(speedup=1000) as sim, run_gateway(sim.url) as gw:
+        port = int(gw.url.rsplit(":", 1)[1])
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        body = json.dumps({"model": sim.model, "messages": [{"role": "user", "content": "hi"}],
+                           "max_tokens": 100000, "ignore_eos": True, "stream": True}).encode()
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+                     b"x-request-id: slow-reader\r\nContent-Length: %d\r\n\r\n%b" % (len(body), body))
+        await writer.drain()
+        assert (await reader.read(100)).startswith(b"HTTP/1.1 200")
+        writer.transport.pause_reading()  # the client reads no more: the gateway's buffer to it fills up
+        async with asyncio.timeout(10):  # until the gateway holds back reading from the sim: its buffer is full
+            while not any(c.reading_paused for c in gw.gateway.upstream._all):
+                await asyncio.sleep(0.01)
+        writer.get_extra_info("socket").shutdown(socket.SHUT_WR)  # FIN; the socket stays open, unread
+        try:
+            await gw.gateway.wait_finished(1, timeout=5.0)
+            samples = parse_exposition(gw.metrics.exposition().decode())
+            cancelled = sum(v for (name, labels), v in samples.items()
+                            if name == "servelens_requests_total" and ("error_type", "cancelled") in labels)
+            assert cancelled == 1
+            assert sum(v for (name, _), v in samples.items() if name == "servelens_inflight_requests") == 0
+            truth = await sim.wait_truth("slow-reader")
+            assert truth.outcome == "cancelled" and len(truth.token_times_ns) < 100000  # generation stopped
+        finally:
+            writer.close()

@@ -86,6 +86,9 @@ HOP_BY_HOP = frozenset(
 _REQ_DROP = HOP_BY_HOP | {"host", "content-length", "expect", "content-encoding"}
 _RESP_DROP = HOP_BY_HOP | {"content-length"}
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+CLOSING_CHECK_S = 0.05
+"""While the relay waits for a slow client to drain, how often it checks that the client is still there
+(seconds): a client gone with unread data is noticed within this, and the upstream request closed."""
 
 GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("servelens_gateway")
 
@@ -792,10 +795,24 @@ class Gateway:
                 return True
 
         async def drain() -> None:
+            """Until the client's write buffer is below its low-water mark. A client that closed its
+            side while not reading leaves a closing transport whose buffer never drains, and aiohttp
+            reports no disconnect until it does: checked every CLOSING_CHECK_S while waiting."""
             if failure:
                 raise failure[0]
-            if writer is not None:
-                await writer.drain()
+            if writer is None:
+                return
+            drained = asyncio.ensure_future(writer.drain())
+            try:
+                while True:
+                    done, _ = await asyncio.wait({drained}, timeout=CLOSING_CHECK_S)
+                    if done:
+                        drained.result()
+                        return
+                    if closing():
+                        raise ConnectionResetError("the client went away")
+            finally:
+                drained.cancel()  # when still waiting (aiohttp shields its own waiter); a no-op once done
 
         cut: str | None = None
         try:
