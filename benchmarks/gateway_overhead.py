@@ -3,8 +3,11 @@
 Three paths in one run, interleaved per concurrency level: (a) the client talks to the upstream
 directly, (b) through ``servelens gateway`` (ISL buckets on, default settings: usage injected
 and stripped), (c) through nginx (Debian package; one worker, ``proxy_buffering off``, HTTP/1.1
-keep-alive to the upstream). Every process is separate: the upstream (this script with
-``--serve-upstream``, aiohttp + uvloop), the proxy, and the client (this process, aiohttp + uvloop).
+keep-alive to the upstream), and (d) ``floor``: the least a Python relay can do, for scale (this
+script with ``--serve-floor``: uvloop protocols and httptools, the bytes passed through both ways,
+nothing parsed or measured, no error handling). Every process is separate: the upstream (this
+script with ``--serve-upstream``, aiohttp + uvloop), the proxy, and the client (this process,
+aiohttp + uvloop).
 
 The upstream streams ``/v1/completions`` like vLLM: a fixed "prefill" delay, then one token per
 event every ``--itl-ms`` (cumulative usage on every chunk when ``continuous_usage_stats`` is asked
@@ -30,6 +33,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -88,6 +92,79 @@ def serve_upstream(port: int, ttft_ms: float, itl_ms: float) -> None:
         await site.start()
         bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         print(f"servelens upstream listening on http://127.0.0.1:{bound}", flush=True)
+        await asyncio.Event().wait()
+
+    uvloop.run(main())
+
+
+# ---------------------------------------------------------------- the floor relay (own process)
+def serve_floor(upstream_port: int) -> None:
+    """A bare HTTP/1.1 relay (blocks): each client request's bytes go to a pooled upstream
+    connection, each upstream read straight to the client. Only for this benchmark's one-request-
+    per-stream, keep-alive traffic: no header rewriting, limits, timeouts or error handling."""
+    import httptools
+    import uvloop
+
+    idle: list[Any] = []
+    connecting: set[asyncio.Task[None]] = set()  # held until done (the loop keeps only weak references)
+
+    class Upstream(asyncio.Protocol):
+        def __init__(self) -> None:
+            self.transport: Any = None
+            self.client: Any = None
+            self.parser = httptools.HttpResponseParser(self)
+
+        def connection_made(self, transport: Any) -> None:
+            self.transport = transport
+
+        def data_received(self, data: bytes) -> None:
+            if self.client is not None and self.client.transport is not None:
+                self.client.transport.write(data)
+            self.parser.feed_data(data)
+
+        def on_message_complete(self) -> None:
+            self.client = None
+            idle.append(self)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self in idle:
+                idle.remove(self)
+
+    class Client(asyncio.Protocol):
+        def __init__(self) -> None:
+            self.transport: Any = None
+            self.parser = httptools.HttpRequestParser(self)
+            self.buf: list[bytes] = []
+
+        def connection_made(self, transport: Any) -> None:
+            self.transport = transport
+
+        def data_received(self, data: bytes) -> None:
+            self.buf.append(data)
+            self.parser.feed_data(data)
+
+        def on_message_complete(self) -> None:
+            request, self.buf = b"".join(self.buf), []
+            if idle:
+                up = idle.pop()
+                up.client = self
+                up.transport.write(request)
+            else:
+                task = asyncio.ensure_future(self.connect(request))
+                connecting.add(task)
+                task.add_done_callback(connecting.discard)
+
+        async def connect(self, request: bytes) -> None:
+            _, up = await asyncio.get_running_loop().create_connection(Upstream, "127.0.0.1", upstream_port)
+            up.client = self
+            up.transport.write(request)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self.transport = None
+
+    async def main() -> None:
+        server = await asyncio.get_running_loop().create_server(Client, "127.0.0.1", 0, backlog=2048)
+        print(f"floor relay listening on http://127.0.0.1:{server.sockets[0].getsockname()[1]}", flush=True)
         await asyncio.Event().wait()
 
     uvloop.run(main())
@@ -249,9 +326,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ttft-ms", type=float, default=20.0, help="upstream delay before the first event")
     ap.add_argument("--rounds", type=int, default=2, help="requests per level = rounds x concurrency (>= 20)")
     ap.add_argument("--serve-upstream", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    ap.add_argument("--serve-floor", type=int, metavar="UPSTREAM_PORT", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.serve_upstream is not None:
         serve_upstream(args.serve_upstream, args.ttft_ms, args.itl_ms)
+        return 0
+    if args.serve_floor is not None:
+        serve_floor(args.serve_floor)
         return 0
     import uvloop
 
@@ -262,12 +343,17 @@ def main(argv: list[str] | None = None) -> int:
     assert upstream.stdout is not None
     line = upstream.stdout.readline().decode()
     up_url = line.strip().rsplit(" ", 1)[-1]
+    floor = subprocess.Popen([sys.executable, __file__, "--serve-floor", up_url.rsplit(":", 1)[1]],
+                             stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    assert floor.stdout is not None
+    floor_url = floor.stdout.readline().decode().strip().rsplit(" ", 1)[-1]
     rows: list[tuple[int, str, RunResult]] = []
     try:
         with ServerProcess(["gateway", "--upstream", up_url, "--isl-buckets", "512,1024,2048,4096,8192,16384"]) as gw, \
                 run_nginx(up_url) as ngx:
             assert gw.proc is not None
-            targets = {"direct": (up_url, []), "gateway": (gw.url, [gw.proc.pid]), "nginx": (ngx.url, ngx.pids())}
+            targets = {"direct": (up_url, []), "gateway": (gw.url, [gw.proc.pid]), "nginx": (ngx.url, ngx.pids()),
+                       "floor": (floor_url, [floor.pid])}
             for url, pids in targets.values():  # warm up every path (connections, caches)
                 uvloop.run(load(url, 8, 16, 4, pids))
             for level in levels:
@@ -276,8 +362,9 @@ def main(argv: list[str] | None = None) -> int:
                     r = uvloop.run(load(url, level, n, args.tokens, pids))
                     rows.append((level, name, r))
     finally:
-        upstream.terminate()
-        upstream.wait(timeout=5)
+        for proc in (floor, upstream):
+            proc.terminate()
+            proc.wait(timeout=5)
     print(f"upstream: TTFT {args.ttft_ms:g} ms, ITL {args.itl_ms:g} ms, {args.tokens} events per stream; "
           f"times in ms at the client; CPU in us per relayed event")
     print(f"{'streams':>7} {'path':8} {'TTFT p50':>9} {'p99':>7} {'+p50':>6} {'+p99':>6} {'ITL p50':>8} {'p99':>7} "
@@ -302,6 +389,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {level:4d} streams: TTFT +p50 {add['gateway'][0]:.2f} vs {add['nginx'][0]:.2f} ms, "
               f"+p99 {add['gateway'][1]:.2f} vs {add['nginx'][1]:.2f} ms; CPU/event {cpu:.2f}x "
               f"({g.cpu_s:.2f} s vs {x.cpu_s:.2f} s)")
+        f = get["floor"]
+        print(f"        floor/nginx: TTFT +p50 {_p(f.ttft_ms, 50) - _p(b.ttft_ms, 50):.2f} ms, "
+              f"+p99 {_p(f.ttft_ms, 99) - _p(b.ttft_ms, 99):.2f} ms; CPU/event "
+              f"{(f.cpu_s / f.events) / (x.cpu_s / x.events) if x.cpu_s > 0 else float('inf'):.2f}x")
     return 0
 
 

@@ -422,16 +422,17 @@ async def test_internal_error_against_the_sim(stack: tuple[SimHandle, GatewayHan
     if where == "unary":
         monkeypatch.setattr(gateway_app, "parse_response", broken)
     else:
-        real_feed = relay.StreamMeter.feed
+        # the per-event measurement, on the first event or a later one (sent first, measured after)
+        real_measure = relay.StreamMeter._measure
         fail_at = 1 if where == "stream_first_read" else 3
 
-        def feed(self: relay.StreamMeter, t_ns: int, data: bytes) -> bytes | None:
+        def measure(self: relay.StreamMeter, t_ns: int, blk: Any) -> None:
             calls.append(1)
             if len(calls) == fail_at:
                 raise RuntimeError("a bug in the gateway")
-            return real_feed(self, t_ns, data)
+            real_measure(self, t_ns, blk)
 
-        monkeypatch.setattr(relay.StreamMeter, "feed", feed)
+        monkeypatch.setattr(relay.StreamMeter, "_measure", measure)
     b = body("chat_completions", n=500, stream=where != "unary")
     status, raw, err = await fetch(gw.url + "/v1/chat/completions", b, "bug")
     await gw.gateway.wait_finished(1)

@@ -6,7 +6,7 @@ import pytest
 
 from servelens.gateway import relay
 from servelens.gateway.relay import StreamMeter
-from servelens.gateway.usage import STRIP_ALL, STRIP_CONTINUOUS, STRIP_CONTINUOUS_NULL
+from servelens.gateway.usage import STRIP_ALL, STRIP_CONTINUOUS, STRIP_CONTINUOUS_NULL, null_usage, remove_usage
 from servelens.prometheus import FrontendMetrics
 
 MS = 1_000_000
@@ -197,6 +197,60 @@ def test_strip_continuous_keeps_final_usage_chunk() -> None:
         final = ev({"choices": [], "usage": usage(5, 1)})
         out = mt.feed(1 * MS, ev({**delta(content="a"), "usage": usage(5, 1)}) + final)
         assert out == ev(delta(content="a"))[:-3] + member.encode() + b"}\n\n" + final
+
+
+def _reference_strip(block: bytes, strip: int) -> bytes:
+    """What the relay sent per block when it decoded every event before sending it."""
+    data = block.split(b"data: ", 1)[1].strip()
+    if not data.startswith(b"{"):
+        return block
+    obj = json.loads(data)
+    if "usage" not in obj:
+        return block
+    only = obj["usage"] is not None and not obj.get("choices")
+    if strip == STRIP_ALL:
+        return b"" if only else remove_usage(block)
+    if only:
+        return block
+    return null_usage(block) if strip == STRIP_CONTINUOUS_NULL else remove_usage(block)
+
+
+@pytest.mark.parametrize("strip", [STRIP_ALL, STRIP_CONTINUOUS, STRIP_CONTINUOUS_NULL])
+def test_stripping_on_the_bytes_matches_decoding_every_event(strip: int) -> None:
+    # the relay decides what to cut on the bytes, before the event is decoded for measurement
+    events = [
+        ev({"id": "a", **delta(role="assistant"), "usage": None}),
+        ev({"id": "a", **delta(content="x"), "usage": usage(5, 1)}),
+        ev({"id": "a", **delta(content="y"), "usage": None}),
+        ev({"id": "a", **delta(content='"choices":[]'), "usage": usage(5, 2)}),
+        ev({"id": "{", **delta(content="z"), "usage": usage(5, 3)}),  # not told on the bytes: decoded
+        ev({"id": "a", "choices": [], "usage": usage(5, 3, {"cached_tokens": 2})}),
+        ev({"id": "{", "choices": [], "usage": usage(5, 3)}),
+        ev({"id": "a", "usage": usage(5, 3)}),
+        ev({"id": "a", "choices": None, "usage": usage(5, 3)}),
+        ev({"id": "a", "choices": [], "usage": None}),
+        ev({"id": "a", **fin(content="w")}),
+        b"data: [DONE]\n\n",
+    ]
+    _, mt = meter(strip)
+    for i, e in enumerate(events):
+        assert mt.feed(i * MS, e) == _reference_strip(e, strip), e
+
+
+def test_relay_sends_first_and_measure_reads_with_the_relay_time() -> None:
+    _, mt = meter(STRIP_ALL)
+    out = mt.relay(7 * MS, ev({**delta(content="a"), "usage": usage(600, 1)}))
+    assert out == ev(delta(content="a"))
+    assert mt.live.timer.first_output_ns is None and mt.prompt_tokens is None  # not measured yet
+    mt.measure()
+    assert mt.live.timer.first_output_ns == 7 * MS and mt.prompt_tokens == 600
+    assert mt.live.bucket_label == "513-1024"
+    # not stripping: the bytes go as they are and the decoding waits too
+    _, raw = meter()
+    assert raw.relay(3 * MS, ev(delta(content="b"))) is None and raw.blocks == 0
+    raw.relay(4 * MS, b"data: [DONE]\n\n")
+    assert raw.end(5 * MS) is None  # end measures what is queued first
+    assert raw.live.timer.first_output_ns == 3 * MS and raw.done and raw.blocks == 2
 
 
 @pytest.mark.parametrize("strip", [0, STRIP_ALL])

@@ -8,6 +8,7 @@ from servelens.gateway.usage import (
     STRIP_CONTINUOUS,
     STRIP_CONTINUOUS_NULL,
     STRIP_NONE,
+    choices_empty,
     is_usage_only,
     null_usage,
     plan_injection,
@@ -62,6 +63,28 @@ def test_is_usage_only() -> None:
     assert is_usage_only({"choices": [], "usage": {"prompt_tokens": 1}})
     assert not is_usage_only({"choices": [], "usage": None})
     assert not is_usage_only({"choices": [{"delta": {}}], "usage": {"prompt_tokens": 1}})
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ('{"id":"x","choices":[],"usage":' + U + "}", True),
+        ('{"id":"x","choices": [ ] ,"usage":' + U + "}", True),
+        ('{"id":"x","choices":null,"usage":' + U + "}", True),
+        ('{"id":"x","usage":' + U + "}", True),  # absent
+        ('{"id":"x","choices":[{"delta":{"content":"a"}}],"usage":' + U + "}", False),
+        ('{"id":"x","choices":[{"delta":{"content":"\\"choices\\":[]"}}]}', False),  # in a string: escaped
+        ('{"meta":{"choices":[]},"choices":[{"text":"a"}]}', None),  # a nested key first: not told
+        ('{"id":"{x","choices":[]}', None),  # a brace in a string before it: not told, so decoded
+        ('{"id":"x","choices":{}}', None),
+    ],
+)
+def test_choices_empty_on_the_bytes(data: str, expected: bool | None) -> None:
+    raw = f"data: {data}\n\n".encode()
+    assert choices_empty(raw) is expected
+    if expected is not None:  # when it answers, it answers as is_usage_only reads the object
+        obj = json.loads(data)
+        assert expected == (not obj.get("choices"))
 
 
 def _body(**extra: object) -> tuple[dict, bytes]:

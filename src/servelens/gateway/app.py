@@ -767,12 +767,27 @@ class Gateway:
         write = transport.write
         buffered = transport.get_write_buffer_size
         closing = transport.is_closing
+        relay = meter.relay
         failure: list[BaseException] = []
         pending: list[bytes] = []
+        call_soon = asyncio.get_running_loop().call_soon
+        measure_due: list[bool] = []  # non-empty while a measurement is scheduled
+
+        def measure() -> None:
+            """Measure the reads sent since the last call: scheduled once the event loop's turn has
+            written out all it read (every stream's bytes go out before any stream is measured)."""
+            measure_due.clear()
+            try:
+                meter.measure()
+            except Exception as exc:  # a bug of ours: the next read stops the relay, which reports it
+                failure.append(exc)
 
         def flush() -> bool:
-            """After each upstream read: meter what it gave, write it to the client in one send."""
+            """After each upstream read: write what it gave to the client in one send (injected usage
+            cut out on the bytes), then schedule its measurement (with this read's time)."""
             try:
+                if failure:
+                    return True
                 data = pending[0] if len(pending) == 1 else b"".join(pending)
                 pending.clear()
                 t = _now()
@@ -783,12 +798,15 @@ class Gateway:
                     last.append(metered(t, data))
                     return False
                 if strip:
-                    data = feed(t, data) or b""
+                    data = relay(t, data) or b""
                     if data:
                         write(b"%x\r\n%b\r\n" % (len(data), data) if chunked else data)
-                else:  # on the wire first, then metered
+                else:
                     write(b"%x\r\n%b\r\n" % (len(data), data) if chunked else data)
-                    feed(t, data)
+                    relay(t, data)
+                if not measure_due:
+                    measure_due.append(True)
+                    call_soon(measure)
                 return buffered() > high
             except Exception as exc:  # a bug of ours: stop reading, let the relay coroutine report it
                 failure.append(exc)
@@ -820,6 +838,8 @@ class Gateway:
                 await up.pump(pending.append, flush, drain)
             except UpstreamError as exc:
                 cut = exc.error_type if exc.error_type == "response_timeout" else "truncated_stream"
+            finally:
+                measure()  # what was sent is measured before the request is finished, on every path
             if failure:
                 raise failure[0]
             if cut is None:

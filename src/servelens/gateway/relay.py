@@ -24,6 +24,12 @@ When the gateway injected usage the client did not ask for (``strip`` is not
 :data:`~servelens.gateway.usage.STRIP_NONE`), ``feed`` returns the bytes to send instead:
 whole blocks only, with the injected usage removed (see :mod:`servelens.gateway.usage`).
 
+Sending first, measuring after: :meth:`StreamMeter.relay` does only what the bytes to send
+depend on (finding block ends and cutting usage out, on the bytes) and queues the rest;
+:meth:`StreamMeter.measure` reads the queued blocks later (the gateway calls it once the event
+loop has written out what it read in the same turn). Times are those passed with each read, so a
+later measurement is the same measurement; ``feed`` is ``relay`` then ``measure``.
+
 An event still unfinished after :data:`MAX_EVENT_BYTES` (an upstream that never ends its line or
 its event) is not held any longer: the stream counts as ``backend_error`` and the rest of it is
 relayed as it comes, unmeasured and unstripped (memory stays bounded; the relay's back-pressure
@@ -34,16 +40,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from servelens.core.openai import parse_chunk
+import msgspec
+
+from servelens.core.openai import decode_json, parse_chunk
 from servelens.core.sse import SSEBlock, SSEDecoder
 from servelens.core.state import LiveRequest
 from servelens.gateway.usage import (
     STRIP_ALL,
     STRIP_CONTINUOUS_NULL,
     STRIP_NONE,
+    choices_empty,
+    cut_member,
     is_usage_only,
-    null_usage,
-    remove_usage,
+    usage_span,
 )
 
 MAX_EVENT_BYTES = 16 * 1024 * 1024
@@ -74,6 +83,7 @@ class StreamMeter:
         "_append",
         "_decoder",
         "_prev_completion",
+        "_queue",
         "_usage_per_chunk",
         "blocks",
         "cached_tokens",
@@ -92,6 +102,7 @@ class StreamMeter:
         self.live = live
         self.strip = strip
         self._decoder = SSEDecoder()
+        self._queue: list[tuple[int, bytes | SSEBlock]] = []  # read, not yet measured (see relay)
         self._append: Callable[[int], None] | None = None  # bound after the first output chunk
         self._prev_completion = 0
         self._usage_per_chunk = True  # every output chunk so far carried cumulative usage
@@ -107,23 +118,53 @@ class StreamMeter:
         """Whether the first chunk with choices had ``"usage": null`` (None: no such chunk)."""
 
     def feed(self, t_ns: int, data: bytes) -> bytes | None:
-        """Bytes read from the upstream at ``t_ns`` (int ns, the clock of ``live``).
+        """Bytes read from the upstream at ``t_ns`` (int ns, the clock of ``live``), measured now.
 
         Returns None when not stripping (send ``data`` as it is), else the bytes to send now
         (possibly empty: an incomplete block is held until its end arrives).
         """
+        out = self.relay(t_ns, data)
+        self.measure()
+        return out
+
+    def relay(self, t_ns: int, data: bytes) -> bytes | None:
+        """Like :meth:`feed`, but only what the bytes to send depend on is done now; the reads are
+        measured by the next :meth:`measure` (or :meth:`end`), with the times given here."""
+        if self.strip == STRIP_NONE:
+            self._queue.append((t_ns, data))  # sent as it is: nothing to read before it goes
+            return None
         blocks = self._decoder.decode(data)
         if not blocks and self._decoder.pending_bytes > MAX_EVENT_BYTES:
             return self._give_up()
-        if self.strip == STRIP_NONE:
+        queue = self._queue
+        out: list[bytes] = []
+        for blk in blocks:
+            if blk.data is None:
+                out.append(blk.raw)
+            else:
+                queue.append((t_ns, blk))
+                out.append(self._strip(blk.raw))
+        return b"".join(out)
+
+    def measure(self) -> None:
+        """Measure every read queued by :meth:`relay` since the last call (a no-op when none)."""
+        queue = self._queue
+        if not queue:
+            return
+        self._queue = []
+        if self.strip != STRIP_NONE:
+            for t_ns, blk in queue:
+                self._measure(t_ns, blk)  # type: ignore[arg-type]
+            return
+        decoder = self._decoder
+        for t_ns, data in queue:
+            blocks = decoder.decode(data)  # type: ignore[arg-type]
+            if not blocks and decoder.pending_bytes > MAX_EVENT_BYTES:
+                self._give_up()
+                return
             for blk in blocks:
                 if blk.data is not None:
                     self._measure(t_ns, blk)
-            return None
-        out: list[bytes] = []
-        for blk in blocks:
-            out.append(self._measure(t_ns, blk) if blk.data is not None else blk.raw)
-        return b"".join(out)
 
     def _give_up(self) -> bytes | None:
         """An event over :data:`MAX_EVENT_BYTES`: stop parsing; its bytes go out when stripping
@@ -134,29 +175,62 @@ class StreamMeter:
         return held if self.strip != STRIP_NONE else None
 
     def end(self, t_ns: int) -> bytes | None:
-        """The upstream body ended; returns the held bytes when stripping (else None)."""
-        blocks = self._decoder.flush()
+        """The upstream body ended (measures what is queued first); returns the held bytes when
+        stripping (else None)."""
+        self.measure()
         out: list[bytes] = []
-        for blk in blocks:
-            out.append(self._measure(t_ns, blk) if blk.data is not None else blk.raw)
+        for blk in self._decoder.flush():
+            if blk.data is None:
+                out.append(blk.raw)
+            else:
+                self._measure(t_ns, blk)
+                out.append(self._strip(blk.raw))
         return b"".join(out) if self.strip != STRIP_NONE else None
 
-    def _measure(self, t_ns: int, blk: SSEBlock) -> bytes:
-        """Read one data block; return the bytes to relay for it (when stripping)."""
+    def _strip(self, raw: bytes) -> bytes:
+        """The bytes to send for one data block: the injected usage cut out, read on the bytes.
+
+        A chunk whose top-level ``usage`` is set and whose ``choices`` are empty or absent exists
+        only to carry usage (:func:`~servelens.gateway.usage.is_usage_only`): dropped for
+        :data:`STRIP_ALL`, kept for the others. On other chunks the member is cut out, or its
+        value made ``null`` for :data:`STRIP_CONTINUOUS_NULL`."""
+        span = usage_span(raw)
+        if span is None:
+            return raw
+        key, value, end = span
+        usage_only = False
+        if raw[value:end] != b"null":
+            only = choices_empty(raw)
+            if only is None:  # not clear on the bytes (a nested "choices" key): parse the event
+                try:
+                    obj = decode_json(raw[raw.index(b"{"):])
+                except (ValueError, msgspec.DecodeError):  # not JSON: measured as malformed, sent as it came
+                    return raw
+                only = isinstance(obj, dict) and is_usage_only(obj)
+            usage_only = only
+        if usage_only:
+            return b"" if self.strip == STRIP_ALL else raw
+        if self.strip == STRIP_CONTINUOUS_NULL:
+            return raw[:value] + b"null" + raw[end:]
+        return cut_member(raw, key, end)
+
+
+    def _measure(self, t_ns: int, blk: SSEBlock) -> None:
+        """Read one data block."""
         self.blocks += 1
         data = blk.data
         assert data is not None
         info = parse_chunk(data)
         if info.done:
             self.done = True
-            return blk.raw
+            return
         if info.malformed:
             self.malformed = True
-            return blk.raw
+            return
         if info.error is not None:
             if self.error is None:
                 self.error = info.error
-            return blk.raw
+            return
         live = self.live
         usage = info.usage
         tokens = 1
@@ -191,24 +265,10 @@ class StreamMeter:
                     self._append = live.chunk_times_ns.append
         if info.finish_reason is not None and self.finish_reason is None:
             self.finish_reason = info.finish_reason
-        obj = info.obj
-        if obj is None:
-            return blk.raw
-        has_usage_key = "usage" in obj
-        if self.usage_key_on_chunks is None and obj.get("choices"):
-            self.usage_key_on_chunks = has_usage_key and obj["usage"] is None
-        if self.strip == STRIP_NONE or not has_usage_key:
-            return blk.raw
-        if self.strip == STRIP_ALL:
-            if is_usage_only(obj):
-                return b""
-            return remove_usage(blk.raw)
-        # the client wants the final usage chunk, not usage on every chunk
-        if is_usage_only(obj):
-            return blk.raw
-        if self.strip == STRIP_CONTINUOUS_NULL:
-            return null_usage(blk.raw)
-        return remove_usage(blk.raw)
+        if self.usage_key_on_chunks is None:
+            obj = info.obj
+            if obj is not None and obj.get("choices"):
+                self.usage_key_on_chunks = "usage" in obj and obj["usage"] is None
 
     @property
     def osl_from_usage(self) -> bool:

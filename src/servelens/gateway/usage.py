@@ -192,7 +192,7 @@ def _top_level_key(buf: bytes) -> int:
     return -1
 
 
-def _usage_span(raw: bytes) -> tuple[int, int, int] | None:
+def usage_span(raw: bytes) -> tuple[int, int, int] | None:
     """``(key start, value start, value end)`` of the top-level ``"usage"`` member, or None."""
     # fast path: compact JSON with usage as the last member (vLLM, SGLang, the sim): the value
     # is followed by the brace that ends the data line, so it is the top-level member
@@ -222,10 +222,15 @@ def remove_usage(raw: bytes) -> bytes:
     ``raw`` is one SSE block whose ``data`` is a JSON object on one line. Returns ``raw``
     unchanged when there is no such member or the bytes are not as expected.
     """
-    span = _usage_span(raw)
+    span = usage_span(raw)
     if span is None:
         return raw
-    key, _, end = span
+    return cut_member(raw, span[0], span[2])
+
+
+def cut_member(raw: bytes, key: int, end: int) -> bytes:
+    """``raw`` without the object member from ``key`` (its key's opening quote) to ``end`` (just
+    past its value), and one adjacent comma with its whitespace."""
     before = key - 1
     while before >= 0 and raw[before] in _WS:
         before -= 1
@@ -237,13 +242,40 @@ def remove_usage(raw: bytes) -> bytes:
     return raw[:key] + raw[end:]  # the only member
 
 
+_CHOICES_RE = re.compile(rb'"choices"\s*:\s*(.)')
+
+
+def choices_empty(raw: bytes) -> bool | None:
+    """Whether the JSON object in ``raw`` has empty, null or absent ``choices``, read on the bytes
+    as :func:`is_usage_only` reads the decoded object; None when the bytes do not tell at a glance
+    (then decode the event and ask :func:`is_usage_only`).
+
+    A ``"choices"`` followed by ``:`` is always a key (a string value is never followed by ``:``,
+    and a quote inside a string is escaped). It is the top-level key when no ``{`` or ``[`` comes
+    between the object's opening brace and it, as in every OpenAI-shaped chunk (``id``,
+    ``object``, ``created``, ``model`` come first); otherwise the answer is None."""
+    m = _CHOICES_RE.search(raw)
+    if m is None:
+        return True  # absent
+    start = raw.find(b"{")
+    if start < 0 or raw.find(b"{", start + 1, m.start()) >= 0 or raw.find(b"[", start + 1, m.start()) >= 0:
+        return None
+    c = m.group(1)
+    if c == b"[":
+        end = _skip_ws(raw, m.end())
+        return end < len(raw) and raw[end] == 0x5D  # ]
+    if c == b"n":
+        return True  # null
+    return None
+
+
 def null_usage(raw: bytes) -> bytes:
     """Replace the value of the top-level ``usage`` member of ``raw`` with ``null``.
 
     For upstreams that send ``"usage": null`` on every chunk of an ``include_usage`` stream
     (OpenAI, the sim). Returns ``raw`` unchanged when there is no such member.
     """
-    span = _usage_span(raw)
+    span = usage_span(raw)
     if span is None:
         return raw
     _, value, end = span
