@@ -3,9 +3,10 @@
 Three paths in one run, interleaved per concurrency level: (a) the client talks to the upstream
 directly, (b) through ``servelens gateway`` (ISL buckets on, default settings: usage injected
 and stripped), (c) through nginx (Debian package; one worker, ``proxy_buffering off``, HTTP/1.1
-keep-alive to the upstream), and (d) ``floor``: the least a Python relay can do, for scale (this
-script with ``--serve-floor``: uvloop protocols and httptools, the bytes passed through both ways,
-nothing parsed or measured, no error handling). Every process is separate: the upstream (this
+keep-alive to the upstream); and for scale, two bare relays on uvloop protocols and httptools
+(:func:`serve_bare`, no error handling): (d) ``floor``, the bytes passed through both ways, nothing
+parsed; (e) ``lean``, the gateway's own measurement (usage injected and cut, metrics, StreamMeter)
+on those protocols, without aiohttp's server. Every process is separate: the upstream (this
 script with ``--serve-upstream``, aiohttp + uvloop), the proxy, and the client (this process,
 aiohttp + uvloop).
 
@@ -97,14 +98,33 @@ def serve_upstream(port: int, ttft_ms: float, itl_ms: float) -> None:
     uvloop.run(main())
 
 
-# ---------------------------------------------------------------- the floor relay (own process)
-def serve_floor(upstream_port: int) -> None:
-    """A bare HTTP/1.1 relay (blocks): each client request's bytes go to a pooled upstream
-    connection, each upstream read straight to the client. Only for this benchmark's one-request-
-    per-stream, keep-alive traffic: no header rewriting, limits, timeouts or error handling."""
+# ---------------------------------------------------------------- bare relays (own process)
+def serve_bare(upstream_port: int, measure: bool) -> None:
+    """A bare HTTP/1.1 relay on uvloop protocols and httptools (blocks), for scale; only for this
+    benchmark's traffic (keep-alive, one streaming completion per request): no header forwarding,
+    limits, timeouts or error handling.
+
+    ``measure=False`` (path ``floor``): each client request's bytes go to a pooled upstream
+    connection, each upstream read straight to the client. ``measure=True`` (path ``lean``): the
+    gateway's own measurement on the same protocols: the body decoded, usage injected
+    (``plan_injection``), ``FrontendMetrics.begin``/``finish`` with ISL buckets, each upstream read
+    de-chunked, cut (``StreamMeter.relay``), re-chunked and sent, then measured after the loop's
+    turn (``StreamMeter.measure``) -- what the gateway does per request and per event, without
+    aiohttp's server.
+    """
     import httptools
+    import msgspec
     import uvloop
 
+    from servelens.gateway.relay import StreamMeter
+    from servelens.gateway.usage import plan_injection
+    from servelens.prometheus import FrontendMetrics
+
+    metrics = FrontendMetrics(isl_buckets="512,1024,2048,4096,8192,16384")
+    metrics.register_model("bench")
+    decode = msgspec.json.Decoder().decode
+    now = time.monotonic_ns
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
     idle: list[Any] = []
     connecting: set[asyncio.Task[None]] = set()  # held until done (the loop keeps only weak references)
 
@@ -113,18 +133,47 @@ def serve_floor(upstream_port: int) -> None:
             self.transport: Any = None
             self.client: Any = None
             self.parser = httptools.HttpResponseParser(self)
+            self.measure_due = False
 
         def connection_made(self, transport: Any) -> None:
             self.transport = transport
 
         def data_received(self, data: bytes) -> None:
-            if self.client is not None and self.client.transport is not None:
+            if not measure and self.client is not None and self.client.transport is not None:
                 self.client.transport.write(data)
             self.parser.feed_data(data)
 
+        def on_headers_complete(self) -> None:
+            if measure and self.client is not None and self.client.transport is not None:
+                self.client.transport.write(head)
+
+        def on_body(self, data: bytes) -> None:
+            c = self.client
+            if not measure or c is None:
+                return
+            out = c.meter.relay(now(), data)
+            out = data if out is None else out
+            if out and c.transport is not None:
+                c.transport.write(b"%x\r\n%b\r\n" % (len(out), out))
+            if not self.measure_due:
+                self.measure_due = True
+                asyncio.get_running_loop().call_soon(self.measure, c.meter)
+
+        def measure(self, meter: StreamMeter) -> None:
+            self.measure_due = False
+            meter.measure()
+
         def on_message_complete(self) -> None:
-            self.client = None
+            c, self.client = self.client, None
             idle.append(self)
+            if not measure or c is None:
+                return
+            meter = c.meter
+            rest = meter.end(now())
+            if c.transport is not None:
+                c.transport.write((b"%x\r\n%b\r\n" % (len(rest), rest) if rest else b"") + b"0\r\n\r\n")
+            status, error_type = meter.outcome()
+            meter.live.finish(now(), status, error_type, osl=meter.osl, cached_tokens=meter.cached_tokens)
 
         def connection_lost(self, exc: Exception | None) -> None:
             if self in idle:
@@ -135,22 +184,43 @@ def serve_floor(upstream_port: int) -> None:
             self.transport: Any = None
             self.parser = httptools.HttpRequestParser(self)
             self.buf: list[bytes] = []
+            self.url = b"/"
+            self.arrival = 0
+            self.meter: Any = None
 
         def connection_made(self, transport: Any) -> None:
             self.transport = transport
 
         def data_received(self, data: bytes) -> None:
-            self.buf.append(data)
+            if not measure:
+                self.buf.append(data)
             self.parser.feed_data(data)
 
+        def on_message_begin(self) -> None:
+            self.arrival = now()
+
+        def on_url(self, url: bytes) -> None:
+            self.url = url
+
+        def on_body(self, body: bytes) -> None:
+            if measure:
+                self.buf.append(body)
+
         def on_message_complete(self) -> None:
-            request, self.buf = b"".join(self.buf), []
+            data, self.buf = b"".join(self.buf), []
+            if measure:
+                obj = decode(data)
+                live = metrics.begin(obj["model"], "completions", "stream", self.arrival)
+                inj = plan_injection(obj, data, inject_usage=True, continuous=True)
+                self.meter = StreamMeter(live, inj.strip)
+                data = (b"POST %b HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: %d\r\n\r\n%b" % (self.url, len(inj.body), inj.body))
             if idle:
                 up = idle.pop()
                 up.client = self
-                up.transport.write(request)
+                up.transport.write(data)
             else:
-                task = asyncio.ensure_future(self.connect(request))
+                task = asyncio.ensure_future(self.connect(data))
                 connecting.add(task)
                 task.add_done_callback(connecting.discard)
 
@@ -164,7 +234,8 @@ def serve_floor(upstream_port: int) -> None:
 
     async def main() -> None:
         server = await asyncio.get_running_loop().create_server(Client, "127.0.0.1", 0, backlog=2048)
-        print(f"floor relay listening on http://127.0.0.1:{server.sockets[0].getsockname()[1]}", flush=True)
+        name = "lean" if measure else "floor"
+        print(f"{name} relay listening on http://127.0.0.1:{server.sockets[0].getsockname()[1]}", flush=True)
         await asyncio.Event().wait()
 
     uvloop.run(main())
@@ -327,12 +398,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2, help="requests per level = rounds x concurrency (>= 20)")
     ap.add_argument("--serve-upstream", type=int, metavar="PORT", help=argparse.SUPPRESS)
     ap.add_argument("--serve-floor", type=int, metavar="UPSTREAM_PORT", help=argparse.SUPPRESS)
+    ap.add_argument("--serve-lean", type=int, metavar="UPSTREAM_PORT", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.serve_upstream is not None:
         serve_upstream(args.serve_upstream, args.ttft_ms, args.itl_ms)
         return 0
-    if args.serve_floor is not None:
-        serve_floor(args.serve_floor)
+    if args.serve_floor is not None or args.serve_lean is not None:
+        serve_bare(args.serve_floor or args.serve_lean, measure=args.serve_lean is not None)
         return 0
     import uvloop
 
@@ -343,17 +415,19 @@ def main(argv: list[str] | None = None) -> int:
     assert upstream.stdout is not None
     line = upstream.stdout.readline().decode()
     up_url = line.strip().rsplit(" ", 1)[-1]
-    floor = subprocess.Popen([sys.executable, __file__, "--serve-floor", up_url.rsplit(":", 1)[1]],
-                             stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
-    assert floor.stdout is not None
-    floor_url = floor.stdout.readline().decode().strip().rsplit(" ", 1)[-1]
+    bare: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
+    for name in ("floor", "lean"):
+        proc = subprocess.Popen([sys.executable, __file__, f"--serve-{name}", up_url.rsplit(":", 1)[1]],
+                                stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        assert proc.stdout is not None
+        bare[name] = (proc, proc.stdout.readline().decode().strip().rsplit(" ", 1)[-1])
     rows: list[tuple[int, str, RunResult]] = []
     try:
         with ServerProcess(["gateway", "--upstream", up_url, "--isl-buckets", "512,1024,2048,4096,8192,16384"]) as gw, \
                 run_nginx(up_url) as ngx:
             assert gw.proc is not None
             targets = {"direct": (up_url, []), "gateway": (gw.url, [gw.proc.pid]), "nginx": (ngx.url, ngx.pids()),
-                       "floor": (floor_url, [floor.pid])}
+                       **{name: (url, [proc.pid]) for name, (proc, url) in bare.items()}}
             for url, pids in targets.values():  # warm up every path (connections, caches)
                 uvloop.run(load(url, 8, 16, 4, pids))
             for level in levels:
@@ -362,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
                     r = uvloop.run(load(url, level, n, args.tokens, pids))
                     rows.append((level, name, r))
     finally:
-        for proc in (floor, upstream):
+        for proc in (*(p for p, _ in bare.values()), upstream):
             proc.terminate()
             proc.wait(timeout=5)
     print(f"upstream: TTFT {args.ttft_ms:g} ms, ITL {args.itl_ms:g} ms, {args.tokens} events per stream; "
@@ -389,10 +463,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {level:4d} streams: TTFT +p50 {add['gateway'][0]:.2f} vs {add['nginx'][0]:.2f} ms, "
               f"+p99 {add['gateway'][1]:.2f} vs {add['nginx'][1]:.2f} ms; CPU/event {cpu:.2f}x "
               f"({g.cpu_s:.2f} s vs {x.cpu_s:.2f} s)")
-        f = get["floor"]
-        print(f"        floor/nginx: TTFT +p50 {_p(f.ttft_ms, 50) - _p(b.ttft_ms, 50):.2f} ms, "
-              f"+p99 {_p(f.ttft_ms, 99) - _p(b.ttft_ms, 99):.2f} ms; CPU/event "
-              f"{(f.cpu_s / f.events) / (x.cpu_s / x.events) if x.cpu_s > 0 else float('inf'):.2f}x")
+        for name in bare:
+            f = get[name]
+            print(f"  {'':4s} {name}/nginx: TTFT +p50 {_p(f.ttft_ms, 50) - _p(b.ttft_ms, 50):.2f} ms, "
+                  f"+p99 {_p(f.ttft_ms, 99) - _p(b.ttft_ms, 99):.2f} ms; CPU/event "
+                  f"{(f.cpu_s / f.events) / (x.cpu_s / x.events) if x.cpu_s > 0 else float('inf'):.2f}x")
     return 0
 
 
