@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from servelens.core.sse import SSEDecoder
 from servelens.gateway import relay
 from servelens.gateway.relay import StreamMeter
 from servelens.gateway.usage import STRIP_ALL, STRIP_CONTINUOUS, STRIP_CONTINUOUS_NULL, null_usage, remove_usage
@@ -201,11 +202,12 @@ def test_strip_continuous_keeps_final_usage_chunk() -> None:
 
 def _reference_strip(block: bytes, strip: int) -> bytes:
     """What the relay sent per block when it decoded every event before sending it."""
-    data = block.split(b"data: ", 1)[1].strip()
-    if not data.startswith(b"{"):
+    (blk,) = SSEDecoder().decode(block)
+    try:
+        obj = json.loads(blk.data or "")
+    except ValueError:
         return block
-    obj = json.loads(data)
-    if "usage" not in obj:
+    if not isinstance(obj, dict) or "usage" not in obj or obj.get("error") is not None:
         return block
     only = obj["usage"] is not None and not obj.get("choices")
     if strip == STRIP_ALL:
@@ -213,6 +215,9 @@ def _reference_strip(block: bytes, strip: int) -> bytes:
     if only:
         return block
     return null_usage(block) if strip == STRIP_CONTINUOUS_NULL else remove_usage(block)
+
+
+USAGE = b'{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}'
 
 
 @pytest.mark.parametrize("strip", [STRIP_ALL, STRIP_CONTINUOUS, STRIP_CONTINUOUS_NULL])
@@ -231,6 +236,17 @@ def test_stripping_on_the_bytes_matches_decoding_every_event(strip: int) -> None
         ev({"id": "a", "choices": [], "usage": None}),
         ev({"id": "a", **fin(content="w")}),
         b"data: [DONE]\n\n",
+        # found by a differential fuzzer against the decoding relay:
+        ev({"id": "c", **delta(content="a"), "x_groq": {"usage": {"prompt_tokens": 5}}}),  # nested usage only
+        ev({"id": "c", "meta": {"usage": {"a": 1}}}),
+        ev({"id": "c", "meta": {"usage": {"a": 1}}, **delta(content="b"), "usage": usage(5, 4)}),
+        ev({"error": {"message": "boom"}, "usage": usage(1, 0)}),  # an error event is sent as it came
+        b': "choices":[]\ndata: {"id":"c","choices":[{"delta":{"content":"hi"}}],"usage":' + USAGE + b"\n\n",
+        b'data: {"usage":' + USAGE + b',"choices":[]}\nid: 3\n\n',
+        b'id: {1}\ndata: {"id":"c","choices":[],"usage":' + USAGE + b"}\n\n",
+        b'data: {"choices":[],"usage":' + USAGE + b"\n\n",  # malformed (a brace missing): never dropped
+        b'data:[{"choices":null,"usage":' + USAGE + b"}]\n\n",  # not an object
+        b'data: {"choices":[],\ndata: "usage":' + USAGE + b"}\n\n",  # two data lines
     ]
     _, mt = meter(strip)
     for i, e in enumerate(events):

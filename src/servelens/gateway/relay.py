@@ -52,6 +52,8 @@ from servelens.gateway.usage import (
     choices_empty,
     cut_member,
     is_usage_only,
+    null_usage,
+    remove_usage,
     usage_span,
 )
 
@@ -143,7 +145,7 @@ class StreamMeter:
                 out.append(blk.raw)
             else:
                 queue.append((t_ns, blk))
-                out.append(self._strip(blk.raw))
+                out.append(self._strip(blk))
         return b"".join(out)
 
     def measure(self) -> None:
@@ -184,36 +186,56 @@ class StreamMeter:
                 out.append(blk.raw)
             else:
                 self._measure(t_ns, blk)
-                out.append(self._strip(blk.raw))
+                out.append(self._strip(blk))
         return b"".join(out) if self.strip != STRIP_NONE else None
 
-    def _strip(self, raw: bytes) -> bytes:
-        """The bytes to send for one data block: the injected usage cut out, read on the bytes.
+    def _strip(self, blk: SSEBlock) -> bytes:
+        """The bytes to send for one data block, with the injected usage cut out.
 
         A chunk whose top-level ``usage`` is set and whose ``choices`` are empty or absent exists
         only to carry usage (:func:`~servelens.gateway.usage.is_usage_only`): dropped for
         :data:`STRIP_ALL`, kept for the others. On other chunks the member is cut out, or its
-        value made ``null`` for :data:`STRIP_CONTINUOUS_NULL`."""
+        value made ``null`` for :data:`STRIP_CONTINUOUS_NULL`. An error event is sent as it came.
+
+        Read on the bytes when the block is one ``data:`` line (what engines send) and the bytes
+        settle it; else, and before a chunk is dropped, the event is decoded (so a malformed event
+        or an error event is never dropped). A malformed event whose bytes hold a top-level
+        ``"usage"`` member may have it cut (it is measured as ``backend_error`` either way)."""
+        raw = blk.raw
+        if b'"usage"' not in raw:
+            return raw
+        body = raw.rstrip(b"\r\n")
+        if (not raw.startswith(b"data:") or b"\n" in body or b"\r" in body or b'"error"' in raw
+                or raw[5:raw.find(b"{")].strip()):  # not one data line holding an object: decode it
+            return self._strip_decoded(blk)
         span = usage_span(raw)
         if span is None:
             return raw
         key, value, end = span
-        usage_only = False
         if raw[value:end] != b"null":
             only = choices_empty(raw)
-            if only is None:  # not clear on the bytes (a nested "choices" key): parse the event
-                try:
-                    obj = decode_json(raw[raw.index(b"{"):])
-                except (ValueError, msgspec.DecodeError):  # not JSON: measured as malformed, sent as it came
-                    return raw
-                only = isinstance(obj, dict) and is_usage_only(obj)
-            usage_only = only
-        if usage_only:
-            return b"" if self.strip == STRIP_ALL else raw
+            if only is None or (only and self.strip == STRIP_ALL):
+                return self._strip_decoded(blk)  # not settled on the bytes, or about to drop it
+            if only:
+                return raw
         if self.strip == STRIP_CONTINUOUS_NULL:
             return raw[:value] + b"null" + raw[end:]
         return cut_member(raw, key, end)
 
+    def _strip_decoded(self, blk: SSEBlock) -> bytes:
+        """:meth:`_strip` on the decoded event (its ``data`` field)."""
+        raw = blk.raw
+        try:
+            obj = decode_json(blk.data or "")
+        except (ValueError, msgspec.DecodeError):  # not JSON: measured as malformed, sent as it came
+            return raw
+        if not isinstance(obj, dict) or "usage" not in obj or obj.get("error") is not None:
+            return raw
+        if is_usage_only(obj):
+            return b"" if self.strip == STRIP_ALL else raw
+        if self.strip == STRIP_CONTINUOUS_NULL:
+            return null_usage(raw)
+        return remove_usage(raw)
 
     def _measure(self, t_ns: int, blk: SSEBlock) -> None:
         """Read one data block."""

@@ -192,8 +192,13 @@ def _top_level_key(buf: bytes) -> int:
     return -1
 
 
-def usage_span(raw: bytes) -> tuple[int, int, int] | None:
-    """``(key start, value start, value end)`` of the top-level ``"usage"`` member, or None."""
+def usage_span(raw: bytes, known: bool = False) -> tuple[int, int, int] | None:
+    """``(key start, value start, value end)`` of the top-level ``"usage"`` member of the one JSON
+    object in ``raw`` (an SSE block with one ``data`` line), or None (no such member, or bytes
+    that are not as expected). A nested ``usage`` (``{"x_groq": {"usage": ...}}``) is not it.
+
+    ``known``: the caller decoded the event and it has a top-level ``usage``; then a ``"usage":``
+    that occurs once in ``raw`` is that member wherever it is."""
     # fast path: compact JSON with usage as the last member (vLLM, SGLang, the sim): the value
     # is followed by the brace that ends the data line, so it is the top-level member
     tail = raw.rfind(b',"usage":')
@@ -205,8 +210,15 @@ def usage_span(raw: bytes) -> tuple[int, int, int] | None:
     if first is None:
         return None
     try:
-        # the only `"usage":` in the event is the key (a string value never has ':' after it)
-        key = first.start() if _KEY_RE.search(raw, first.end()) is None else _top_level_key(raw)
+        # a `"usage":` is always a key (a string value never has ':' after it); the first one is the
+        # top-level key when no object or array opens before it, else scan for the top-level one
+        if known:
+            nested = _KEY_RE.search(raw, first.end()) is not None
+        else:
+            start = raw.find(b"{")
+            nested = start < 0 or raw.find(b"{", start + 1, first.start()) >= 0 or \
+                raw.find(b"[", start + 1, first.start()) >= 0
+        key = _top_level_key(raw) if nested else first.start()
         if key < 0:
             return None
         colon = raw.index(b":", key + len(_KEY))
@@ -219,10 +231,10 @@ def usage_span(raw: bytes) -> tuple[int, int, int] | None:
 def remove_usage(raw: bytes) -> bytes:
     """Cut the top-level ``"usage": <value>`` member (and one adjacent comma) out of ``raw``.
 
-    ``raw`` is one SSE block whose ``data`` is a JSON object on one line. Returns ``raw``
-    unchanged when there is no such member or the bytes are not as expected.
+    ``raw`` is one SSE block whose ``data`` was decoded: a JSON object with a top-level ``usage``.
+    Returns ``raw`` unchanged when there is no such member or the bytes are not as expected.
     """
-    span = usage_span(raw)
+    span = usage_span(raw, known=True)
     if span is None:
         return raw
     return cut_member(raw, span[0], span[2])
@@ -273,9 +285,10 @@ def null_usage(raw: bytes) -> bytes:
     """Replace the value of the top-level ``usage`` member of ``raw`` with ``null``.
 
     For upstreams that send ``"usage": null`` on every chunk of an ``include_usage`` stream
-    (OpenAI, the sim). Returns ``raw`` unchanged when there is no such member.
+    (OpenAI, the sim). ``raw``: as for :func:`remove_usage`. Returns ``raw`` unchanged when there is
+    no such member.
     """
-    span = usage_span(raw)
+    span = usage_span(raw, known=True)
     if span is None:
         return raw
     _, value, end = span
