@@ -845,6 +845,9 @@ class Gateway:
             if cut is None:
                 last.append(meter.end(_now()) or b"")
         except ConnectionError:  # the client went away (a write failed)
+            bug = next((f for f in failure if not isinstance(f, ConnectionError)), None)
+            if bug is not None:  # the client left after a measurement failed: still said once
+                log.error("internal error measuring a stream", exc_info=bug)
             self.metrics.state.client_disconnected()
             return resp
         except Exception:  # a bug of ours after the headers went out: cut the stream
@@ -856,7 +859,7 @@ class Gateway:
         out.osl_source = "usage" if meter.osl_from_usage else "chunks"
         out.cached_tokens = meter.cached_tokens
         if cut is not None:
-            meter.end(_now())
+            # an event left unfinished by the cut is not measured: an SSE client drops it too
             out.fail(cut, 200)
             request_gone(request)  # pass the cut on: no final chunk
             return resp
