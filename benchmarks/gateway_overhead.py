@@ -1,14 +1,14 @@
 """Gateway relay overhead, side by side with nginx, against a fast streaming upstream.
 
-Three paths in one run, interleaved per concurrency level: (a) the client talks to the upstream
+Paths, interleaved per concurrency level in one run: (a) the client talks to the upstream
 directly, (b) through ``servelens gateway`` (ISL buckets on, default settings: usage injected
 and stripped), (c) through nginx (Debian package; one worker, ``proxy_buffering off``, HTTP/1.1
-keep-alive to the upstream); and for scale, two bare relays on uvloop protocols and httptools
+keep-alive to the upstream); and for scale, three bare relays on uvloop protocols and httptools
 (:func:`serve_bare`, no error handling): (d) ``floor``, the bytes passed through both ways, nothing
 parsed; (e) ``lean``, the gateway's own measurement (usage injected and cut, metrics, StreamMeter)
-on those protocols, without aiohttp's server. Every process is separate: the upstream (this
-script with ``--serve-upstream``, aiohttp + uvloop), the proxy, and the client (this process,
-aiohttp + uvloop).
+on those protocols, without aiohttp's server; (f) ``tasked``, ``lean`` with a task per request.
+Every process is separate: the upstream (this script with ``--serve-upstream``, aiohttp + uvloop),
+the proxy, and the client (this process, aiohttp + uvloop).
 
 The upstream streams ``/v1/completions`` like vLLM: a fixed "prefill" delay, then one token per
 event every ``--itl-ms`` (cumulative usage on every chunk when ``continuous_usage_stats`` is asked
@@ -16,7 +16,7 @@ for, a final usage chunk when ``include_usage`` is). Measured at the client per 
 (send to the first event) and ITL (gap between events). Proxy CPU: user+system seconds of the
 proxy's processes (``/proc/<pid>/task/*/schedstat``) over the run, divided by the events relayed.
 
-Usage: ``python benchmarks/gateway_overhead.py [--levels 1,64,256] [--tokens 32] [--itl-ms 20]``
+Usage: ``python benchmarks/gateway_overhead.py [--levels 1,64,256] [--tokens 32] [--itl-ms 20] [--rounds 4]``
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def serve_upstream(port: int, ttft_ms: float, itl_ms: float) -> None:
 
 
 # ---------------------------------------------------------------- bare relays (own process)
-def serve_bare(upstream_port: int, measure: bool) -> None:
+def serve_bare(upstream_port: int, measure: bool, tasked: bool = False) -> None:
     """A bare HTTP/1.1 relay on uvloop protocols and httptools (blocks), for scale; only for this
     benchmark's traffic (keep-alive, one streaming completion per request): no header forwarding,
     limits, timeouts or error handling.
@@ -110,7 +110,10 @@ def serve_bare(upstream_port: int, measure: bool) -> None:
     (``plan_injection``), ``FrontendMetrics.begin``/``finish`` with ISL buckets, each upstream read
     de-chunked, cut (``StreamMeter.relay``), re-chunked and sent, then measured after the loop's
     turn (``StreamMeter.measure``) -- what the gateway does per request and per event, without
-    aiohttp's server.
+    aiohttp's server. ``tasked=True`` (path ``tasked``): ``lean``, but each request is handled in a
+    new task and the client's headers are written when that task wakes on the upstream's headers
+    (two turns of the event loop, as an async handler on these protocols would take; ``lean``
+    takes none).
     """
     import httptools
     import msgspec
@@ -145,7 +148,10 @@ def serve_bare(upstream_port: int, measure: bool) -> None:
 
         def on_headers_complete(self) -> None:
             if measure and self.client is not None and self.client.transport is not None:
-                self.client.transport.write(head)
+                if tasked:
+                    self.client.headers_arrived.set_result(None)
+                else:
+                    self.client.transport.write(head)
 
         def on_body(self, data: bytes) -> None:
             c = self.client
@@ -187,6 +193,7 @@ def serve_bare(upstream_port: int, measure: bool) -> None:
             self.url = b"/"
             self.arrival = 0
             self.meter: Any = None
+            self.headers_arrived: asyncio.Future[None] | None = None
 
         def connection_made(self, transport: Any) -> None:
             self.transport = transport
@@ -207,6 +214,21 @@ def serve_bare(upstream_port: int, measure: bool) -> None:
                 self.buf.append(body)
 
         def on_message_complete(self) -> None:
+            if tasked:
+                task = asyncio.ensure_future(self.handle())
+                connecting.add(task)
+                task.add_done_callback(connecting.discard)
+            else:
+                self.send()
+
+        async def handle(self) -> None:
+            self.headers_arrived = asyncio.get_running_loop().create_future()
+            self.send()
+            await self.headers_arrived
+            if self.transport is not None:
+                self.transport.write(head)
+
+        def send(self) -> None:
             data, self.buf = b"".join(self.buf), []
             if measure:
                 obj = decode(data)
@@ -399,12 +421,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--serve-upstream", type=int, metavar="PORT", help=argparse.SUPPRESS)
     ap.add_argument("--serve-floor", type=int, metavar="UPSTREAM_PORT", help=argparse.SUPPRESS)
     ap.add_argument("--serve-lean", type=int, metavar="UPSTREAM_PORT", help=argparse.SUPPRESS)
+    ap.add_argument("--serve-tasked", type=int, metavar="UPSTREAM_PORT", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.serve_upstream is not None:
         serve_upstream(args.serve_upstream, args.ttft_ms, args.itl_ms)
         return 0
-    if args.serve_floor is not None or args.serve_lean is not None:
-        serve_bare(args.serve_floor or args.serve_lean, measure=args.serve_lean is not None)
+    if args.serve_floor is not None:
+        serve_bare(args.serve_floor, measure=False)
+        return 0
+    if args.serve_lean is not None or args.serve_tasked is not None:
+        serve_bare(args.serve_lean or args.serve_tasked, measure=True, tasked=args.serve_tasked is not None)
         return 0
     import uvloop
 
@@ -416,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     line = upstream.stdout.readline().decode()
     up_url = line.strip().rsplit(" ", 1)[-1]
     bare: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
-    for name in ("floor", "lean"):
+    for name in ("floor", "lean", "tasked"):
         proc = subprocess.Popen([sys.executable, __file__, f"--serve-{name}", up_url.rsplit(":", 1)[1]],
                                 stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
         assert proc.stdout is not None
