@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from servelens.process import ServerProcess
+from servelens.process import ServerProcess, free_port
 
 
 # ---------------------------------------------------------------- the upstream (own process)
@@ -264,12 +264,6 @@ def serve_bare(upstream_port: int, measure: bool, tasked: bool = False) -> None:
 
 
 # ---------------------------------------------------------------- nginx
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class Nginx:
     """An nginx started from a temporary config (one worker, no buffering, keep-alive upstream)."""
@@ -292,7 +286,7 @@ def run_nginx(upstream_url: str) -> Iterator[Nginx]:
         raise RuntimeError("nginx is not installed (Debian package nginx)")
     prefix = Path(tempfile.mkdtemp(prefix="servelens-nginx-"))
     os.chmod(prefix, 0o777)
-    port = _free_port()
+    port = free_port()
     up = upstream_url.removeprefix("http://")
     conf = prefix / "nginx.conf"
     conf.write_text(f"""

@@ -12,6 +12,7 @@ import contextlib
 import os
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -27,6 +28,15 @@ from servelens.serving import PARENT_PID_ENV, READY_RE
 class ServerStartError(RuntimeError):
     """A child server exited or stayed silent before printing its ready line."""
 
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 a moment ago (the OS picks it; a server started later may still
+    lose a race for it, which its start-up error then says)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
 
 class ServerProcess:
     """A ``servelens <command> ... --port 0`` child process.

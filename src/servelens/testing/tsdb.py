@@ -13,7 +13,6 @@ Example::
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import tempfile
 import threading
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import yaml
 
+from servelens.process import free_port
 from servelens.report.promapi import PromApiError, PromClient, Series
 
 PROMETHEUS_BIN = "prometheus"
@@ -86,14 +86,6 @@ class TsdbServer:
             if time.monotonic() > deadline:
                 raise TsdbError(f"{self.kind}: condition on {expr!r} not met in {timeout_s} s; last: {last!r}")
             tick.wait(poll_s)
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _target(t: str) -> tuple[str, str]:
