@@ -192,6 +192,14 @@ def _top_level_key(buf: bytes) -> int:
     return -1
 
 
+def _plainly_top_level(raw: bytes, key: int) -> bool:
+    """True when the key starting at ``raw[key]`` is a member of the outermost JSON object: no
+    object or array opens between that object's brace and the key (as in every OpenAI-shaped
+    chunk, where scalar members come first). False means "not sure", not "nested"."""
+    start = raw.find(b"{")
+    return 0 <= start < key and raw.find(b"{", start + 1, key) < 0 and raw.find(b"[", start + 1, key) < 0
+
+
 def usage_span(raw: bytes, known: bool = False) -> tuple[int, int, int] | None:
     """``(key start, value start, value end)`` of the top-level ``"usage"`` member of the one JSON
     object in ``raw`` (an SSE block with one ``data`` line), or None (no such member, or bytes
@@ -212,13 +220,9 @@ def usage_span(raw: bytes, known: bool = False) -> tuple[int, int, int] | None:
     try:
         # a `"usage":` is always a key (a string value never has ':' after it); the first one is the
         # top-level key when no object or array opens before it, else scan for the top-level one
-        if known:
-            nested = _KEY_RE.search(raw, first.end()) is not None
-        else:
-            start = raw.find(b"{")
-            nested = start < 0 or raw.find(b"{", start + 1, first.start()) >= 0 or \
-                raw.find(b"[", start + 1, first.start()) >= 0
-        key = _top_level_key(raw) if nested else first.start()
+        # (known: one occurrence is the top-level member, which the caller's decoding proved there)
+        plain = _KEY_RE.search(raw, first.end()) is None if known else _plainly_top_level(raw, first.start())
+        key = first.start() if plain else _top_level_key(raw)
         if key < 0:
             return None
         colon = raw.index(b":", key + len(_KEY))
@@ -269,8 +273,7 @@ def choices_empty(raw: bytes) -> bool | None:
     m = _CHOICES_RE.search(raw)
     if m is None:
         return True  # absent
-    start = raw.find(b"{")
-    if start < 0 or raw.find(b"{", start + 1, m.start()) >= 0 or raw.find(b"[", start + 1, m.start()) >= 0:
+    if not _plainly_top_level(raw, m.start()):
         return None
     c = m.group(1)
     if c == b"[":
