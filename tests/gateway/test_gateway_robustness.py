@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import array
 import asyncio
 import contextlib
+import fcntl
 import gzip
 import json
 import logging
+import select
+import socket
+import termios
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -25,6 +30,8 @@ from servelens.gateway.testing import (
     FAKE_MODEL,
     ScriptedUpstream,
     inflight,
+    raw_tcp_server,
+    read_http_request,
     requests_total,
     run_gateway,
     serve_app,
@@ -504,3 +511,154 @@ async def test_html_page_for_a_stream_request_is_relayed_and_a_backend_error(htt
             assert requests_total(gw.metrics, model=FAKE_MODEL, error_type="backend_error",
                                   request_type=request_type) == 1
         assert requests_total(gw.metrics) == 2 and inflight(gw.metrics) == 0
+
+
+def _block_until_queued(sock: Any, n: int) -> None:
+    """Block the event loop until ``n`` bytes wait unread on ``sock``, so the loop reads them in one read."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, n)  # (Linux grows the buffer to hold them)
+    try:
+        select.select([sock.fileno()], [], [], 5)
+    finally:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
+    queued = array.array("i", [0])
+    fcntl.ioctl(sock.fileno(), termios.FIONREAD, queued)
+    assert queued[0] >= n, f"{queued[0]} of {n} bytes received"
+
+
+def _chunked(data: bytes) -> bytes:
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
+async def test_client_half_closing_while_the_final_write_waits_is_counted_cancelled(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # a client that stopped reading, then closed its side, while the relay's final write_eof (the
+    # stream's last read, larger than the socket buffers and the write buffer hold, and the final
+    # chunk) waited to drain: aiohttp's drain waits until the client reads or resets, so the request
+    # stayed uncounted and in flight
+    served: list[asyncio.Transport] = []  # the gateway's side of each client connection
+    made = aiohttp.web_protocol.RequestHandler.connection_made
+
+    def connection_made(self: Any, transport: asyncio.BaseTransport) -> None:
+        served.append(transport)  # type: ignore[arg-type]
+        made(self, transport)
+
+    monkeypatch.setattr(aiohttp.web_protocol.RequestHandler, "connection_made", connection_made)
+    waiting: list[int] = [0]  # write_eof calls not returned
+    entered = asyncio.Event()
+    write_eof = web.StreamResponse.write_eof
+
+    async def spied_write_eof(self: web.StreamResponse, data: bytes = b"") -> None:
+        waiting[0] += 1
+        entered.set()
+        try:
+            await write_eof(self, data)
+        finally:
+            waiting[0] -= 1
+
+    monkeypatch.setattr(web.StreamResponse, "write_eof", spied_write_eof)
+    first = b'data: {"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}\n\n'
+    last = (_chunked(b'data: {"choices":[{"index":0,"delta":{"content":"%b"},"finish_reason":"stop"}]}\n\n'
+                     % (b"z" * 40_000)) + _chunked(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+    held: list[asyncio.StreamWriter] = []
+    got_request = asyncio.Event()
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_http_request(r)
+        w.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                + _chunked(first))
+        held.append(w)
+        got_request.set()
+        while await r.read(65536):  # the test writes the rest
+            pass
+
+    async with raw_tcp_server(handler) as (port, _), \
+            run_gateway(f"http://127.0.0.1:{port}", models=["m"], inject_usage=False) as gw:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the client's socket holds little
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", gw.port))
+        r, w = await asyncio.open_connection(sock=sock)
+        try:
+            body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True})
+            w.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\n\r\n%b" % (len(body), body.encode()))
+            async with asyncio.timeout(5):
+                await got_request.wait()
+                got = b""
+                while first not in got:  # the head and the first event reached the client
+                    got += await r.read(65536)
+            (gateway_side,) = served
+            gateway_side.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+            gateway_side.set_write_buffer_limits(high=4096)  # 40 KB fill both buffers
+            assert isinstance(w.transport, asyncio.Transport)
+            w.transport.pause_reading()  # the client reads no more
+            held[0].write(last)
+            assert held[0].transport.get_write_buffer_size() == 0  # sent
+            (upstream,) = gw.gateway.upstream._all
+            assert upstream.transport is not None
+            _block_until_queued(upstream.transport.get_extra_info("socket"), len(last))  # one read: the end
+            async with asyncio.timeout(5):
+                await entered.wait()  # the final write began
+            assert waiting[0] == 1 and inflight(gw.metrics) == 1  # it waits for the client to read
+            w.write_eof()  # the client closes its side; it never reads again
+            await gw.gateway.wait_finished(1, timeout=5)
+            assert requests_total(gw.metrics, model="m", error_type="cancelled") == 1
+            assert inflight(gw.metrics) == 0
+        finally:
+            w.transport.abort()
+
+
+def _dechunk(body: bytes) -> bytes:
+    """The payload of a chunked body that ends with its last chunk (AssertionError otherwise)."""
+    out, pos = b"", 0
+    while True:
+        end = body.index(b"\r\n", pos)
+        size = int(body[pos:end], 16)
+        out += body[end + 2:end + 2 + size]
+        assert body[end + 2 + size:end + 4 + size] == b"\r\n", "chunk framing"
+        pos = end + 4 + size
+        if size == 0:
+            assert pos == len(body), "bytes after the last chunk"
+            return out
+
+
+async def test_request_line_saying_http_2_gets_a_well_framed_stream() -> None:
+    # aiohttp's server reads "HTTP/2.0" in a plain-text request line as a version above 1.1 and frames
+    # the response chunked itself: the relay's own writes (reads after the first) must be framed the
+    # same (asking for chunked encoding made prepare() fail: an internal error, nothing relayed)
+    events = [b'data: {"choices":[{"index":0,"delta":{"content":"%b"},"finish_reason":%b}]}\n\n'
+              % (word, b'"stop"' if word == b"c" else b"null") for word in (b"a", b"b", b"c")]
+    events.append(b"data: [DONE]\n\n")
+    step = [asyncio.Event() for _ in events]
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_http_request(r)
+        w.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for i, event in enumerate(events):  # one read each: the client has seen one before the next
+            w.write(_chunked(event) + (b"0\r\n\r\n" if i == len(events) - 1 else b""))
+            await w.drain()
+            if i < len(events) - 1:
+                await step[i].wait()
+
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}).encode()
+    async with raw_tcp_server(handler) as (port, _), \
+            run_gateway(f"http://127.0.0.1:{port}", models=["m"], inject_usage=False) as gw:
+        r, w = await asyncio.open_connection("127.0.0.1", gw.port)
+        w.write(b"POST /v1/chat/completions HTTP/2.0\r\nHost: gw\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%b" % (len(body), body))
+        got = b""
+        async with asyncio.timeout(5):
+            for i, event in enumerate(events[:-1]):
+                while event not in got:
+                    more = await r.read(65536)
+                    assert more, got
+                    got += more
+                step[i].set()
+            while more := await r.read(65536):  # to the end (the connection closes)
+                got += more
+        w.close()
+        head, _, rest = got.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/2.0 200") and b"transfer-encoding: chunked" in head.lower(), head
+        assert _dechunk(rest) == b"".join(events)
+        await gw.gateway.wait_finished(1)
+        assert requests_total(gw.metrics, status="success") == 1

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import select
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 from multidict import CIMultiDict
@@ -450,3 +453,67 @@ async def test_no_headers_within_the_deadline_is_response_timeout() -> None:
                 await client.request("POST", url, CIMultiDict(), b"{}")
         assert err.value.error_type == "response_timeout" and "did not answer in time" in str(err.value)
         await client.close()
+
+
+# -- an idle connection the upstream closed, or wrote on, before the loop read it ----------------
+def block_until_readable(*socks: Any) -> None:
+    """Block the event loop (no turn of it) until each of ``socks`` has something to read: what the
+    loop reads in its next turn, after the code that runs now."""
+    left = [s.fileno() for s in socks]
+    deadline = time.monotonic() + 5
+    while left:
+        ready, _, _ = select.select(left, [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            raise TimeoutError("nothing to read")
+        left = [fd for fd in left if fd not in ready]
+
+
+IDLE_CLOSE = [
+    b"",  # the upstream's FIN only (as uvicorn closes an idle keep-alive connection)
+    b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 7\r\nConnection: close\r\n\r\ntimeout",  # then its FIN
+    b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nSTRAY",  # a response to nothing, the connection kept open
+]
+IDLE_CLOSE_IDS = ["fin", "408-then-fin", "stray-response"]
+
+
+@pytest.mark.parametrize("sent", IDLE_CLOSE, ids=IDLE_CLOSE_IDS)
+async def test_an_idle_connection_with_unread_eof_or_bytes_is_not_reused(sent: bytes) -> None:
+    # the upstream's close or bytes are in the socket, not yet read by the event loop, when a request
+    # is sent (request's _acquire before it suspends): it went on that connection (a 502, the 408 or
+    # the stray response as its answer)
+    writers: list[asyncio.StreamWriter] = []
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        writers.append(w)
+        first = len(writers) == 1
+        while True:
+            await read_request(r)
+            w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n%b" % (b"first" if first else b"fresh"))
+            await w.drain()
+            if first:  # then idle: what the test writes on it is all it sends
+                while await r.read(65536):
+                    pass
+                return
+
+    async with raw_server(handler) as (url, conns):
+        client = UpstreamClient(connect_timeout_s=2)
+        try:
+            resp = await client.request("POST", url, CIMultiDict(), b"{}")
+            assert await resp.read() == b"first"
+            resp.close()  # the connection is idle, kept alive
+            (idle,) = client._all
+            sock = idle.transport.get_extra_info("socket") if idle.transport is not None else None
+            assert sock is not None
+            up = writers[0]
+            up.write(sent)
+            if not sent.startswith(b"HTTP/1.1 200"):
+                up.write_eof()
+            assert up.transport.get_write_buffer_size() == 0  # sent, not buffered
+            block_until_readable(sock)
+            resp = await client.request("POST", url, CIMultiDict(), b"{}")  # in the same turn of the loop
+            assert (resp.status, await resp.read()) == (200, b"fresh")
+            resp.close()
+            assert idle.closed
+        finally:
+            await client.close()
+    assert len(conns) == 2

@@ -41,7 +41,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -723,7 +723,7 @@ class Gateway:
 
         out.fail("cancelled", 499)  # until the stream ends one way or the other
         last: list[bytes] = []  # what the read that ended the body gave: sent with the final chunk
-        if request.version >= aiohttp.HttpVersion11:
+        if request.version == aiohttp.HttpVersion11:
             resp.enable_chunked_encoding()  # flush() below writes the chunk frames itself
         else:
             resp.force_close()  # HTTP/1.0: the body ends with the connection (even if keep-alive was asked)
@@ -762,7 +762,9 @@ class Gateway:
         if transport is None or transport.is_closing():
             self.metrics.state.client_disconnected()
             return resp
-        chunked = resp.chunked
+        # the framing aiohttp chose (chunked for HTTP/1.1; also for a request line saying "HTTP/2.0",
+        # which aiohttp's server reads as a version above 1.1)
+        chunked = bool(getattr(writer, "chunked", resp.chunked))
         high = transport.get_write_buffer_limits()[1]
         write = transport.write
         buffered = transport.get_write_buffer_size
@@ -865,7 +867,7 @@ class Gateway:
             return resp
         end = b"".join(last)
         try:
-            await resp.write_eof(end)  # the last data and the final chunk in one send
+            await watched(resp.write_eof(end), transport)  # the last data and the final chunk in one send
         except ConnectionError:
             if end:  # the end of the stream did not reach the client
                 self.metrics.state.client_disconnected()
@@ -873,6 +875,30 @@ class Gateway:
         out.status, out.error_type = meter.outcome()
         out.http_status = 200
         return resp
+
+
+async def watched(coro: Coroutine[Any, Any, None], transport: asyncio.BaseTransport) -> None:
+    """Await ``coro`` (aiohttp's ``write_eof``), run here without a task of its own; while it waits for
+    the client to drain, check every CLOSING_CHECK_S that the client is still there: aiohttp's drain
+    waits for ever on a client that closed its side and stopped reading, which would hold the request
+    uncounted and in flight. Raises ConnectionResetError when the client is gone, and what ``coro``
+    raises."""
+    try:
+        waiting = coro.send(None)  # usually completes here: nothing to drain
+    except StopIteration:
+        return
+    try:
+        while True:
+            while not waiting.done():
+                await asyncio.wait({waiting}, timeout=CLOSING_CHECK_S)
+                if not waiting.done() and transport.is_closing():
+                    raise ConnectionResetError("the client went away")
+            try:
+                waiting = coro.send(None)  # resumes its await on the done future
+            except StopIteration:
+                return
+    finally:
+        coro.close()
 
 
 def request_gone(request: web.Request) -> None:

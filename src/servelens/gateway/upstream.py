@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import select
 import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
@@ -249,6 +250,7 @@ class _Connection(asyncio.Protocol):
         self.key = key
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
+        self.fd = -1  # the socket's descriptor (to see unread bytes while idle)
         self.parser: Any = None
         self.resp: UpstreamResponse | None = None
         self.got_bytes = False
@@ -270,6 +272,25 @@ class _Connection(asyncio.Protocol):
     # -- protocol callbacks --------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        sock = transport.get_extra_info("socket")
+        self.fd = sock.fileno() if sock is not None else -1
+
+    def reusable(self) -> bool:
+        """An idle connection may take a request: open, and nothing unread on it. The upstream's close
+        (EOF), or bytes it sent while idle, may be waiting in the socket not yet read by the event loop:
+        such a connection is closed (a request sent on it would get that EOF or those bytes as its
+        answer)."""
+        if self.closed or self.transport is None or self.transport.is_closing():
+            return False
+        if self.fd >= 0:
+            try:
+                readable = select.select([self.fd], [], [], 0)[0]
+            except (OSError, ValueError):
+                readable = [self.fd]
+            if readable:
+                self.close()
+                return False
+        return True
 
     def data_received(self, data: bytes) -> None:
         self.last_read = self.loop.time()
@@ -524,7 +545,7 @@ class UpstreamClient:
         idle = self._idle.get(key)
         while idle:
             conn = idle.pop()
-            if not conn.closed and conn.transport is not None and not conn.transport.is_closing():
+            if conn.reusable():
                 return conn
         scheme, host, port = key
         loop = asyncio.get_running_loop()
