@@ -24,8 +24,10 @@ import pytest
 from aiohttp import web
 from yarl import URL
 
+from servelens.gateway.config import GatewayConfig
 from servelens.gateway.prompt import PromptCounter
 from servelens.gateway.requestlog import read_request_log
+from servelens.gateway.server import start_gateway
 from servelens.gateway.testing import (
     FAKE_MODEL,
     ScriptedUpstream,
@@ -662,3 +664,58 @@ async def test_request_line_saying_http_2_gets_a_well_framed_stream() -> None:
         assert _dechunk(rest) == b"".join(events)
         await gw.gateway.wait_finished(1)
         assert requests_total(gw.metrics, status="success") == 1
+
+
+async def _open_stream(http: aiohttp.ClientSession, url: str) -> tuple[aiohttp.ClientResponse, bytes]:
+    """A stream through the gateway, read up to its first content chunk (the upstream then holds it)."""
+    resp = await http.post(url + "/v1/chat/completions", json=chat(stream=True, max_tokens=4))
+    got = b""
+    async with asyncio.timeout(5):
+        while b"Hello" not in got:
+            more = await resp.content.readany()
+            assert more, got
+            got += more
+    return resp, got
+
+
+async def test_shutdown_cuts_what_is_still_running_after_the_drain(fake: ScriptedUpstream,
+                                                                    http: aiohttp.ClientSession) -> None:
+    # aiohttp's own shutdown waited 60 s for a handler, then 60 s more after asking it to stop, which a
+    # handler relaying a stream does not notice: a SIGTERM'd gateway hung 2 minutes, past any grace period
+    fake.hold = asyncio.Event()  # never set: the stream stays open
+    running = await start_gateway(GatewayConfig(upstream=fake.url, shutdown_timeout_s=0.3))
+    resp, _ = await _open_stream(http, running.url)
+    t0 = time.monotonic()
+    async with asyncio.timeout(5):
+        await running.close()
+        await fake.closed.wait()  # the upstream request was closed
+    assert time.monotonic() - t0 < 3
+    assert running.gateway.finished_total == 1
+    assert requests_total(running.metrics, error_type="cancelled") == 1 and inflight(running.metrics) == 0
+    resp.close()
+
+
+async def test_shutdown_lets_a_request_in_flight_finish(fake: ScriptedUpstream, http: aiohttp.ClientSession,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    fake.hold = asyncio.Event()
+    running = await start_gateway(GatewayConfig(upstream=fake.url, shutdown_timeout_s=10))
+    resp, got = await _open_stream(http, running.url)
+    draining = asyncio.Event()
+    drain = running.gateway.drain
+
+    async def spied_drain(timeout: float) -> bool:
+        draining.set()
+        return await drain(timeout)
+
+    monkeypatch.setattr(running.gateway, "drain", spied_drain)
+    closing = asyncio.create_task(running.close())
+    async with asyncio.timeout(5):
+        await draining.wait()  # the gateway stopped listening and waits for the stream
+        with pytest.raises(aiohttp.ClientConnectionError):  # no new connections
+            async with http.get(running.url + "/health", headers={"Connection": "close"}):
+                pass
+        fake.hold.set()
+        got += await resp.read()  # the stream runs to its end
+        await closing
+    assert got.endswith(b"data: [DONE]\n\n")
+    assert requests_total(running.metrics, status="success") == 1 and inflight(running.metrics) == 0

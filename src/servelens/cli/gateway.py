@@ -45,6 +45,9 @@ def add_parser(subparsers: Any) -> None:
                    help="longest silence inside a stream (default 600 s)")
     p.add_argument("--models-refresh", type=float, dest="models_refresh_s", metavar="S",
                    help="re-poll the upstream's /v1/models every S seconds (default 30; 0: never)")
+    p.add_argument("--shutdown-timeout", type=float, dest="shutdown_timeout_s", metavar="S",
+                   help="on SIGTERM, let requests in flight run up to S seconds, then cut and count them "
+                   "cancelled (default 25)")
     p.add_argument("--no-uvloop", action="store_true", help="use the default asyncio loop")
     p.set_defaults(func=run)
 
@@ -52,7 +55,7 @@ def add_parser(subparsers: Any) -> None:
 _FLAGS = (
     "upstream", "host", "port", "isl_buckets", "metrics_prefix", "by_isl_only", "continuous_usage",
     "inject_usage", "tokenizer", "request_log", "max_body_bytes", "connect_timeout_s", "response_timeout_s",
-    "read_timeout_s", "models_refresh_s",
+    "read_timeout_s", "models_refresh_s", "shutdown_timeout_s",
 )
 
 

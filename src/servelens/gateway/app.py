@@ -189,6 +189,10 @@ class Gateway:
         self._urls: dict[tuple[str, str], URL] = {}
         self.finished_total = 0
         """Requests to the measured endpoints counted in ``requests_total`` so far."""
+        self.active = 0
+        """Requests to the measured endpoints being answered now."""
+        self._idle = asyncio.Event()
+        self._idle.set()
         self._finished_event: asyncio.Event | None = None
         self.app = self._build_app()
 
@@ -366,11 +370,31 @@ class Gateway:
     # -- measured endpoints ----------------------------------------------------------------
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         """``POST /v1/chat/completions`` (measured)."""
-        return await self._measured(request, "chat_completions")
+        return await self._tracked(request, "chat_completions")
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         """``POST /v1/completions`` (measured)."""
-        return await self._measured(request, "completions")
+        return await self._tracked(request, "completions")
+
+    async def _tracked(self, request: web.Request, endpoint: str) -> web.StreamResponse:
+        self.active += 1
+        self._idle.clear()
+        try:
+            return await self._measured(request, endpoint)
+        finally:
+            self.active -= 1
+            if not self.active:
+                self._idle.set()
+
+    async def drain(self, timeout: float) -> bool:
+        """Wait until no request to a measured endpoint is being answered, at most ``timeout`` seconds;
+        True when none is (used on shutdown, see ``shutdown_timeout_s``)."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self._idle.wait()
+        except TimeoutError:
+            return False
+        return True
 
     def _too_large(self) -> web.Response:
         return openai_error(

@@ -18,6 +18,7 @@ YAML file shape (every key optional; CLI flags given explicitly override it)::
     response_timeout_s: 600
     read_timeout_s: 600
     models_refresh_s: 30
+    shutdown_timeout_s: 25
 
 Upstream URLs are base URLs (``http://host:port``); a trailing ``/v1`` (the OpenAI SDK's
 ``base_url`` habit) is accepted and removed, since the gateway forwards the client's ``/v1/...``
@@ -111,6 +112,9 @@ class GatewayConfig:
         response_timeout_s: until the upstream's response headers (stream) or whole body (unary).
         read_timeout_s: longest silence between two reads of a streaming body.
         models_refresh_s: period of ``/v1/models`` re-polls (0 disables periodic polls).
+        shutdown_timeout_s: on stop (SIGTERM), how long requests in flight may run to their end; the
+            rest are then cut (counted ``cancelled``, their upstream requests closed). Below
+            Kubernetes' default 30 s grace, so they are counted before the pod is killed.
         repoll_min_interval_s: an unknown model triggers a re-poll at most this often.
         max_models: cardinality guard: at most this many model names are registered.
     """
@@ -131,6 +135,7 @@ class GatewayConfig:
     response_timeout_s: float = 600.0
     read_timeout_s: float = 600.0
     models_refresh_s: float = 30.0
+    shutdown_timeout_s: float = 25.0
     repoll_min_interval_s: float = 2.0
     max_models: int = 64
     _upstreams: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
@@ -168,8 +173,8 @@ class GatewayConfig:
         for name in ("connect_timeout_s", "response_timeout_s", "read_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
-        if self.models_refresh_s < 0 or self.repoll_min_interval_s < 0:
-            raise ValueError("models_refresh_s and repoll_min_interval_s must be >= 0")
+        if self.models_refresh_s < 0 or self.repoll_min_interval_s < 0 or self.shutdown_timeout_s < 0:
+            raise ValueError("models_refresh_s, repoll_min_interval_s and shutdown_timeout_s must be >= 0")
         if self.max_models < 1:
             raise ValueError(f"max_models must be >= 1, got {self.max_models}")
         if self.tokenizer is not None and not Path(self.tokenizer).is_file():
@@ -193,7 +198,7 @@ class GatewayConfig:
             if isinstance(v, bool) or not isinstance(v, int):
                 raise ValueError(f"{name} must be an integer, got {v!r}")
         for name in ("connect_timeout_s", "response_timeout_s", "read_timeout_s", "models_refresh_s",
-                     "repoll_min_interval_s"):
+                     "repoll_min_interval_s", "shutdown_timeout_s"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or math.isnan(v):
                 raise ValueError(f"{name} must be a number of seconds, got {v!r}")

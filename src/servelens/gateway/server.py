@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +15,11 @@ from servelens.gateway.config import GatewayConfig
 from servelens.gateway.upstream import redacted_url
 from servelens.prometheus import FrontendMetrics
 from servelens.serving import listen_error, serve_until_signal
+
+CUT_S = 0.5
+"""After the drain on shutdown, how long aiohttp waits for a handler before cancelling it (twice)."""
+
+log = logging.getLogger("servelens.gateway")
 
 
 @dataclass(frozen=True)
@@ -36,7 +42,21 @@ class RunningGateway:
         return self.gateway.metrics
 
     async def close(self) -> None:
-        """Stop listening, end the app (closes the upstream session and the request log)."""
+        """Stop listening; let requests in flight run to their end for up to the config's
+        ``shutdown_timeout_s``; cut the rest (counted ``cancelled``, their upstream requests closed);
+        end the app (closes the upstream session and the request log).
+
+        aiohttp's own shutdown waits its timeout for a handler, then again after asking it to stop
+        (which a handler awaiting its upstream does not notice): 2 x 60 s by default. Here it gets
+        :data:`CUT_S` for each once the drain is over."""
+        for site in list(self.runner.sites):
+            await site.stop()  # no new connections
+        server = self.runner.server
+        pre_shutdown = getattr(server, "pre_shutdown", None)
+        if pre_shutdown is not None:
+            pre_shutdown()  # keep-alive connections take no new request; idle ones close
+        if not await self.gateway.drain(self.gateway.config.shutdown_timeout_s):
+            log.warning("stopping with %d request(s) in flight: cut and counted cancelled", self.gateway.active)
         await self.runner.cleanup()
 
 
@@ -48,7 +68,7 @@ async def start_gateway(config: GatewayConfig, metrics: FrontendMetrics | None =
     Raises OSError when the address cannot be bound; ValueError for a bad tokenizer file.
     """
     gateway = Gateway(config, metrics)
-    runner = web.AppRunner(gateway.app, handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(gateway.app, handler_cancellation=True, access_log=None, shutdown_timeout=CUT_S)
     await runner.setup()
     try:
         site = web.TCPSite(runner, config.host, config.port, backlog=1024)

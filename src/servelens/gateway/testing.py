@@ -54,9 +54,10 @@ async def run_gateway(
 
     ``config``: any :class:`~servelens.gateway.config.GatewayConfig` field (``isl_buckets``,
     ``models``, ``continuous_usage``, ``request_log``, ``read_timeout_s``, ...). Binds
-    127.0.0.1 on a free port unless ``host``/``port`` are given. Raises ValueError for bad config.
+    127.0.0.1 on a free port unless ``host``/``port`` are given; requests still in flight when the
+    block ends are cut at once unless ``shutdown_timeout_s`` is given. Raises ValueError for bad config.
     """
-    values = {"host": "127.0.0.1", "port": 0, **config}
+    values = {"host": "127.0.0.1", "port": 0, "shutdown_timeout_s": 0.0, **config}  # closing: no drain
     if upstream_url is not None:
         values["upstream"] = upstream_url
     cfg = GatewayConfig.from_mapping(values)
