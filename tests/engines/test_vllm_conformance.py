@@ -200,7 +200,8 @@ def _bench_minus_gateway_ttft(run: BenchRun) -> list[float]:
 # Runs first, on a fresh engine (after the heavy bench run it failed more often; see the closing note).
 async def _disconnect_once(s: aiohttp.ClientSession, vllm: VllmServer, gw_url: str) -> list[tuple[float, float]]:
     """Start a long stream through the gateway, drop it after 5 outputs, and poll vLLM's running count;
-    returns ``[(seconds after the disconnect, running)]`` (NaN where vLLM did not answer within 1 s)."""
+    returns ``[(seconds after the disconnect, running)]`` (NaN where vLLM did not answer within 1 s; when
+    no poll was answered in the window, one more scrape that may wait up to 60 s ends the list)."""
     body = {"model": vllm.model, "messages": [{"role": "user", "content": "keep talking " * 20}],
             "max_tokens": 30000, "ignore_eos": True, "stream": True}  # fmt: skip
     resp = await s.post(gw_url + "/v1/chat/completions", json=body)
@@ -235,6 +236,11 @@ async def _disconnect_once(s: aiohttp.ClientSession, vllm: VllmServer, gw_url: s
             if running == 0:
                 break
             await asyncio.sleep(0.05)
+    if not any(r == r for _, r in scrapes):
+        # no scrape answered in the whole window (the machine stalled: one 1 s scrape once took 28 s):
+        # inconclusive, not a failure; one patient scrape says whether the request was aborted
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60.0)) as patient:
+            scrapes.append((round(time.monotonic() - t0, 3), (await ascrape(patient, vllm.url)).value(VLLM_RUNNING)))
     return scrapes
 
 
