@@ -922,6 +922,8 @@ async def watched(coro: Coroutine[Any, Any, None], transport: asyncio.BaseTransp
             except StopIteration:
                 return
     finally:
+        if not waiting.done():  # given up: cancelled, so asyncio.shield marks aiohttp's inner waiter
+            waiting.cancel()    # retrieved (its "Connection lost" would be logged as never retrieved)
         coro.close()
 
 
