@@ -32,6 +32,7 @@ from servelens.gateway.server import start_gateway
 from servelens.gateway.testing import (
     FAKE_MODEL,
     ScriptedUpstream,
+    http_chunk,
     inflight,
     raw_tcp_server,
     read_http_request,
@@ -528,9 +529,6 @@ def _block_until_queued(sock: Any, n: int) -> None:
     assert queued[0] >= n, f"{queued[0]} of {n} bytes received"
 
 
-def _chunked(data: bytes) -> bytes:
-    return b"%x\r\n%b\r\n" % (len(data), data)
-
 
 async def test_client_half_closing_while_the_final_write_waits_is_counted_cancelled(
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -562,15 +560,15 @@ async def test_client_half_closing_while_the_final_write_waits_is_counted_cancel
     loop_errors: list[str] = []  # e.g. aiohttp's drain waiter failed with nobody left to read it
     asyncio.get_running_loop().set_exception_handler(lambda _, ctx: loop_errors.append(str(ctx.get("message"))))
     first = b'data: {"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}\n\n'
-    last = (_chunked(b'data: {"choices":[{"index":0,"delta":{"content":"%b"},"finish_reason":"stop"}]}\n\n'
-                     % (b"z" * 40_000)) + _chunked(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+    last = (http_chunk(b'data: {"choices":[{"index":0,"delta":{"content":"%b"},"finish_reason":"stop"}]}\n\n'
+                     % (b"z" * 40_000)) + http_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
     held: list[asyncio.StreamWriter] = []
     got_request = asyncio.Event()
 
     async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         await read_http_request(r)
         w.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-                + _chunked(first))
+                + http_chunk(first))
         held.append(w)
         got_request.set()
         while await r.read(65536):  # the test writes the rest
@@ -642,7 +640,7 @@ async def test_request_line_saying_http_2_gets_a_well_framed_stream() -> None:
         await read_http_request(r)
         w.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
         for i, event in enumerate(events):  # one read each: the client has seen one before the next
-            w.write(_chunked(event) + (b"0\r\n\r\n" if i == len(events) - 1 else b""))
+            w.write(http_chunk(event) + (b"0\r\n\r\n" if i == len(events) - 1 else b""))
             await w.drain()
             if i < len(events) - 1:
                 await step[i].wait()

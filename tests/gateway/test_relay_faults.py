@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 
 from servelens.gateway.testing import (
     RawHandler,
+    http_chunk,
     inflight,
     raw_tcp_server,
     read_http_request,
@@ -49,9 +50,6 @@ EVENTS = [b'data: {"choices":[{"index":0,"delta":{"content":"a"},"finish_reason"
           b"data: [DONE]\n\n"]
 
 
-def chunked(data: bytes) -> bytes:
-    return b"%x\r\n%b\r\n" % (len(data), data)
-
 
 async def test_client_leaving_while_a_rejected_injection_is_read_closes_the_upstream_connection() -> None:
     sent_part = asyncio.Event()
@@ -82,7 +80,7 @@ async def test_second_response_on_the_connection_is_not_relayed() -> None:
     async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         while True:
             await read_request(r)
-            w.write(SSE_HEAD + b"".join(chunked(e) for e in EVENTS) + b"0\r\n\r\n"
+            w.write(SSE_HEAD + b"".join(http_chunk(e) for e in EVENTS) + b"0\r\n\r\n"
                     b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nSMUGGLED!")
             await w.drain()
 
@@ -100,7 +98,7 @@ async def test_second_response_on_the_connection_is_not_relayed() -> None:
 async def test_http10_client_asking_keep_alive_gets_the_stream_ended_by_close() -> None:
     async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         await read_request(r)
-        w.write(SSE_HEAD + b"".join(chunked(e) for e in EVENTS) + b"0\r\n\r\n")
+        w.write(SSE_HEAD + b"".join(http_chunk(e) for e in EVENTS) + b"0\r\n\r\n")
         await w.drain()
         await r.read()
 
@@ -122,7 +120,7 @@ async def test_many_events_in_one_read_are_relayed_and_counted() -> None:
 
     async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         await read_request(r)
-        w.write(SSE_HEAD + b"".join(chunked(e) for e in events) + chunked(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        w.write(SSE_HEAD + b"".join(http_chunk(e) for e in events) + http_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
         await w.drain()
         await r.read()
 
@@ -156,7 +154,7 @@ async def test_hop_by_hop_response_headers_are_not_relayed() -> None:
             body = json.loads(await read_request(r))
             if body.get("stream"):
                 w.write(SSE_HEAD.replace(b"\r\n\r\n", b"\r\n" + hop + b"\r\n", 1)
-                        + b"".join(chunked(e) for e in EVENTS) + b"0\r\n\r\n")
+                        + b"".join(http_chunk(e) for e in EVENTS) + b"0\r\n\r\n")
             else:
                 w.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n" + hop
                         + b"Content-Length: %d\r\n\r\n" % len(unary) + unary)

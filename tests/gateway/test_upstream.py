@@ -13,7 +13,7 @@ import pytest
 from multidict import CIMultiDict
 from yarl import URL
 
-from servelens.gateway.testing import RawHandler, raw_tcp_server, read_http_request
+from servelens.gateway.testing import RawHandler, http_chunk, raw_tcp_server, read_http_request
 from servelens.gateway.upstream import UpstreamClient, UpstreamError, UpstreamResponse
 
 read_request = read_http_request
@@ -45,9 +45,6 @@ async def one_response(handler: RawHandler, **client_kw: float) -> AsyncIterator
 async def never_drain() -> None:
     raise AssertionError("never paused")
 
-
-def chunk(data: bytes) -> bytes:
-    return b"%x\r\n%b\r\n" % (len(data), data)
 
 
 OK_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -114,7 +111,7 @@ async def test_a_request_is_never_sent_twice() -> None:
 async def test_chunked_close_delimited_and_after_interim_responses() -> None:
     async def chunked(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         await read_request(r)
-        w.write(OK_HEAD + chunk(b"data: 1\n\n") + chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        w.write(OK_HEAD + http_chunk(b"data: 1\n\n") + http_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
         await w.drain()
         await r.read()
 
@@ -176,10 +173,10 @@ async def test_pump_delivers_pieces_in_order_and_a_cut_is_truncated_stream() -> 
 
     async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         await read_request(r)
-        w.write(OK_HEAD + chunk(b"data: 1\n\n"))
+        w.write(OK_HEAD + http_chunk(b"data: 1\n\n"))
         await w.drain()
         await release.wait()
-        w.write(chunk(b"data: 2\n\n"))
+        w.write(http_chunk(b"data: 2\n\n"))
         await w.drain()
         w.transport.abort()  # cut mid-body
 
@@ -199,7 +196,7 @@ async def test_pump_delivers_pieces_in_order_and_a_cut_is_truncated_stream() -> 
 async def test_silence_is_response_timeout() -> None:
     async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         await read_request(r)
-        w.write(OK_HEAD + chunk(b"data: 1\n\n"))
+        w.write(OK_HEAD + http_chunk(b"data: 1\n\n"))
         await w.drain()
         await r.read()  # then nothing until the client gives up
 
@@ -219,7 +216,7 @@ async def test_sink_pauses_reading_until_drain_returns() -> None:
             await read_request(r)
             w.write(OK_HEAD)
             for _ in range(n):
-                w.write(chunk(payload))
+                w.write(http_chunk(payload))
                 await w.drain()
             w.write(b"0\r\n\r\n")
             await w.drain()
@@ -278,10 +275,10 @@ async def test_a_second_response_after_the_final_one_is_not_read() -> None:
 async def test_pieces_held_before_pump_can_pause_reading() -> None:
     async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         await read_request(r)
-        w.write(OK_HEAD + chunk(b"first"))  # headers and a first piece in one read: held until pump
+        w.write(OK_HEAD + http_chunk(b"first"))  # headers and a first piece in one read: held until pump
         await w.drain()
         for _ in range(50):
-            w.write(chunk(b"x" * 10_000))
+            w.write(http_chunk(b"x" * 10_000))
             await w.drain()
         w.write(b"0\r\n\r\n")
         await w.drain()
@@ -303,7 +300,7 @@ async def test_pieces_held_before_pump_can_pause_reading() -> None:
 
 
 async def test_reads_are_flushed_once_each() -> None:
-    events = b"".join(chunk(b"data: %d\n\n" % i) for i in range(50))
+    events = b"".join(http_chunk(b"data: %d\n\n" % i) for i in range(50))
 
     async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         await read_request(r)
@@ -385,7 +382,7 @@ async def test_a_body_held_whole_over_the_limit_fails_and_is_not_held(monkeypatc
         await read_request(r)
         w.write(b"HTTP/1.1 %d X\r\nTransfer-Encoding: chunked\r\n\r\n" % status)
         while True:  # endless, until the client goes
-            w.write(chunk(b"x" * 65536))
+            w.write(http_chunk(b"x" * 65536))
             sent += 65536
             await w.drain()
 

@@ -844,19 +844,8 @@ class Gateway:
             reports no disconnect until it does: checked every CLOSING_CHECK_S while waiting."""
             if failure:
                 raise failure[0]
-            if writer is None:
-                return
-            drained = asyncio.ensure_future(writer.drain())
-            try:
-                while True:
-                    done, _ = await asyncio.wait({drained}, timeout=CLOSING_CHECK_S)
-                    if done:
-                        drained.result()
-                        return
-                    if closing():
-                        raise ConnectionResetError("the client went away")
-            finally:
-                drained.cancel()  # when still waiting (aiohttp shields its own waiter); a no-op once done
+            if writer is not None:
+                await watched(writer.drain(), transport)
 
         cut: str | None = None
         try:
@@ -902,11 +891,11 @@ class Gateway:
 
 
 async def watched(coro: Coroutine[Any, Any, None], transport: asyncio.BaseTransport) -> None:
-    """Await ``coro`` (aiohttp's ``write_eof``), run here without a task of its own; while it waits for
-    the client to drain, check every CLOSING_CHECK_S that the client is still there: aiohttp's drain
-    waits for ever on a client that closed its side and stopped reading, which would hold the request
-    uncounted and in flight. Raises ConnectionResetError when the client is gone, and what ``coro``
-    raises."""
+    """Await ``coro`` (aiohttp's ``drain`` or ``write_eof``), run here without a task of its own; while
+    it waits for the client to drain, check every CLOSING_CHECK_S that the client is still there:
+    aiohttp's drain waits for ever on a client that closed its side and stopped reading, which would
+    hold the request uncounted and in flight. Raises ConnectionResetError when the client is gone, and
+    what ``coro`` raises."""
     try:
         waiting = coro.send(None)  # usually completes here: nothing to drain
     except StopIteration:

@@ -137,6 +137,11 @@ class Received:
         return json.loads(self.body)
 
 
+def http_chunk(data: bytes) -> bytes:
+    """``data`` as one HTTP/1.1 chunk (``Transfer-Encoding: chunked`` framing: hex size, CRLF, data, CRLF)."""
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
 def _chunk(obj: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
 
