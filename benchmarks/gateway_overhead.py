@@ -270,7 +270,7 @@ def serve_bare(upstream_port: int, measure: bool, tasked: bool = False) -> None:
 
     async def main() -> None:
         server = await asyncio.get_running_loop().create_server(Client, "127.0.0.1", 0, backlog=2048)
-        name = "lean" if measure else "floor"
+        name = "tasked" if tasked else "lean" if measure else "floor"
         print(f"{name} relay listening on http://127.0.0.1:{server.sockets[0].getsockname()[1]}", flush=True)
         await asyncio.Event().wait()
 
