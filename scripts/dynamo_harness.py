@@ -82,6 +82,10 @@ TOKENIZER_VOCAB_SIZE = 4096
 TOKENIZER_CORPUS_DIR = Path("/usr/share/common-licenses")
 
 
+PIP_ATTEMPTS = 3
+"""Tries of each pip step of :func:`install`."""
+
+
 class HarnessError(RuntimeError):
     """Dynamo could not be installed, started or reached; the message says why."""
 
@@ -111,18 +115,24 @@ def install(venv: Path = DEFAULT_VENV, quiet: bool = True) -> Path:
     env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1")
     _run([str(py), "-m", "pip", "install", *q, "--no-deps",
           f"ai-dynamo=={DYNAMO_VERSION}", f"ai-dynamo-runtime=={DYNAMO_VERSION}"],
-         "pip install ai-dynamo (--no-deps)", env=env)
-    _run([str(py), "-m", "pip", "install", *q, *RUNTIME_DEPS], "pip install Dynamo's runtime deps", env=env)
+         "pip install ai-dynamo (--no-deps)", env=env, attempts=PIP_ATTEMPTS)
+    _run([str(py), "-m", "pip", "install", *q, *RUNTIME_DEPS], "pip install Dynamo's runtime deps", env=env,
+         attempts=PIP_ATTEMPTS)
     _run([str(py), "-c", "import dynamo.frontend, dynamo.mocker, dynamo.llm"], "import dynamo", env=env)
     marker.write_text(DYNAMO_VERSION + "\n")
     return venv
 
 
-def _run(cmd: Sequence[str], what: str, env: dict[str, str] | None = None) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout)[-2000:]
-        raise HarnessError(f"could not {what} (exit {proc.returncode}): {tail}")
+def _run(cmd: Sequence[str], what: str, env: dict[str, str] | None = None, attempts: int = 1) -> None:
+    """Run ``cmd``, up to ``attempts`` tries (a pip download cut off mid-wheel fails the whole step;
+    a fresh try usually gets it). Raises HarnessError with the output's tail after the last one."""
+    for _ in range(attempts):
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+        if proc.returncode == 0:
+            return
+    tail = (proc.stderr or proc.stdout)[-2000:]
+    tries = f", {attempts} tries" if attempts > 1 else ""
+    raise HarnessError(f"could not {what} (exit {proc.returncode}{tries}): {tail}")
 
 
 # --------------------------------------------------------------------------- tiny model

@@ -70,3 +70,27 @@ def test_stop_ends_the_whole_process_group(tmp_path: Path) -> None:
     assert vllm_cpu.group_members(proc.pid) == []  # nothing of the group runs (zombies aside)
     assert child not in vllm_cpu.group_members(proc.pid)
     assert srv.stop() is None  # idempotent
+
+
+def test_install_env_makes_pip_patient_with_the_network(tmp_path: Path) -> None:
+    env = vllm_cpu.install_env(VllmPaths(tmp_path))
+    assert env["PIP_RETRIES"] == "10" and env["PIP_RESUME_RETRIES"] == "10" and env["PIP_TIMEOUT"] == "60"
+
+
+def test_run_retries_a_failed_step(tmp_path: Path) -> None:
+    """A step that fails once (a download cut off mid-wheel) succeeds on its second try; every try
+    is in the log."""
+    marker, log = tmp_path / "tried", tmp_path / "log"
+    cmd = ["bash", "-c", f'[ -e "{marker}" ] && echo ok || {{ touch "{marker}"; echo cut; exit 1; }}']
+    vllm_cpu._run(cmd, {"PATH": "/usr/bin:/bin"}, log, "flaky step", 30, attempts=3)
+    text = log.read_text()
+    assert "try 1 of 3" in text and "try 2 of 3" in text and "try 3 of 3" not in text
+    assert text.splitlines().count("cut") == 1 and text.splitlines().count("ok") == 1
+
+
+def test_run_gives_up_after_its_last_try(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    with pytest.raises(vllm_cpu.VllmHarnessError, match=r"broken step: exit status 3, 2 tries .*\n.*always"):
+        vllm_cpu._run(["bash", "-c", "echo always; exit 3"], {"PATH": "/usr/bin:/bin"}, log, "broken step", 30,
+                      attempts=2)
+    assert log.read_text().splitlines().count("always") == 2

