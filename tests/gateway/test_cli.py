@@ -103,9 +103,11 @@ def test_config_file_that_is_not_text_and_infinite_timeouts(tmp_path: Path, caps
     assert capsys.readouterr().err == f"servelens: error: config file {f} is not UTF-8 text (invalid start byte)\n"
     # inf stays allowed for the timeouts and the refresh period: no limit, never
     f.write_text("upstream: http://127.0.0.1:9\nread_timeout_s: .inf\nresponse_timeout_s: .inf\n"
-                 "models_refresh_s: .inf\n")
+                 "models_refresh_s: .inf\nclient_timeout_s: .inf\n")
     cfg = parse("--config", str(f))
     assert cfg.read_timeout_s == cfg.response_timeout_s == cfg.models_refresh_s == float("inf")
+    assert cfg.client_timeout_s == float("inf")
+    assert parse("--upstream", "http://h:1", "--client-timeout", "7").client_timeout_s == 7
 
 
 async def test_cli_serves_measures_and_stops_cleanly(tmp_path: Path) -> None:

@@ -722,3 +722,93 @@ async def test_shutdown_lets_a_request_in_flight_finish(fake: ScriptedUpstream, 
         await closing
     assert got.endswith(b"data: [DONE]\n\n")
     assert requests_total(running.metrics, status="success") == 1 and inflight(running.metrics) == 0
+
+
+# ----------------------------------------------------------------------------- slow clients
+
+
+async def _read_to_eof(r: asyncio.StreamReader, within_s: float) -> bytes:
+    """Everything the gateway sends until it closes the connection (fails past ``within_s``)."""
+    got = b""
+    async with asyncio.timeout(within_s):
+        while more := await r.read(65536):
+            got += more
+    return got
+
+
+async def test_connection_without_a_whole_request_head_is_closed(fake: ScriptedUpstream) -> None:
+    # a slowloris client: half a request head, then silence; aiohttp's own default held it for an hour
+    async with run_gateway(fake.url, client_timeout_s=0.3) as gw:
+        r, w = await asyncio.open_connection("127.0.0.1", gw.port)
+        w.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n")
+        assert await _read_to_eof(r, 10) == b""  # closed, nothing answered (there is no request)
+        w.close()
+        assert requests_total(gw.metrics) == 0
+
+
+async def test_idle_keep_alive_connection_is_closed(fake: ScriptedUpstream) -> None:
+    async with run_gateway(fake.url, client_timeout_s=0.3) as gw:
+        r, w = await asyncio.open_connection("127.0.0.1", gw.port)
+        w.write(b"GET /health HTTP/1.1\r\nHost: gw\r\n\r\n")
+        got = await _read_to_eof(r, 10)  # answered, then closed once idle
+        assert got.startswith(b"HTTP/1.1 200"), got
+        w.close()
+
+
+async def test_request_body_that_stops_arriving_is_408_and_counted(fake: ScriptedUpstream) -> None:
+    body = json.dumps(chat(stream=True)).encode()
+    async with run_gateway(fake.url, client_timeout_s=0.3) as gw:
+        r, w = await asyncio.open_connection("127.0.0.1", gw.port)
+        w.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%b" % (len(body), body[:10]))  # the rest never comes
+        got = await _read_to_eof(r, 10)  # answered, and the connection closed
+        w.close()
+        head, _, rest = got.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408"), got
+        assert_openai_error(rest, "request_timeout")
+        assert b"stopped arriving for 0.3 s" in rest
+        await gw.gateway.wait_finished(1)
+        assert requests_total(gw.metrics) == 1
+        assert requests_total(gw.metrics, status="error", error_type="validation") == 1
+        assert inflight(gw.metrics) == 0
+        assert not [q for q in fake.requests if q.path == "/v1/chat/completions"]  # nothing went upstream
+
+
+async def test_passthrough_body_that_stops_arriving_is_408(fake: ScriptedUpstream) -> None:
+    async with run_gateway(fake.url, client_timeout_s=0.3) as gw:
+        r, w = await asyncio.open_connection("127.0.0.1", gw.port)
+        w.write(b"POST /v1/embeddings HTTP/1.1\r\nHost: gw\r\nContent-Length: 100\r\n\r\n{")
+        got = await _read_to_eof(r, 10)
+        w.close()
+        head, _, rest = got.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408"), got
+        assert_openai_error(rest, "request_timeout")
+        assert not [q for q in fake.requests if q.path == "/v1/embeddings"]
+        assert requests_total(gw.metrics) == 0  # not a measured endpoint
+
+
+async def test_request_body_arriving_slowly_but_steadily_is_served(fake: ScriptedUpstream) -> None:
+    # the bound is on silence between reads, not on the whole body: 6 pieces 0.25 s apart (1.25 s in
+    # all, over the 1 s bound) are one request served
+    body = json.dumps(chat()).encode()
+    size = len(body) // 6 + 1
+    pieces = [body[i:i + size] for i in range(0, len(body), size)]
+    assert len(pieces) == 6
+    async with run_gateway(fake.url, client_timeout_s=1.0) as gw:
+        r, w = await asyncio.open_connection("127.0.0.1", gw.port)
+        w.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body))
+        for piece in pieces:
+            w.write(piece)
+            await w.drain()
+            await asyncio.sleep(0.25)  # pacing the client (0.75 s under the bound), not waiting for an outcome
+        got = await _read_to_eof(r, 10)
+        w.close()
+        assert got.startswith(b"HTTP/1.1 200"), got
+        await gw.gateway.wait_finished(1)
+        assert requests_total(gw.metrics, status="success") == 1
+
+
+def test_client_timeout_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="client_timeout_s must be > 0 seconds"):
+        GatewayConfig(upstream="http://127.0.0.1:1", client_timeout_s=0)

@@ -43,6 +43,9 @@ def add_parser(subparsers: Any) -> None:
                    help="wait for the upstream's response headers / unary body (default 600 s; 504 after)")
     p.add_argument("--read-timeout", type=float, dest="read_timeout_s", metavar="S",
                    help="longest silence inside a stream (default 600 s)")
+    p.add_argument("--client-timeout", type=float, dest="client_timeout_s", metavar="S",
+                   help="longest silence of a client sending its request: an idle or unfinished connection is "
+                   "closed, a stalled body answered 408 (default 60 s)")
     p.add_argument("--models-refresh", type=float, dest="models_refresh_s", metavar="S",
                    help="re-poll the upstream's /v1/models every S seconds (default 30; 0: never)")
     p.add_argument("--shutdown-timeout", type=float, dest="shutdown_timeout_s", metavar="S",
@@ -55,7 +58,7 @@ def add_parser(subparsers: Any) -> None:
 _FLAGS = (
     "upstream", "host", "port", "isl_buckets", "metrics_prefix", "by_isl_only", "continuous_usage",
     "inject_usage", "tokenizer", "request_log", "max_body_bytes", "connect_timeout_s", "response_timeout_s",
-    "read_timeout_s", "models_refresh_s", "shutdown_timeout_s",
+    "read_timeout_s", "client_timeout_s", "models_refresh_s", "shutdown_timeout_s",
 )
 
 

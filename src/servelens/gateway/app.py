@@ -18,21 +18,21 @@ Request and response headers are forwarded except hop-by-hop ones (and a request
 ``Content-Encoding``: aiohttp decodes the body, which goes upstream decoded); ``Authorization`` passes
 through and is never logged. Measured requests ask the upstream for an uncompressed body.
 
-Outcomes, counted once each in ``requests_total`` (Dynamo's ``error_type`` vocabulary):
-a body that cannot be read (bad ``Content-Encoding``), invalid JSON (nesting too deep included),
-a missing ``model`` or a ``stream`` that is not a boolean -> 400 ``validation``; body over ``max_body_bytes`` -> 413
-``validation``; unknown model -> 404 ``not_found`` under ``model="unknown_model"`` (502
-``unavailable`` there when the upstream's model list cannot be fetched); upstream unreachable ->
-502 ``unavailable``; no response headers (or body, for unary) within ``response_timeout_s``, or
-silence over ``read_timeout_s`` -> 504 ``response_timeout``; a unary or error body over
-:data:`~servelens.gateway.upstream.MAX_BODY_BYTES` -> 502 ``backend_error``; upstream 400/4xx -> ``validation``,
-404 -> ``not_found``, 429 and 503 -> ``overload``, other 5xx -> ``backend_error`` (the upstream's
-status and body are relayed); an ``error`` object or malformed chunk inside a 200 stream ->
-``backend_error`` (a whole ``application/json`` or ``text/html`` reply to a stream request is measured as a unary
-reply); a stream ending with neither ``finish_reason`` nor ``[DONE]``, or cut by the
-upstream -> ``truncated_stream`` (a cut is passed on: the client connection is closed without the
-final chunk); the client going away -> ``cancelled`` (the upstream request is closed at once, so
-the engine stops generating); a bug of ours -> 500 ``internal``.
+Outcomes, counted once each in ``requests_total`` (Dynamo's ``error_type`` vocabulary): a body that
+cannot be read (bad ``Content-Encoding``), invalid JSON (nesting too deep included), a missing ``model``
+or a ``stream`` that is not a boolean -> 400 ``validation``; body over ``max_body_bytes`` -> 413
+``validation``; a body that stops arriving for ``client_timeout_s`` -> 408 ``validation``; unknown model
+-> 404 ``not_found`` under ``model="unknown_model"`` (502 ``unavailable`` there when the upstream's
+model list cannot be fetched); upstream unreachable -> 502 ``unavailable``; no response headers (or
+body, for unary) within ``response_timeout_s``, or silence over ``read_timeout_s`` -> 504
+``response_timeout``; a unary or error body over :data:`~servelens.gateway.upstream.MAX_BODY_BYTES` ->
+502 ``backend_error``; upstream 400/4xx -> ``validation``, 404 -> ``not_found``, 429 and 503 ->
+``overload``, other 5xx -> ``backend_error`` (the upstream's status and body are relayed); an ``error``
+object or malformed chunk inside a 200 stream -> ``backend_error`` (a whole ``application/json`` or
+``text/html`` reply to a stream request is measured as a unary reply); a stream ending with neither
+``finish_reason`` nor ``[DONE]``, or cut by the upstream -> ``truncated_stream`` (a cut is passed on:
+the client connection is closed without the final chunk); the client going away -> ``cancelled`` (the
+upstream request is closed at once, so the engine stops generating); a bug of ours -> 500 ``internal``.
 """
 
 from __future__ import annotations
@@ -127,6 +127,40 @@ def openai_error(
     return web.Response(
         status=status, body=error_body(message, type_, code, param), content_type="application/json"
     )
+
+
+class ClientTooSlow(Exception):
+    """The client's request body stopped arriving (see :func:`read_body`)."""
+
+
+async def read_body(request: web.Request, max_bytes: int, silence_s: float) -> bytes:
+    """The whole request body, as ``request.read()`` gives it, with a bound on a stalled client.
+
+    A body already received whole (the common case: it came with the request head) is returned at
+    once. Otherwise each wait for more of it lasts at most ``silence_s`` seconds (nginx's
+    ``client_body_timeout`` semantics: silence between two reads, not the whole transfer).
+
+    Raises :class:`ClientTooSlow` when a wait runs out; ``web.HTTPRequestEntityTooLarge`` past
+    ``max_bytes``; ``web.RequestPayloadError`` for a body that cannot be read (broken chunked framing,
+    a bad ``Content-Encoding``); ``ConnectionError``/``CancelledError`` when the client goes away.
+    """
+    content = request.content
+    if content.is_eof():
+        return await request.read()
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        try:
+            async with asyncio.timeout(silence_s):
+                part = await content.readany()
+        except TimeoutError:
+            raise ClientTooSlow(f"the request body stopped arriving for {silence_s:g} s") from None
+        if not part:
+            return b"".join(parts)
+        size += len(part)
+        if size > max_bytes:
+            raise web.HTTPRequestEntityTooLarge(max_size=max_bytes, actual_size=size)
+        parts.append(part)
 
 
 @dataclass
@@ -315,11 +349,13 @@ class Gateway:
         """Any other request (``/v1/*`` and the engine's own paths): forwarded unmeasured (routed by
         ``model`` when mapped)."""
         try:
-            body = await request.read()
+            body = await read_body(request, self.config.max_body_bytes, self.config.client_timeout_s)
         except web.HTTPRequestEntityTooLarge:
             return self._too_large()
         except web.RequestPayloadError as exc:
             return self._unreadable(request, exc)
+        except ClientTooSlow as exc:
+            return await self._too_slow(request, exc)
         upstream = self.config.upstream or self.config.upstreams[0]
         if body and len(self.config.upstreams) > 1:
             with contextlib.suppress(msgspec.DecodeError):
@@ -403,6 +439,18 @@ class Gateway:
         )
 
     @staticmethod
+    async def _too_slow(request: web.Request, exc: ClientTooSlow) -> web.Response:
+        """408 for a stalled request body, sent now; then the connection is closed at once (aiohttp
+        would first wait up to 10 s more for the rest of the body, its "lingering close")."""
+        resp = openai_error(408, str(exc), "invalid_request_error", "request_timeout")
+        resp.force_close()
+        with contextlib.suppress(ConnectionError):
+            await resp.prepare(request)
+            await resp.write_eof()
+        request.protocol.force_close()  # closes the transport once what was written has gone out
+        return resp
+
+    @staticmethod
     def _unreadable(request: web.Request, exc: web.RequestPayloadError) -> web.Response:
         """The request body could not be read (a bad Content-Encoding, a broken chunked body)."""
         return openai_error(400, f"cannot read the request body: {unreadable_body(request, exc)}",
@@ -412,13 +460,16 @@ class Gateway:
         arrival_ns = _now()
         state = self.metrics.state
         try:
-            body = await request.read()
+            body = await read_body(request, self.config.max_body_bytes, self.config.client_timeout_s)
         except web.HTTPRequestEntityTooLarge:
             self._rejected(endpoint, "unary", "validation", arrival_ns)
             return self._too_large()
         except web.RequestPayloadError as exc:
             self._rejected(endpoint, "unary", "validation", arrival_ns)
             return self._unreadable(request, exc)
+        except ClientTooSlow as exc:
+            self._rejected(endpoint, "unary", "validation", arrival_ns)
+            return await self._too_slow(request, exc)
         except (asyncio.CancelledError, ConnectionError):
             # the client went away while sending its body: counted once, model unknown
             self._rejected(endpoint, "unary", "cancelled", arrival_ns)

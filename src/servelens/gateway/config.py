@@ -17,6 +17,7 @@ YAML file shape (every key optional; CLI flags given explicitly override it)::
     connect_timeout_s: 10
     response_timeout_s: 600
     read_timeout_s: 600
+    client_timeout_s: 60
     models_refresh_s: 30
     shutdown_timeout_s: 25
 
@@ -111,6 +112,11 @@ class GatewayConfig:
         connect_timeout_s: TCP connect to the upstream.
         response_timeout_s: until the upstream's response headers (stream) or whole body (unary).
         read_timeout_s: longest silence between two reads of a streaming body.
+        client_timeout_s: longest silence of a client while the gateway waits for its request: a
+            connection with no complete request head that long (since it opened, or since the last
+            response ended: an idle keep-alive connection) is closed; a request body that stops
+            arriving for that long is answered 408 (counted ``validation``) and its connection closed.
+            As nginx's ``client_header_timeout``/``client_body_timeout`` (60 s there too).
         models_refresh_s: period of ``/v1/models`` re-polls (0 disables periodic polls).
         shutdown_timeout_s: on stop (SIGTERM), how long requests in flight may run to their end; the
             rest are then cut (counted ``cancelled``, their upstream requests closed). Below
@@ -134,6 +140,7 @@ class GatewayConfig:
     connect_timeout_s: float = 10.0
     response_timeout_s: float = 600.0
     read_timeout_s: float = 600.0
+    client_timeout_s: float = 60.0
     models_refresh_s: float = 30.0
     shutdown_timeout_s: float = 25.0
     repoll_min_interval_s: float = 2.0
@@ -170,7 +177,7 @@ class GatewayConfig:
             raise ValueError(f"port must be 0..65535, got {self.port}")
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes must be at least 1024, got {self.max_body_bytes}")
-        for name in ("connect_timeout_s", "response_timeout_s", "read_timeout_s"):
+        for name in ("connect_timeout_s", "response_timeout_s", "read_timeout_s", "client_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
         if self.models_refresh_s < 0 or self.repoll_min_interval_s < 0 or self.shutdown_timeout_s < 0:
@@ -197,8 +204,8 @@ class GatewayConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
                 raise ValueError(f"{name} must be an integer, got {v!r}")
-        for name in ("connect_timeout_s", "response_timeout_s", "read_timeout_s", "models_refresh_s",
-                     "repoll_min_interval_s", "shutdown_timeout_s"):
+        for name in ("connect_timeout_s", "response_timeout_s", "read_timeout_s", "client_timeout_s",
+                     "models_refresh_s", "repoll_min_interval_s", "shutdown_timeout_s"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or math.isnan(v):
                 raise ValueError(f"{name} must be a number of seconds, got {v!r}")

@@ -64,11 +64,17 @@ async def start_gateway(config: GatewayConfig, metrics: FrontendMetrics | None =
     """Start a gateway in the running loop on ``config.host:config.port`` (0: a free port).
 
     Returns once it listens and the first model discovery poll has ended. Handlers are
-    cancelled when their client disconnects (so the upstream request is closed at once).
+    cancelled when their client disconnects (so the upstream request is closed at once); a client
+    connection waiting for its request head longer than ``client_timeout_s`` is closed.
     Raises OSError when the address cannot be bound; ValueError for a bad tokenizer file.
     """
     gateway = Gateway(config, metrics)
-    runner = web.AppRunner(gateway.app, handler_cancellation=True, access_log=None, shutdown_timeout=CUT_S)
+    # keepalive_timeout: aiohttp closes a connection without a complete request head after it (from
+    # the connection's start or the last response's end); its own default is an hour
+    runner = web.AppRunner(
+        gateway.app, handler_cancellation=True, access_log=None, shutdown_timeout=CUT_S,
+        keepalive_timeout=config.client_timeout_s,
+    )
     await runner.setup()
     try:
         site = web.TCPSite(runner, config.host, config.port, backlog=1024)
