@@ -15,6 +15,7 @@ import socket
 import termios
 import threading
 import time
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -755,6 +756,17 @@ async def test_idle_keep_alive_connection_is_closed(fake: ScriptedUpstream) -> N
         w.close()
 
 
+async def test_unread_body_of_an_answered_request_is_not_waited_for_long(fake: ScriptedUpstream) -> None:
+    # /health answers without reading a body; aiohttp then reads the rest of it before closing, for
+    # up to 10 s of its own: no longer than client_timeout_s
+    async with run_gateway(fake.url, client_timeout_s=0.3) as gw:
+        r, w = await asyncio.open_connection("127.0.0.1", gw.port)
+        w.write(b"GET /health HTTP/1.1\r\nHost: gw\r\nContent-Length: 100\r\n\r\n{")
+        got = await _read_to_eof(r, 5)
+        w.close()
+        assert got.startswith(b"HTTP/1.1 200"), got
+
+
 async def test_request_body_that_stops_arriving_is_408_and_counted(fake: ScriptedUpstream) -> None:
     body = json.dumps(chat(stream=True)).encode()
     async with run_gateway(fake.url, client_timeout_s=0.3) as gw:
@@ -806,6 +818,28 @@ async def test_request_body_arriving_slowly_but_steadily_is_served(fake: Scripte
         w.close()
         assert got.startswith(b"HTTP/1.1 200"), got
         await gw.gateway.wait_finished(1)
+        assert requests_total(gw.metrics, status="success") == 1
+
+
+async def test_gzip_request_body_arriving_slowly_is_served(fake: ScriptedUpstream) -> None:
+    # silence is counted on the bytes the client sends, not on the decoded body: the gzip header and
+    # the deflate block's code tables (the first 48 bytes here) decode to nothing
+    words = " ".join(f"word{i} token{i * 7 % 13} piece{i % 5}" for i in range(60))
+    body = gzip.compress(json.dumps(chat(messages=[{"role": "user", "content": words}])).encode())
+    assert len(zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(body[:48])) == 0
+    pieces = [body[:10], body[10:30], body[30:48], body[48:]]  # 0.6 s apart: 1.8 s without decoded bytes
+    async with run_gateway(fake.url, client_timeout_s=1.0) as gw:
+        r, w = await asyncio.open_connection("127.0.0.1", gw.port)
+        w.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+                b"Content-Encoding: gzip\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(body))
+        for i, piece in enumerate(pieces):
+            if i:
+                await asyncio.sleep(0.6)  # pacing the client (0.4 s under the bound), not waiting for an outcome
+            w.write(piece)
+            await w.drain()
+        got = await _read_to_eof(r, 10)
+        w.close()
+        assert got.startswith(b"HTTP/1.1 200"), got
         assert requests_total(gw.metrics, status="success") == 1
 
 

@@ -137,8 +137,11 @@ async def read_body(request: web.Request, max_bytes: int, silence_s: float) -> b
     """The whole request body, as ``request.read()`` gives it, with a bound on a stalled client.
 
     A body already received whole (the common case: it came with the request head) is returned at
-    once. Otherwise each wait for more of it lasts at most ``silence_s`` seconds (nginx's
-    ``client_body_timeout`` semantics: silence between two reads, not the whole transfer).
+    once. Otherwise the client may be silent at most ``silence_s`` seconds between two reads (nginx's
+    ``client_body_timeout`` semantics, not a bound on the whole transfer). Progress is counted in the
+    body's bytes as received (before ``Content-Encoding`` decoding: gzip headers count), not in
+    chunked framing: size lines trickled without data are silence. A chunked body whose framing
+    breaks after the head also ends here (aiohttp neither fails nor feeds the body then).
 
     Raises :class:`ClientTooSlow` when a wait runs out; ``web.HTTPRequestEntityTooLarge`` past
     ``max_bytes``; ``web.RequestPayloadError`` for a body that cannot be read (broken chunked framing,
@@ -150,10 +153,13 @@ async def read_body(request: web.Request, max_bytes: int, silence_s: float) -> b
     parts: list[bytes] = []
     size = 0
     while True:
+        seen = content.total_raw_bytes
         try:
             async with asyncio.timeout(silence_s):
                 part = await content.readany()
         except TimeoutError:
+            if content.total_raw_bytes != seen:  # compressed bytes came that decoded to nothing yet
+                continue
             raise ClientTooSlow(f"the request body stopped arriving for {silence_s:g} s") from None
         if not part:
             return b"".join(parts)
@@ -974,5 +980,10 @@ def request_gone(request: web.Request) -> None:
 
 
 def build_app(config: GatewayConfig, metrics: FrontendMetrics | None = None) -> web.Application:
-    """The aiohttp application of a new :class:`Gateway` (its :data:`GATEWAY_KEY` holds the gateway)."""
+    """The aiohttp application of a new :class:`Gateway` (its :data:`GATEWAY_KEY` holds the gateway).
+
+    Run it as :func:`~servelens.gateway.server.start_gateway` does: an ``AppRunner`` with
+    ``handler_cancellation=True`` (a client that leaves cancels its request, which closes the upstream
+    request) and ``keepalive_timeout=config.client_timeout_s`` (connections without a whole request
+    head are closed); the body timeout is the application's own."""
     return Gateway(config, metrics).app

@@ -70,10 +70,12 @@ async def start_gateway(config: GatewayConfig, metrics: FrontendMetrics | None =
     """
     gateway = Gateway(config, metrics)
     # keepalive_timeout: aiohttp closes a connection without a complete request head after it (from
-    # the connection's start or the last response's end); its own default is an hour
+    # the connection's start or the last response's end); its own default is an hour. lingering_time:
+    # after answering a request whose body it did not read (/health, a 405), aiohttp reads the rest for
+    # up to 10 s before closing: no longer than a client may be silent
     runner = web.AppRunner(
         gateway.app, handler_cancellation=True, access_log=None, shutdown_timeout=CUT_S,
-        keepalive_timeout=config.client_timeout_s,
+        keepalive_timeout=config.client_timeout_s, lingering_time=min(10.0, config.client_timeout_s),
     )
     await runner.setup()
     try:
