@@ -72,3 +72,20 @@ def test_error_body_echoing_a_lone_surrogate_is_json() -> None:
     raw = error_body("The model '\ud800x☃' does not exist.", "invalid_request_error", "model_not_found")
     assert b"\\ud800" in raw
     assert json.loads(raw)["error"]["message"] == "The model '\ud800x☃' does not exist."
+
+
+@pytest.mark.parametrize(
+    ("choices", "first", "outputs", "several"),
+    [
+        ([{"index": 0, "delta": {"content": "a"}}], True, 1, False),
+        ([{"delta": {"content": "a"}}], True, 1, False),  # no index: the first choice
+        ([{"index": 1, "delta": {"content": "a"}}], False, 1, True),
+        ([{"index": 1, "delta": {"role": "assistant"}}], False, 0, True),
+        ([{"index": 0, "delta": {"content": "a"}}, {"index": 1, "delta": {"content": "b"}}], True, 2, True),
+        ([{"index": 0, "text": ""}, {"index": 2, "text": "b"}], False, 1, True),
+    ],
+)
+def test_which_choices_carry_output(choices: list, first: bool, outputs: int, several: bool) -> None:
+    info = parse_chunk(json.dumps({"choices": choices}))
+    assert (info.first_output, info.outputs, info.several_choices) == (first, outputs, several)
+    assert info.has_output == (outputs > 0)

@@ -303,6 +303,30 @@ async def test_truncated_and_error_streams(fake: ScriptedUpstream, http: aiohttp
         assert inflight(gw.metrics) == 0
 
 
+async def test_several_choices_stream_measures_the_first_choice(fake: ScriptedUpstream,
+                                                                 http: aiohttp.ClientSession) -> None:
+    # n=2: the choices' chunks interleave; ITL is the first choice's (2 values for its 3 tokens, not 5
+    # for 6 chunks); OSL is the usage's count of both; the client's bytes are the upstream's
+    def ch(i: int, word: str, reason: str | None = None) -> bytes:
+        return b'data: {"choices":[{"index":%d,"delta":{"content":"%b"},"finish_reason":%b}]}\n\n' % (
+            i, word.encode(), b'"%b"' % reason.encode() if reason else b"null")
+
+    events = [ch(i, w, "stop" if w == "c" else None) for w in "abc" for i in (0, 1)]
+    events.append(b'data: {"choices":[],"usage":{"prompt_tokens":700,"completion_tokens":6,"total_tokens":706}}\n\n')
+    events.append(b"data: [DONE]\n\n")
+    fake.raw_stream = events
+    async with run_gateway(fake.url) as gw:
+        status, body, _ = await post(http, gw.url, chat(n=2, stream_options={"include_usage": True}))
+        assert status == 200 and body == b"".join(events)
+        await gw.gateway.wait_finished(1)
+        assert requests_total(gw.metrics, status="success") == 1
+        n = gw.metrics.names
+        s = samples(gw.metrics)
+        assert value(s, n.itl + "_count", model=FAKE_MODEL) == 2
+        assert value(s, n.osl + "_sum", model=FAKE_MODEL) == 6
+        assert inflight(gw.metrics) == 0
+
+
 async def test_model_discovery_repoll_on_unknown_and_bounded(
     fake: ScriptedUpstream, http: aiohttp.ClientSession
 ) -> None:

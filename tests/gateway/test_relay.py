@@ -287,3 +287,53 @@ def test_an_event_over_the_limit_is_given_up_and_relayed_unparsed(monkeypatch: p
     assert mt.end(4 * MS) == (b"" if strip else None)
     assert mt.outcome() == ("error", "backend_error")
     assert mt.live.timer.output_tokens == 1 and mt.completion_tokens is None
+
+
+def choice(index: int, reason: str | None = None, **d: object) -> dict:
+    return {"choices": [{"index": index, "delta": d, "finish_reason": reason}]}
+
+
+@pytest.mark.parametrize("continuous", [True, False], ids=["continuous-usage", "final-usage"])
+def test_several_choices_itl_is_the_first_choices(continuous: bool) -> None:
+    """n=2: the choices decode together and their chunks interleave 1 ms apart; TTFT and ITL are
+    those of choice 0 (50 ms), not the 1 ms between two choices' chunks; OSL counts both."""
+    _, mt = meter()
+    mt.feed(1 * MS, ev(choice(0, role="assistant", content="")) + ev(choice(1, role="assistant", content="")))
+    done = 0
+    for step in range(3):
+        for i in (0, 1):
+            done += 1
+            reason = "stop" if step == 2 else None
+            body = choice(i, reason, content=f"t{step}")
+            if continuous:
+                body["usage"] = usage(20, done)
+            mt.feed((10 + 50 * step + i) * MS, ev(body))
+    mt.feed(200 * MS, ev({"choices": [], "usage": usage(20, 6)}) + b"data: [DONE]\n\n")
+    rec, outcome = finish(mt, 201 * MS)
+    assert outcome == ("success", "")
+    assert mt.multi
+    assert rec.ttft_s == pytest.approx(0.010)
+    assert rec.itl.count == 2 and rec.itl.sum == pytest.approx(0.100)  # two 50 ms gaps of choice 0
+    assert rec.output_chunks == 3
+    assert rec.osl == 6 and rec.isl == 20
+
+
+def test_several_choices_without_usage_count_every_choice() -> None:
+    _, mt = meter()
+    mt.feed(1 * MS, ev(choice(0, content="a")))  # one choice only so far: measured as usual
+    mt.feed(2 * MS, ev(choice(1, content="b")))
+    mt.feed(30 * MS, ev({"choices": [{"index": 0, "delta": {"content": "c"}, "finish_reason": "stop"},
+                                     {"index": 1, "delta": {"content": "d"}, "finish_reason": "stop"}]}))
+    rec, outcome = finish(mt, 31 * MS)
+    assert outcome == ("success", "")
+    assert rec.ttft_s == pytest.approx(0.001)
+    assert rec.itl.count == 1 and rec.itl.sum == pytest.approx(0.029)
+    assert not mt.osl_from_usage and mt.osl == 4
+
+
+def test_one_choice_with_an_explicit_index_is_not_several() -> None:
+    _, mt = meter()
+    mt.feed(1 * MS, ev(choice(0, content="a")))
+    mt.feed(2 * MS, ev(choice(0, "stop", content="b")))
+    rec, _ = finish(mt, 3 * MS)
+    assert not mt.multi and rec.itl.count == 1 and mt.osl == 2

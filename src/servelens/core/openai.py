@@ -33,9 +33,10 @@ def decode_json(data: bytes | str) -> Any:
             raise exc from None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Usage:
-    """Token usage as an OpenAI ``usage`` object reports it (tokens).
+    """Token usage as an OpenAI ``usage`` object reports it (tokens); made per chunk with
+    continuous usage, so not frozen (treat it as read-only).
 
     ``cached_tokens`` is ``usage.prompt_tokens_details.cached_tokens``; None when absent or null
     (unknown, which is not the same as 0).
@@ -46,15 +47,20 @@ class Usage:
     cached_tokens: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ChunkInfo:
-    """What one SSE ``data:`` payload says.
+    """What one SSE ``data:`` payload says (one is made per streamed chunk: not frozen, whose
+    ``__init__`` costs a call per field; treat it as read-only).
 
     Attributes:
         done: the ``[DONE]`` sentinel.
         malformed: the payload was not a JSON object.
         has_output: carries generated output (content, reasoning content, a tool-call delta, or
             completion text); a role-only chunk or empty content is not output.
+        first_output: the first choice (``index`` 0, or no ``index``) carries output.
+        outputs: how many choices carry output.
+        several_choices: a choice with an ``index`` other than 0 is present (a request with
+            ``n`` > 1: each chunk normally carries one choice's delta, the choices interleaved).
         finish_reason: the first non-null ``finish_reason`` among the choices.
         usage: the chunk's usage (None when absent or null).
         error: the ``error`` object of an in-stream error event (message text), else None.
@@ -68,6 +74,9 @@ class ChunkInfo:
     usage: Usage | None = None
     error: str | None = None
     obj: dict[str, Any] | None = None
+    first_output: bool = False
+    outputs: int = 0
+    several_choices: bool = False
 
 
 DONE = ChunkInfo(done=True)
@@ -135,23 +144,32 @@ def parse_chunk(data: str | bytes) -> ChunkInfo:
         return MALFORMED
     if "error" in obj and obj["error"] is not None:
         return ChunkInfo(error=_error_text(obj["error"]), obj=obj)
-    has_output = False
+    outputs = 0
+    first = several = False
     finish: str | None = None
     choices = obj.get("choices")
     if isinstance(choices, list):
         for ch in choices:
             if isinstance(ch, dict):
-                if not has_output and _choice_has_output(ch):
-                    has_output = True
+                index = ch.get("index", 0)
+                if index != 0 and index is not None:
+                    several = True
+                if _choice_has_output(ch):
+                    outputs += 1
+                    if index == 0 or index is None:
+                        first = True
                 fr = ch.get("finish_reason")
                 if fr and finish is None:
                     finish = str(fr)
     usage = obj.get("usage")
     return ChunkInfo(
-        has_output=has_output,
+        has_output=outputs > 0,
         finish_reason=finish,
         usage=parse_usage(usage) if usage is not None else None,
         obj=obj,
+        first_output=first,
+        outputs=outputs,
+        several_choices=several,
     )
 
 

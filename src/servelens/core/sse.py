@@ -18,9 +18,10 @@ from dataclasses import dataclass
 _LINE_END = re.compile(rb"\r\n|\r|\n")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SSEBlock:
-    """One SSE block.
+    """One SSE block (one is made per streamed event: not frozen, whose ``__init__`` costs a call
+    per field; treat it as read-only).
 
     Attributes:
         data: the ``data`` fields joined with ``\\n`` (None when there was no ``data:`` line).

@@ -16,6 +16,10 @@ drives a :class:`~servelens.core.state.LiveRequest`:
 * OSL and cached tokens: the *last* cumulative usage seen (never summed); an absent
   ``cached_tokens`` stays unknown. Without any usage, OSL is the counted output tokens and
   :attr:`StreamMeter.osl_from_usage` is False.
+* Several choices (``n`` > 1; seen on the first chunk with a choice ``index`` other than 0): the
+  choices decode together and their chunks interleave, so TTFT and ITL are those of the first
+  choice (``index`` 0), one token per chunk (vLLM too measures each sequence of a request on its
+  own); OSL is ``usage.completion_tokens`` (every choice), else output chunks of every choice.
 * Outcome (:meth:`StreamMeter.outcome`): an ``error`` object or a malformed ``data`` payload ->
   ``backend_error``; a stream with neither ``finish_reason`` nor ``[DONE]`` ->
   ``truncated_stream``; else success.
@@ -84,6 +88,7 @@ class StreamMeter:
     __slots__ = (
         "_append",
         "_decoder",
+        "_other_outputs",
         "_prev_completion",
         "_queue",
         "_usage_per_chunk",
@@ -95,6 +100,7 @@ class StreamMeter:
         "finish_reason",
         "live",
         "malformed",
+        "multi",
         "prompt_tokens",
         "strip",
         "usage_key_on_chunks",
@@ -108,6 +114,9 @@ class StreamMeter:
         self._append: Callable[[int], None] | None = None  # bound after the first output chunk
         self._prev_completion = 0
         self._usage_per_chunk = True  # every output chunk so far carried cumulative usage
+        self._other_outputs = 0  # output chunks of choices other than the first (n > 1)
+        self.multi = False
+        """Several choices in the stream (``n`` > 1): TTFT and ITL from the first choice only."""
         self.blocks = 0
         self.done = False
         self.malformed = False
@@ -257,6 +266,12 @@ class StreamMeter:
         usage = info.usage
         tokens = 1
         has_output = info.has_output
+        if info.several_choices or self.multi:
+            if not self.multi:
+                self.multi = True
+                self._usage_per_chunk = False  # cumulative usage counts every choice's tokens
+            has_output = info.first_output
+            self._other_outputs += info.outputs - has_output
         if usage is not None:
             pt = usage.prompt_tokens
             if pt is not None:
@@ -302,7 +317,7 @@ class StreamMeter:
         """``usage.completion_tokens`` (last cumulative value), else output tokens counted."""
         if self.completion_tokens is not None:
             return self.completion_tokens
-        return self.live.timer.output_tokens
+        return self.live.timer.output_tokens + self._other_outputs
 
     def outcome(self) -> tuple[str, str]:
         """``(status, error_type)`` of a stream that ended (see the module docstring)."""
