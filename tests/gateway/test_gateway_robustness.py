@@ -843,6 +843,23 @@ async def test_gzip_request_body_arriving_slowly_is_served(fake: ScriptedUpstrea
         assert requests_total(gw.metrics, status="success") == 1
 
 
+async def test_compressed_body_over_the_limit_as_sent_is_413(fake: ScriptedUpstream) -> None:
+    # deflate data that decodes to nothing (empty stored blocks): over max_body_bytes as sent, it is
+    # refused, not waited on for ever
+    blocks = b"\x78\x9c" + b"\x00\x00\x00\xff\xff" * 400  # 2,002 bytes, 0 decoded
+    async with run_gateway(fake.url, client_timeout_s=0.3, max_body_bytes=1024) as gw:
+        r, w = await asyncio.open_connection("127.0.0.1", gw.port)
+        w.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+                b"Content-Encoding: deflate\r\nTransfer-Encoding: chunked\r\n\r\n" + http_chunk(blocks))
+        got = await _read_to_eof(r, 10)
+        w.close()
+        head, _, rest = got.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 413"), got
+        assert_openai_error(rest, "request_too_large")
+        await gw.gateway.wait_finished(1)
+        assert requests_total(gw.metrics, status="error", error_type="validation") == 1
+
+
 def test_client_timeout_must_be_positive() -> None:
     with pytest.raises(ValueError, match="client_timeout_s must be > 0 seconds"):
         GatewayConfig(upstream="http://127.0.0.1:1", client_timeout_s=0)

@@ -299,14 +299,12 @@ def test_several_choices_itl_is_the_first_choices(continuous: bool) -> None:
     those of choice 0 (50 ms), not the 1 ms between two choices' chunks; OSL counts both."""
     _, mt = meter()
     mt.feed(1 * MS, ev(choice(0, role="assistant", content="")) + ev(choice(1, role="assistant", content="")))
-    done = 0
     for step in range(3):
         for i in (0, 1):
-            done += 1
             reason = "stop" if step == 2 else None
             body = choice(i, reason, content=f"t{step}")
             if continuous:
-                body["usage"] = usage(20, done)
+                body["usage"] = usage(20, step + 1)  # vLLM: the count of the chunk's own choice
             mt.feed((10 + 50 * step + i) * MS, ev(body))
     mt.feed(200 * MS, ev({"choices": [], "usage": usage(20, 6)}) + b"data: [DONE]\n\n")
     rec, outcome = finish(mt, 201 * MS)
@@ -337,3 +335,40 @@ def test_one_choice_with_an_explicit_index_is_not_several() -> None:
     mt.feed(2 * MS, ev(choice(0, "stop", content="b")))
     rec, _ = finish(mt, 3 * MS)
     assert not mt.multi and rec.itl.count == 1 and mt.osl == 2
+
+
+def test_several_choices_cut_before_the_usage_chunk_count_chunks_not_one_choices_usage() -> None:
+    # vLLM's continuous usage on a chunk with a choice counts that choice alone: without the final
+    # usage-only chunk, OSL is the output chunks of every choice (6), not the last choice's count (3)
+    _, mt = meter()
+    for step in range(3):
+        for i in (0, 1):
+            body = choice(i, "stop" if step == 2 else None, content=f"t{step}")
+            body["usage"] = usage(20, step + 1)
+            mt.feed((10 + 50 * step + i) * MS, ev(body))
+    rec, outcome = finish(mt, 200 * MS)
+    assert outcome == ("success", "")  # every choice finished (as for n=1, [DONE] is not needed)
+    assert not mt.osl_from_usage and mt.osl == 6 and rec.isl == 20
+
+
+def test_several_choices_stream_ending_before_every_choice_finished_is_truncated() -> None:
+    _, mt = meter()
+    mt.feed(1 * MS, ev(choice(0, content="a")))
+    mt.feed(2 * MS, ev(choice(1, "stop", content="b")))  # choice 1 finished, choice 0 never did
+    _, outcome = finish(mt, 3 * MS)
+    assert outcome == ("error", "truncated_stream")
+    _, mt = meter()
+    mt.feed(1 * MS, ev(choice(0, "stop", content="a")))  # choice 0 finished before choice 1 showed up
+    mt.feed(2 * MS, ev(choice(1, "length", content="b")))
+    _, outcome = finish(mt, 3 * MS)
+    assert outcome == ("success", "")  # every choice seen finished (no [DONE] needed, as for n=1)
+
+
+@pytest.mark.parametrize("index", ["0", True, None, [], -1, 0.0])
+def test_a_junk_choice_index_is_the_first_choice(index: object) -> None:
+    _, mt = meter()
+    mt.feed(1 * MS, ev({"choices": [{"index": index, "delta": {"content": "a"}, "finish_reason": None}]}))
+    mt.feed(5 * MS, ev({"choices": [{"index": index, "delta": {"content": "b"}, "finish_reason": "stop"}]}))
+    rec, outcome = finish(mt, 6 * MS)
+    assert not mt.multi and outcome == ("success", "")
+    assert rec.ttft_s == pytest.approx(0.001) and rec.itl.count == 1

@@ -36,7 +36,7 @@ def decode_json(data: bytes | str) -> Any:
 @dataclass(slots=True)
 class Usage:
     """Token usage as an OpenAI ``usage`` object reports it (tokens); made per chunk with
-    continuous usage, so not frozen (treat it as read-only).
+    continuous usage, so not frozen (treat it as read-only; not hashable).
 
     ``cached_tokens`` is ``usage.prompt_tokens_details.cached_tokens``; None when absent or null
     (unknown, which is not the same as 0).
@@ -50,14 +50,15 @@ class Usage:
 @dataclass(slots=True)
 class ChunkInfo:
     """What one SSE ``data:`` payload says (one is made per streamed chunk: not frozen, whose
-    ``__init__`` costs a call per field; treat it as read-only).
+    ``__init__`` costs a call per field; treat it as read-only; not hashable).
 
     Attributes:
         done: the ``[DONE]`` sentinel.
         malformed: the payload was not a JSON object.
         has_output: carries generated output (content, reasoning content, a tool-call delta, or
             completion text); a role-only chunk or empty content is not output.
-        first_output: the first choice (``index`` 0, or no ``index``) carries output.
+        first_output: the first choice carries output (``index`` 0; also a missing ``index`` or one
+            that is not an integer > 0).
         outputs: how many choices carry output.
         several_choices: a choice with an ``index`` other than 0 is present (a request with
             ``n`` > 1: each chunk normally carries one choice's delta, the choices interleaved).
@@ -79,8 +80,6 @@ class ChunkInfo:
     several_choices: bool = False
 
 
-DONE = ChunkInfo(done=True)
-MALFORMED = ChunkInfo(malformed=True)
 
 
 def _count(value: Any) -> int | None:
@@ -135,13 +134,13 @@ def parse_chunk(data: str | bytes) -> ChunkInfo:
     Never raises: bad JSON, or JSON nested too deeply to decode, gives ``ChunkInfo(malformed=True)``.
     """
     if data == "[DONE]" or data == b"[DONE]":
-        return DONE
+        return ChunkInfo(done=True)
     try:
         obj = decode_json(data)
     except (msgspec.DecodeError, UnicodeDecodeError):
-        return MALFORMED
+        return ChunkInfo(malformed=True)
     if not isinstance(obj, dict):
-        return MALFORMED
+        return ChunkInfo(malformed=True)
     if "error" in obj and obj["error"] is not None:
         return ChunkInfo(error=_error_text(obj["error"]), obj=obj)
     outputs = 0
@@ -151,12 +150,13 @@ def parse_chunk(data: str | bytes) -> ChunkInfo:
     if isinstance(choices, list):
         for ch in choices:
             if isinstance(ch, dict):
-                index = ch.get("index", 0)
-                if index != 0 and index is not None:
+                index = ch.get("index")
+                other = type(index) is int and index > 0  # else the first choice (junk included)
+                if other:
                     several = True
                 if _choice_has_output(ch):
                     outputs += 1
-                    if index == 0 or index is None:
+                    if not other:
                         first = True
                 fr = ch.get("finish_reason")
                 if fr and finish is None:

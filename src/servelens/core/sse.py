@@ -21,7 +21,7 @@ _LINE_END = re.compile(rb"\r\n|\r|\n")
 @dataclass(slots=True)
 class SSEBlock:
     """One SSE block (one is made per streamed event: not frozen, whose ``__init__`` costs a call
-    per field; treat it as read-only).
+    per field; treat it as read-only; not hashable).
 
     Attributes:
         data: the ``data`` fields joined with ``\\n`` (None when there was no ``data:`` line).

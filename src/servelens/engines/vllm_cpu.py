@@ -185,19 +185,22 @@ def install_env(paths: VllmPaths) -> dict[str, str]:
         else:
             env.pop(key, None)
     env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
-    env.update(PIP_NETWORK_ENV)
+    for key, value in PIP_NETWORK_ENV.items():  # unless the user set them
+        env.setdefault(key, value)
     return env
 
 
 def _run(
     cmd: Sequence[str], env: Mapping[str, str], log: Path, step: str, timeout_s: float, attempts: int = 1
 ) -> None:
-    """Run ``cmd`` with its output appended to ``log``; up to ``attempts`` tries (``timeout_s`` each).
+    """Run ``cmd`` with its output appended to ``log``; up to ``attempts`` tries (at least one) while
+    it exits non-zero; a try that runs past ``timeout_s`` ends the step.
 
     Downloads use a retry: a wheel cut off mid-transfer (CI saw a 286 MB triton wheel stop at
     221 MB six times in a row) fails pip, and a fresh try usually gets it; what pip finished is in
     its cache by then. Raises :class:`VllmHarnessError` after the last failed try."""
     log.parent.mkdir(parents=True, exist_ok=True)
+    attempts = max(1, attempts)
     for attempt in range(1, attempts + 1):
         with log.open("a", encoding="utf-8") as fh:
             fh.write(f"$ {' '.join(cmd)}" + (f"   # try {attempt} of {attempts}" if attempts > 1 else "") + "\n")
@@ -240,14 +243,15 @@ def install(scratch: Path | str | None = None, *, force: bool = False, timeout_s
     Skipped entirely when the stamp is there (unless ``force``).
 
     Returns the venv's python. Raises :class:`VllmHarnessError` naming the failed step and log, or
-    saying that the disk has less than :data:`INSTALL_DISK_GIB` free (checked before anything).
+    saying that the disk has less than :data:`INSTALL_DISK_GIB` free (checked before anything, when
+    there is no venv yet).
     """
     p = _paths(scratch)
     if venv_ready(p.scratch) and not force:
         return p.python
     p.scratch.mkdir(parents=True, exist_ok=True)
     free_gib = shutil.disk_usage(p.scratch).free / 2**30
-    if free_gib < INSTALL_DISK_GIB:
+    if free_gib < INSTALL_DISK_GIB and not p.python.exists():  # a venv there already holds most of it
         raise VllmHarnessError(
             f"not enough disk for the vLLM install in {p.scratch}: {free_gib:.1f} GiB free, "
             f"{INSTALL_DISK_GIB:.0f} GiB needed"

@@ -139,9 +139,11 @@ async def read_body(request: web.Request, max_bytes: int, silence_s: float) -> b
     A body already received whole (the common case: it came with the request head) is returned at
     once. Otherwise the client may be silent at most ``silence_s`` seconds between two reads (nginx's
     ``client_body_timeout`` semantics, not a bound on the whole transfer). Progress is counted in the
-    body's bytes as received (before ``Content-Encoding`` decoding: gzip headers count), not in
-    chunked framing: size lines trickled without data are silence. A chunked body whose framing
-    breaks after the head also ends here (aiohttp neither fails nor feeds the body then).
+    body's bytes as received (before ``Content-Encoding`` decoding: gzip headers count; such bytes
+    that decode to nothing yet restart the wait when it runs out, so the silence allowed is then up
+    to twice ``silence_s``), not in chunked framing: size lines trickled without data are silence. A
+    chunked body whose framing breaks after the head also ends here (aiohttp neither fails nor feeds
+    the body then). ``max_bytes`` bounds the body both decoded and as sent.
 
     Raises :class:`ClientTooSlow` when a wait runs out; ``web.HTTPRequestEntityTooLarge`` past
     ``max_bytes``; ``web.RequestPayloadError`` for a body that cannot be read (broken chunked framing,
@@ -154,18 +156,18 @@ async def read_body(request: web.Request, max_bytes: int, silence_s: float) -> b
     size = 0
     while True:
         seen = content.total_raw_bytes
+        if max(size, seen) > max_bytes:  # decoded, or as sent (compressed)
+            raise web.HTTPRequestEntityTooLarge(max_size=max_bytes, actual_size=max(size, seen))
         try:
             async with asyncio.timeout(silence_s):
                 part = await content.readany()
         except TimeoutError:
-            if content.total_raw_bytes != seen:  # compressed bytes came that decoded to nothing yet
-                continue
-            raise ClientTooSlow(f"the request body stopped arriving for {silence_s:g} s") from None
+            if content.total_raw_bytes == seen:
+                raise ClientTooSlow(f"the request body stopped arriving for {silence_s:g} s") from None
+            continue  # compressed bytes came that decode to nothing yet: wait on
         if not part:
             return b"".join(parts)
         size += len(part)
-        if size > max_bytes:
-            raise web.HTTPRequestEntityTooLarge(max_size=max_bytes, actual_size=size)
         parts.append(part)
 
 

@@ -19,7 +19,9 @@ drives a :class:`~servelens.core.state.LiveRequest`:
 * Several choices (``n`` > 1; seen on the first chunk with a choice ``index`` other than 0): the
   choices decode together and their chunks interleave, so TTFT and ITL are those of the first
   choice (``index`` 0), one token per chunk (vLLM too measures each sequence of a request on its
-  own); OSL is ``usage.completion_tokens`` (every choice), else output chunks of every choice.
+  own); OSL is ``usage.completion_tokens`` of a usage-only chunk (``choices`` empty: the sum over
+  choices; vLLM's usage on a chunk with a choice counts that choice alone), else output chunks of
+  every choice; without ``[DONE]`` the stream is complete only when every choice seen finished.
 * Outcome (:meth:`StreamMeter.outcome`): an ``error`` object or a malformed ``data`` payload ->
   ``backend_error``; a stream with neither ``finish_reason`` nor ``[DONE]`` ->
   ``truncated_stream``; else success.
@@ -46,7 +48,7 @@ from collections.abc import Callable
 
 import msgspec
 
-from servelens.core.openai import decode_json, parse_chunk
+from servelens.core.openai import ChunkInfo, decode_json, parse_chunk
 from servelens.core.sse import SSEBlock, SSEDecoder
 from servelens.core.state import LiveRequest
 from servelens.gateway.usage import (
@@ -87,6 +89,8 @@ class StreamMeter:
 
     __slots__ = (
         "_append",
+        "_choices_done",
+        "_choices_seen",
         "_decoder",
         "_other_outputs",
         "_prev_completion",
@@ -115,6 +119,8 @@ class StreamMeter:
         self._prev_completion = 0
         self._usage_per_chunk = True  # every output chunk so far carried cumulative usage
         self._other_outputs = 0  # output chunks of choices other than the first (n > 1)
+        self._choices_seen: set[int] = set()  # n > 1: the choices' indexes seen, and those finished
+        self._choices_done: set[int] = set()
         self.multi = False
         """Several choices in the stream (``n`` > 1): TTFT and ITL from the first choice only."""
         self.blocks = 0
@@ -267,11 +273,8 @@ class StreamMeter:
         tokens = 1
         has_output = info.has_output
         if info.several_choices or self.multi:
-            if not self.multi:
-                self.multi = True
-                self._usage_per_chunk = False  # cumulative usage counts every choice's tokens
+            self._several(info)
             has_output = info.first_output
-            self._other_outputs += info.outputs - has_output
         if usage is not None:
             pt = usage.prompt_tokens
             if pt is not None:
@@ -280,7 +283,7 @@ class StreamMeter:
                     first = live.timer.first_output_ns is None
                     live.set_isl(pt, "first_chunk_usage" if first else "final_usage")
             ct = usage.completion_tokens
-            if ct is not None:
+            if ct is not None and (not self.multi or not (info.obj or {}).get("choices")):
                 self.completion_tokens = ct
                 if has_output and self._usage_per_chunk:
                     tokens = ct - self._prev_completion
@@ -307,6 +310,27 @@ class StreamMeter:
             if obj is not None and obj.get("choices"):
                 self.usage_key_on_chunks = "usage" in obj and obj["usage"] is None
 
+    def _several(self, info: ChunkInfo) -> None:
+        """A chunk of a stream with several choices (see the module docstring): which choices
+        were seen and which finished; output chunks of the other choices counted."""
+        if not self.multi:
+            self.multi = True
+            # chunks so far were the first choice's: their usage was its own count (vLLM's continuous
+            # usage is per choice); only a usage-only chunk (choices empty) counts every choice
+            self._usage_per_chunk = False
+            self.completion_tokens = None
+            self._choices_seen = {0}
+            self._choices_done = {0} if self.finish_reason is not None else set()
+        self._other_outputs += info.outputs - info.first_output
+        choices = (info.obj or {}).get("choices")
+        for ch in choices if isinstance(choices, list) else ():
+            if isinstance(ch, dict):
+                index = ch.get("index")
+                index = index if type(index) is int and index > 0 else 0
+                self._choices_seen.add(index)
+                if ch.get("finish_reason"):
+                    self._choices_done.add(index)
+
     @property
     def osl_from_usage(self) -> bool:
         """True when OSL comes from ``usage.completion_tokens`` (else from counted chunks)."""
@@ -323,6 +347,6 @@ class StreamMeter:
         """``(status, error_type)`` of a stream that ended (see the module docstring)."""
         if self.error is not None or self.malformed:
             return "error", "backend_error"
-        if self.finish_reason is None and not self.done:
+        if not self.done and (self.finish_reason is None or not self._choices_seen <= self._choices_done):
             return "error", "truncated_stream"
         return "success", ""
