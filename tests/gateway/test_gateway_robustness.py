@@ -737,6 +737,17 @@ async def _read_to_eof(r: asyncio.StreamReader, within_s: float) -> bytes:
     return got
 
 
+async def _exchange(port: int, data: bytes, within_s: float = 10) -> tuple[bytes, bytes]:
+    """Send ``data`` on a new connection, then ``(head, body)`` of all that comes back until the
+    gateway closes it (fails past ``within_s``)."""
+    r, w = await asyncio.open_connection("127.0.0.1", port)
+    w.write(data)
+    got = await _read_to_eof(r, within_s)
+    w.close()
+    head, _, body = got.partition(b"\r\n\r\n")
+    return head, body
+
+
 async def test_connection_without_a_whole_request_head_is_closed(fake: ScriptedUpstream) -> None:
     # a slowloris client: half a request head, then silence; aiohttp's own default held it for an hour
     async with run_gateway(fake.url, client_timeout_s=0.3) as gw:
@@ -749,34 +760,25 @@ async def test_connection_without_a_whole_request_head_is_closed(fake: ScriptedU
 
 async def test_idle_keep_alive_connection_is_closed(fake: ScriptedUpstream) -> None:
     async with run_gateway(fake.url, client_timeout_s=0.3) as gw:
-        r, w = await asyncio.open_connection("127.0.0.1", gw.port)
-        w.write(b"GET /health HTTP/1.1\r\nHost: gw\r\n\r\n")
-        got = await _read_to_eof(r, 10)  # answered, then closed once idle
-        assert got.startswith(b"HTTP/1.1 200"), got
-        w.close()
+        head, _ = await _exchange(gw.port, b"GET /health HTTP/1.1\r\nHost: gw\r\n\r\n")  # then idle
+        assert head.startswith(b"HTTP/1.1 200"), head
 
 
 async def test_unread_body_of_an_answered_request_is_not_waited_for_long(fake: ScriptedUpstream) -> None:
     # /health answers without reading a body; aiohttp then reads the rest of it before closing, for
     # up to 10 s of its own: no longer than client_timeout_s
     async with run_gateway(fake.url, client_timeout_s=0.3) as gw:
-        r, w = await asyncio.open_connection("127.0.0.1", gw.port)
-        w.write(b"GET /health HTTP/1.1\r\nHost: gw\r\nContent-Length: 100\r\n\r\n{")
-        got = await _read_to_eof(r, 5)
-        w.close()
-        assert got.startswith(b"HTTP/1.1 200"), got
+        head, _ = await _exchange(gw.port, b"GET /health HTTP/1.1\r\nHost: gw\r\nContent-Length: 100\r\n\r\n{", 5)
+        assert head.startswith(b"HTTP/1.1 200"), head
 
 
 async def test_request_body_that_stops_arriving_is_408_and_counted(fake: ScriptedUpstream) -> None:
     body = json.dumps(chat(stream=True)).encode()
     async with run_gateway(fake.url, client_timeout_s=0.3) as gw:
-        r, w = await asyncio.open_connection("127.0.0.1", gw.port)
-        w.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
-                b"Content-Length: %d\r\n\r\n%b" % (len(body), body[:10]))  # the rest never comes
-        got = await _read_to_eof(r, 10)  # answered, and the connection closed
-        w.close()
-        head, _, rest = got.partition(b"\r\n\r\n")
-        assert head.startswith(b"HTTP/1.1 408"), got
+        head, rest = await _exchange(gw.port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n"
+                                     b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%b"
+                                     % (len(body), body[:10]))  # the rest never comes
+        assert head.startswith(b"HTTP/1.1 408"), head
         assert_openai_error(rest, "request_timeout")
         assert b"stopped arriving for 0.3 s" in rest
         await gw.gateway.wait_finished(1)
@@ -788,12 +790,9 @@ async def test_request_body_that_stops_arriving_is_408_and_counted(fake: Scripte
 
 async def test_passthrough_body_that_stops_arriving_is_408(fake: ScriptedUpstream) -> None:
     async with run_gateway(fake.url, client_timeout_s=0.3) as gw:
-        r, w = await asyncio.open_connection("127.0.0.1", gw.port)
-        w.write(b"POST /v1/embeddings HTTP/1.1\r\nHost: gw\r\nContent-Length: 100\r\n\r\n{")
-        got = await _read_to_eof(r, 10)
-        w.close()
-        head, _, rest = got.partition(b"\r\n\r\n")
-        assert head.startswith(b"HTTP/1.1 408"), got
+        head, rest = await _exchange(gw.port, b"POST /v1/embeddings HTTP/1.1\r\nHost: gw\r\n"
+                                     b"Content-Length: 100\r\n\r\n{")
+        assert head.startswith(b"HTTP/1.1 408"), head
         assert_openai_error(rest, "request_timeout")
         assert not [q for q in fake.requests if q.path == "/v1/embeddings"]
         assert requests_total(gw.metrics) == 0  # not a measured endpoint
@@ -848,13 +847,10 @@ async def test_compressed_body_over_the_limit_as_sent_is_413(fake: ScriptedUpstr
     # refused, not waited on for ever
     blocks = b"\x78\x9c" + b"\x00\x00\x00\xff\xff" * 400  # 2,002 bytes, 0 decoded
     async with run_gateway(fake.url, client_timeout_s=0.3, max_body_bytes=1024) as gw:
-        r, w = await asyncio.open_connection("127.0.0.1", gw.port)
-        w.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
-                b"Content-Encoding: deflate\r\nTransfer-Encoding: chunked\r\n\r\n" + http_chunk(blocks))
-        got = await _read_to_eof(r, 10)
-        w.close()
-        head, _, rest = got.partition(b"\r\n\r\n")
-        assert head.startswith(b"HTTP/1.1 413"), got
+        head, rest = await _exchange(gw.port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n"
+                                     b"Content-Type: application/json\r\nContent-Encoding: deflate\r\n"
+                                     b"Transfer-Encoding: chunked\r\n\r\n" + http_chunk(blocks))
+        assert head.startswith(b"HTTP/1.1 413"), head
         assert_openai_error(rest, "request_too_large")
         await gw.gateway.wait_finished(1)
         assert requests_total(gw.metrics, status="error", error_type="validation") == 1
