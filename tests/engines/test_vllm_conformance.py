@@ -56,6 +56,7 @@ MAX_CONTEXT = BENCH_MAX_CONTEXT
 WAIT_S = 10.0
 ABORT_WAIT_S = 10.0  # observe up to this long, then require <= 2 s (the issue's bound)
 GATEWAY_WAIT_S = 60.0  # for the gateway to have counted a request (through machine stalls)
+STALLED_WAIT_S = 60.0  # how long an abort is observed when the machine stalled during the observation
 
 VLLM_TTFT = "vllm:time_to_first_token_seconds"
 VLLM_PROMPT = "vllm:request_prompt_tokens"
@@ -202,7 +203,8 @@ def _bench_minus_gateway_ttft(run: BenchRun) -> list[float]:
 async def _disconnect_once(s: aiohttp.ClientSession, vllm: VllmServer, gw_url: str) -> list[tuple[float, float]]:
     """Start a long stream through the gateway, drop it after 5 outputs, and poll vLLM's running count;
     returns ``[(seconds after the disconnect, running)]`` (NaN where vLLM did not answer within 1 s; when
-    no poll was answered in the window, one more scrape that may wait up to 60 s ends the list)."""
+    no poll was answered in the window, one more scrape that may wait up to 60 s ends the list; when a
+    poll shows this process stalled, the window grows to ``STALLED_WAIT_S``)."""
     body = {"model": vllm.model, "messages": [{"role": "user", "content": "keep talking " * 20}],
             "max_tokens": 30000, "ignore_eos": True, "stream": True}  # fmt: skip
     resp = await s.post(gw_url + "/v1/chat/completions", json=body)
@@ -227,12 +229,19 @@ async def _disconnect_once(s: aiohttp.ClientSession, vllm: VllmServer, gw_url: s
     # each poll on a fresh connection with its own deadline: a scrape that hangs is recorded, not waited out
     fresh = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True),
                                   timeout=aiohttp.ClientTimeout(total=1.0))
-    async with fresh, asyncio.timeout(ABORT_WAIT_S + 5):
-        while time.monotonic() - t0 < ABORT_WAIT_S:
+    window = ABORT_WAIT_S
+    async with fresh, asyncio.timeout(STALLED_WAIT_S + 5):
+        while time.monotonic() - t0 < window:
+            before = time.monotonic()
             try:
                 running = (await ascrape(fresh, vllm.url)).value(VLLM_RUNNING)
             except (TimeoutError, aiohttp.ClientError):
                 running = float("nan")  # no answer within 1 s
+            if time.monotonic() - before > 3.0:
+                # a 1 s scrape that took over 3 s: this process was not running (a machine stall, seen
+                # at 12 s once), and vLLM's API server likely neither; observe longer (the attempt then
+                # fails the 2 s bound, and the abort itself is still required)
+                window = STALLED_WAIT_S
             scrapes.append((round(time.monotonic() - t0, 3), running))
             if running == 0:
                 break
@@ -278,7 +287,8 @@ async def test_client_disconnect_aborts_on_vllm(vllm: VllmServer, tmp_path: Path
     On the 2-core CI machine vLLM's engine owns one core and its API server, the gateway and this client
     share the other; at times the API server is starved for seconds right after the disconnect. Up to
     three disconnects are tried: the bound must hold in at least one, every one must end with the request
-    aborted (running 0 within 10 s), and the gateway must count each exactly once as cancelled.
+    aborted (running 0 within 10 s, or 60 s when the machine stalled meanwhile), and the gateway must count
+    each exactly once as cancelled.
     """
     # The gateway runs in its own process, as in a deployment: the client's event loop here
     # (reading, scraping) does not share a thread with the gateway's relay.
@@ -297,7 +307,7 @@ async def test_client_disconnect_aborts_on_vllm(vllm: VllmServer, tmp_path: Path
                 attempts.append(await _disconnect_once(s, vllm, gw.url))
                 g = await _gateway_counts(gw.url, 1 + len(attempts))  # recorded once the request is over
                 assert attempts[-1] and attempts[-1][-1][1] == 0, (
-                    f"vLLM still running the disconnected request 10 s later: {attempts[-1]}; gateway: "
+                    f"vLLM still running the disconnected request at the end of the window: {attempts[-1]}; gateway: "
                     f"disconnected_clients={g.value('servelens_disconnected_clients')}, "
                     f"inflight={g.value('servelens_inflight_requests')}")
                 if _within_bound(attempts[-1]):
