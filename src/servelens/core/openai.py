@@ -82,6 +82,12 @@ class ChunkInfo:
 
 
 
+def choice_index(choice: dict[str, Any]) -> int:
+    """A choice's ``index``: an int > 0 as it is, anything else (0, absent, junk) the first choice, 0."""
+    index = choice.get("index")
+    return index if type(index) is int and index > 0 else 0
+
+
 def _count(value: Any) -> int | None:
     """A token count: an int >= 0 (not a bool), else None (unknown)."""
     return value if type(value) is int and value >= 0 else None
@@ -150,8 +156,7 @@ def parse_chunk(data: str | bytes) -> ChunkInfo:
     if isinstance(choices, list):
         for ch in choices:
             if isinstance(ch, dict):
-                index = ch.get("index")
-                other = type(index) is int and index > 0  # else the first choice (junk included)
+                other = choice_index(ch) > 0
                 if other:
                     several = True
                 if _choice_has_output(ch):

@@ -48,7 +48,7 @@ from collections.abc import Callable
 
 import msgspec
 
-from servelens.core.openai import ChunkInfo, decode_json, parse_chunk
+from servelens.core.openai import ChunkInfo, choice_index, decode_json, parse_chunk
 from servelens.core.sse import SSEBlock, SSEDecoder
 from servelens.core.state import LiveRequest
 from servelens.gateway.usage import (
@@ -325,8 +325,7 @@ class StreamMeter:
         choices = (info.obj or {}).get("choices")
         for ch in choices if isinstance(choices, list) else ():
             if isinstance(ch, dict):
-                index = ch.get("index")
-                index = index if type(index) is int and index > 0 else 0
+                index = choice_index(ch)
                 self._choices_seen.add(index)
                 if ch.get("finish_reason"):
                     self._choices_done.add(index)
