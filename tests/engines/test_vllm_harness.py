@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -102,7 +102,7 @@ def test_run_gives_up_after_its_last_try(tmp_path: Path) -> None:
 
 def test_install_refuses_a_full_disk_before_pip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A full disk is named as such (pip would call it "Connection interrupted while downloading")."""
-    monkeypatch.setattr(vllm_cpu.shutil, "disk_usage", lambda _p: shutil._ntuple_diskusage(10, 10, 2**29))
+    monkeypatch.setattr(vllm_cpu.shutil, "disk_usage", lambda _p: SimpleNamespace(free=2**29))
     with pytest.raises(vllm_cpu.VllmHarnessError, match=r"not enough disk .*: 0.5 GiB free, 5 GiB needed"):
         vllm_cpu.install(tmp_path)
     assert not (tmp_path / "logs" / "install.log").exists()  # nothing was run
@@ -113,7 +113,7 @@ def test_install_with_a_venv_there_skips_the_disk_check(tmp_path: Path, monkeypa
     paths = VllmPaths(tmp_path)
     paths.python.parent.mkdir(parents=True)
     paths.python.write_text("")
-    monkeypatch.setattr(vllm_cpu.shutil, "disk_usage", lambda _p: shutil._ntuple_diskusage(10, 10, 2**29))
+    monkeypatch.setattr(vllm_cpu.shutil, "disk_usage", lambda _p: SimpleNamespace(free=2**29))
     ran: list[str] = []
     monkeypatch.setattr(vllm_cpu, "_run", lambda cmd, env, log, step, *a, **k: ran.append(step))
     vllm_cpu.install(tmp_path, force=True)
