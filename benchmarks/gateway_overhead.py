@@ -1,14 +1,15 @@
 """Gateway relay overhead, side by side with nginx, against a fast streaming upstream.
 
-Paths, interleaved per concurrency level in one run: (a) the client talks to the upstream
-directly, (b) through ``servelens gateway`` (ISL buckets on, default settings: usage injected
-and stripped), (c) through nginx (Debian package; one worker, ``proxy_buffering off``, HTTP/1.1
-keep-alive to the upstream); and for scale, three bare relays on uvloop protocols and httptools
+Paths, interleaved in one run (each level's requests run in ``--rounds`` blocks; every block runs on
+every path, in an order that rotates, on keep-alive connections kept for the whole run): (a) the client
+talks to the upstream directly, (b) through ``servelens gateway`` (ISL buckets on, default settings:
+usage injected and stripped), (c) through nginx (Debian package; one worker, ``proxy_buffering off``,
+HTTP/1.1 keep-alive to the upstream); and for scale, three bare relays on uvloop protocols and httptools
 (:func:`serve_bare`, no error handling): (d) ``floor``, the bytes passed through both ways, nothing
-parsed; (e) ``lean``, the gateway's own measurement (usage injected and cut, metrics, StreamMeter)
-on those protocols, without aiohttp's server; (f) ``tasked``, ``lean`` with a task per request.
-Every process is separate: the upstream (this script with ``--serve-upstream``, aiohttp + uvloop),
-the proxy, and the client (this process, aiohttp + uvloop).
+parsed; (e) ``lean``, the gateway's own measurement (usage injected and cut, metrics, StreamMeter) on
+those protocols, without aiohttp's server; (f) ``tasked``, ``lean`` with a task per request. Every
+process is separate: the upstream (this script with ``--serve-upstream``, aiohttp + uvloop), the proxy,
+and the client (this process, aiohttp + uvloop).
 
 The upstream streams ``/v1/completions`` like vLLM: a fixed "prefill" delay, then one token per
 event every ``--itl-ms`` (cumulative usage on every chunk when ``continuous_usage_stats`` is asked
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import os
 import shutil
@@ -376,17 +378,16 @@ class RunResult:
     wall_s: float
 
 
-async def load(url: str, concurrency: int, requests: int, tokens: int, pids: list[int]) -> RunResult:
-    """``requests`` streams, ``concurrency`` at a time; per-request TTFT, per-event ITL, proxy CPU."""
-    import aiohttp
-
+async def load(s: Any, url: str, concurrency: int, requests: int, tokens: int) -> RunResult:
+    """``requests`` streams through ``url``, ``concurrency`` at a time, on session ``s`` (its keep-alive
+    connections persist across calls); per-request TTFT, per-event ITL (CPU is filled in by the caller)."""
     ttfts: list[float] = []
     itls: list[float] = []
     events = 0
     sem = asyncio.Semaphore(concurrency)
     body = {"model": "bench", "prompt": "hello " * 100, "max_tokens": tokens, "stream": True}
 
-    async def one(i: int, s: aiohttp.ClientSession) -> None:
+    async def one(i: int) -> None:
         nonlocal events
         # arrival pacing of the first wave (a burst of 256 connects would measure accept queues)
         await asyncio.sleep(min(i, concurrency) * 0.002)
@@ -407,29 +408,59 @@ async def load(url: str, concurrency: int, requests: int, tokens: int, pids: lis
                         itls.extend([0.0] * (k - 1))
                     last = t
 
-    cpu0 = cpu_seconds(pids)
     t0 = time.perf_counter()
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
-        await asyncio.gather(*(one(i, s) for i in range(requests)))
-    wall = time.perf_counter() - t0
-    return RunResult(ttfts, itls, events, cpu_seconds(pids) - cpu0, wall)
+    await asyncio.gather(*(one(i) for i in range(requests)))
+    return RunResult(ttfts, itls, events, 0.0, time.perf_counter() - t0)
 
 
-def run_path(up_url: str, url: str, concurrency: int, requests: int, tokens: int, pids: list[int]) -> RunResult:
-    """:func:`load` with the harness's collectors out of the way: the upstream and this process
-    collect first, then run with the collector off (see the module docstring)."""
-    import urllib.request
+async def run_level(up_url: str, targets: dict[str, tuple[str, list[int]]], sessions: dict[str, Any],
+                    concurrency: int, requests: int, blocks: int, tokens: int) -> dict[str, RunResult]:
+    """Every path's ``requests`` streams in ``blocks`` blocks, the paths interleaved block by block in an
+    order that rotates, so that a slow minute of this noisy machine lands on all paths alike. Before each
+    block the upstream and this process collect, then run the block with the collector off (see the
+    module docstring)."""
+    names = list(targets)
+    got = {name: RunResult([], [], 0, 0.0, 0.0) for name in names}
+    per_block = [requests // blocks + (1 if b < requests % blocks else 0) for b in range(blocks)]
+    for b, n in enumerate(per_block):
+        if n == 0:
+            continue
+        for name in names[b % len(names):] + names[:b % len(names)]:
+            url, pids = targets[name]
+            async with sessions["direct"].post(up_url + "/gc") as r:
+                await r.read()
+            gc.collect()
+            gc.disable()
+            try:
+                cpu0 = cpu_seconds(pids)
+                r = await load(sessions[name], url, concurrency, n, tokens)
+                cpu = cpu_seconds(pids) - cpu0
+            finally:
+                gc.enable()
+            acc = got[name]
+            acc.ttft_ms += r.ttft_ms
+            acc.itl_ms += r.itl_ms
+            acc.events += r.events
+            acc.cpu_s += cpu
+            acc.wall_s += r.wall_s
+    return got
 
-    import uvloop
 
-    with urllib.request.urlopen(urllib.request.Request(up_url + "/gc", method="POST"), timeout=30) as r:
-        r.read()
-    gc.collect()
-    gc.disable()
-    try:
-        return uvloop.run(load(url, concurrency, requests, tokens, pids))
-    finally:
-        gc.enable()
+async def measure(up_url: str, targets: dict[str, tuple[str, list[int]]], levels: list[int], rounds: int,
+                  tokens: int) -> list[tuple[int, str, RunResult]]:
+    """All levels, one session per path for the whole run; warm-up first (connections, caches)."""
+    import aiohttp
+
+    rows: list[tuple[int, str, RunResult]] = []
+    async with contextlib.AsyncExitStack() as stack:
+        sessions = {name: await stack.enter_async_context(aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=120))) for name in targets}
+        await run_level(up_url, targets, sessions, 8, 16, 1, 4)
+        for level in levels:
+            n = max(20, rounds * level)
+            got = await run_level(up_url, targets, sessions, level, n, min(rounds, n), tokens)
+            rows += [(level, name, r) for name, r in got.items()]
+    return rows
 
 
 def _p(values: list[float], q: float) -> float:
@@ -442,7 +473,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=32, help="events per stream")
     ap.add_argument("--itl-ms", type=float, default=20.0, help="upstream gap between events")
     ap.add_argument("--ttft-ms", type=float, default=20.0, help="upstream delay before the first event")
-    ap.add_argument("--rounds", type=int, default=2, help="requests per level = rounds x concurrency (>= 20)")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="requests per level and path = rounds x concurrency (>= 20), run in `rounds` "
+                         "blocks, the paths interleaved block by block")
+    ap.add_argument("--gateway-python", action="append", default=[], metavar="PYTHON",
+                    help="also run the gateway under this interpreter (path gw-X.Y), side by side; it must "
+                         "have servelens's dependencies installed (servelens itself comes from this checkout)")
     ap.add_argument("--serve-upstream", type=int, metavar="PORT", help=argparse.SUPPRESS)
     ap.add_argument("--serve-floor", type=int, metavar="UPSTREAM_PORT", help=argparse.SUPPRESS)
     ap.add_argument("--serve-lean", type=int, metavar="UPSTREAM_PORT", help=argparse.SUPPRESS)
@@ -471,20 +507,25 @@ def main(argv: list[str] | None = None) -> int:
                                 stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
         assert proc.stdout is not None
         bare[name] = (proc, proc.stdout.readline().decode().strip().rsplit(" ", 1)[-1])
-    rows: list[tuple[int, str, RunResult]] = []
+    gw_args = ["gateway", "--upstream", up_url, "--isl-buckets", "512,1024,2048,4096,8192,16384"]
     try:
-        with ServerProcess(["gateway", "--upstream", up_url, "--isl-buckets", "512,1024,2048,4096,8192,16384"]) as gw, \
-                run_nginx(up_url) as ngx:
+        with ServerProcess(gw_args) as gw, run_nginx(up_url) as ngx, contextlib.ExitStack() as stack:
             assert gw.proc is not None
             targets = {"direct": (up_url, []), "gateway": (gw.url, [gw.proc.pid]), "nginx": (ngx.url, ngx.pids()),
                        **{name: (url, [proc.pid]) for name, (proc, url) in bare.items()}}
-            for url, pids in targets.values():  # warm up every path (connections, caches)
-                run_path(up_url, url, 8, 16, 4, pids)
-            for level in levels:
-                n = max(20, args.rounds * level)
-                for name, (url, pids) in targets.items():
-                    r = run_path(up_url, url, level, n, args.tokens, pids)
-                    rows.append((level, name, r))
+            if args.gateway_python:  # servelens from this checkout, for the other interpreters
+                os.environ["PYTHONPATH"] = str(Path(__file__).resolve().parents[1] / "src")
+            for python in args.gateway_python:
+                other = ServerProcess(gw_args)
+                other.args[0] = python
+                stack.enter_context(other)
+                assert other.proc is not None
+                ver = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                                     capture_output=True, text=True, check=True).stdout.strip()
+                targets[f"gw-{ver}"] = (other.url, [other.proc.pid])
+            import uvloop
+
+            rows = uvloop.run(measure(up_url, targets, levels, args.rounds, args.tokens))
     finally:
         for proc in (*(p for p, _ in bare.values()), upstream):
             proc.terminate()
@@ -513,7 +554,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {level:4d} streams: TTFT +p50 {add['gateway'][0]:.2f} vs {add['nginx'][0]:.2f} ms, "
               f"+p99 {add['gateway'][1]:.2f} vs {add['nginx'][1]:.2f} ms; CPU/event {cpu:.2f}x "
               f"({g.cpu_s:.2f} s vs {x.cpu_s:.2f} s)")
-        for name in bare:
+        for name in get:
+            if name in ("direct", "gateway", "nginx"):
+                continue
             f = get[name]
             print(f"  {'':4s} {name}/nginx: TTFT +p50 {_p(f.ttft_ms, 50) - _p(b.ttft_ms, 50):.2f} ms, "
                   f"+p99 {_p(f.ttft_ms, 99) - _p(b.ttft_ms, 99):.2f} ms; CPU/event "

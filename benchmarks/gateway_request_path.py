@@ -24,6 +24,7 @@ import asyncio
 import atexit
 import json
 import multiprocessing
+import os
 import statistics
 import sys
 import time
@@ -164,7 +165,7 @@ async def one_path(http: Any, url: str, upstream: str, requests: int, tag: str) 
     return req, ev
 
 
-async def run(requests: int, rounds: int) -> None:
+async def run(requests: int, rounds: int, python: str | None) -> None:
     import aiohttp
     from gateway_overhead import run_nginx
 
@@ -183,7 +184,10 @@ async def run(requests: int, rounds: int) -> None:
                 await asyncio.sleep(0.05)  # startup poll of a child process
         log = Path(f"/tmp/servelens-request-path-{port}.log")
         gw = ServerProcess(["gateway", "--upstream", upstream], log_path=log)
-        gw.args = [sys.executable, __file__, "--stamped-gateway", *gw.args[4:]]  # after "-m servelens gateway"
+        # the gateway's arguments follow "-m servelens gateway"
+        gw.args = [python or sys.executable, __file__, "--stamped-gateway", *gw.args[4:]]
+        if python:  # servelens from this checkout
+            os.environ["PYTHONPATH"] = str(Path(__file__).resolve().parents[1] / "src")
         try:
             with gw, run_nginx(upstream) as ngx:
                 paths = {"direct": upstream, "gateway": gw.url, "nginx": ngx.url}
@@ -214,8 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--requests", type=int, default=60, help="requests per path and round")
     p.add_argument("--rounds", type=int, default=4, help="rounds, the paths interleaved in each")
+    p.add_argument("--gateway-python", metavar="PYTHON",
+                   help="run the gateway under this interpreter (with servelens's dependencies installed)")
     args = p.parse_args(args_in)
-    asyncio.run(run(args.requests, args.rounds))
+    asyncio.run(run(args.requests, args.rounds, args.gateway_python))
     return 0
 
 
