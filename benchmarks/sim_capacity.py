@@ -25,6 +25,8 @@ import asyncio
 import os
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 
@@ -107,7 +109,7 @@ def main() -> int:
     try:
         import uvloop
 
-        run = uvloop.run
+        run: Callable[..., Any] = uvloop.run
     except ImportError:
         run = asyncio.run
     where = f"sim on CPU 0, client on CPUs 1-{ncpu - 1}" if pin else "no CPU pinning"

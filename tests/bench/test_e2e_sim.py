@@ -28,7 +28,7 @@ async def test_client_ttft_matches_sim_truth() -> None:
             assert truth.isl == r.isl_server == r.isl_target
             assert truth.osl == r.osl == 16
             assert truth.cached_tokens == r.cached_tokens
-            assert truth.ttft_ns is not None and r.first_output_ns is not None
+            assert truth.ttft_ns is not None and truth.first_token_ns is not None and r.first_output_ns is not None
             # the client sends before the sim's handler sees the request and stamps the first chunk after
             # the engine step that produced it ended
             assert r.send_ns <= truth.arrival_ns and r.first_output_ns >= truth.first_token_ns

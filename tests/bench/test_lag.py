@@ -1,6 +1,7 @@
 """The event-loop lag self-check flags a client whose loop is blocked."""
 
 import asyncio
+import functools
 import io
 import time
 from collections.abc import Callable
@@ -30,7 +31,7 @@ async def test_blocked_loop_is_not_trustworthy() -> None:
     mon = LagMonitor(interval_s=0.002, threshold_ms=10.0)
     mon.start()
     for k in range(1, 4):
-        await until(lambda k=k: mon.report().samples >= k)
+        await until(functools.partial(lambda k: mon.report().samples >= k, k))
         block_loop(40)  # the monitor's sleep overshoots by about this much
     await until(lambda: mon.report().samples >= 5)
     rep = await mon.stop()

@@ -1,3 +1,5 @@
+from typing import Any
+
 import pytest
 
 from servelens.core.buckets import IslBuckets
@@ -6,7 +8,7 @@ from servelens.core.state import FrontendState, MetricEdges
 MS = 1_000_000
 
 
-def make(buckets: str | None = "512,1024,2048,4096,8192,16384", **kw: int) -> FrontendState:
+def make(buckets: str | None = "512,1024,2048,4096,8192,16384", **kw: Any) -> FrontendState:
     st = FrontendState(IslBuckets.parse(buckets) if buckets else None, **kw)
     st.register_model("m")
     return st

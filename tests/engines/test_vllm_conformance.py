@@ -31,7 +31,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import pytest
@@ -148,7 +148,7 @@ def bench_run(vllm: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Ben
             "vLLM to count every finished request",
         )
         gw_log = tuple(read_request_log(gw_log_path))
-        probes = [e for e in gw_log if e["osl"] == 1 and (e["isl"] or 0) < 64]
+        probes = [e for e in gw_log if e["osl"] == 1 and cast(int, e["isl"] or 0) < 64]
         assert len(gw_log) == N_REQUESTS + 1 and len(probes) == 1, gw_log
         run = BenchRun(records, gw_log, probes[0], g0, scrape(gw.url), v0, scrape(vllm.url), wall_s)
     _write_figures(vllm, run)

@@ -65,7 +65,7 @@ def test_stop_ends_the_whole_process_group(tmp_path: Path) -> None:
     assert proc.stdout is not None
     child = int(proc.stdout.readline())
     assert child in vllm_cpu.group_members(proc.pid)
-    srv._proc = proc  # as start() would have set it
+    srv._proc = proc  # type: ignore[assignment]  # as start() would have set it (text mode: stop() reads nothing)
     srv.stop()
     assert proc.poll() is not None
     assert vllm_cpu.group_members(proc.pid) == []  # nothing of the group runs (zombies aside)

@@ -235,11 +235,11 @@ async def test_disconnect_stops_generation(stack: tuple[SimHandle, GatewayHandle
     assert gw.metrics.state.disconnected_clients == 1
     # tokens were relayed before the client left: the TTFT is in the bucket of the sim's ISL
     # (known at the first chunk from continuous usage), and in no other bucket
-    s = samples(gw.metrics)
+    got = samples(gw.metrics)
     n = gw.metrics.names
-    assert value(s, n.ttft_by_isl + "_count", model="sim-model", isl_bucket=BUCKETS.label(truth.isl)) == 1
-    assert total(s, n.ttft_by_isl + "_count") == 1
-    assert value(s, n.isl_assignments, model="sim-model", source="first_chunk_usage") == 1
+    assert value(got, n.ttft_by_isl + "_count", model="sim-model", isl_bucket=BUCKETS.label(truth.isl)) == 1
+    assert total(got, n.ttft_by_isl + "_count") == 1
+    assert value(got, n.isl_assignments, model="sim-model", source="first_chunk_usage") == 1
 
 
 async def test_disconnect_during_prefill(stack: tuple[SimHandle, GatewayHandle]) -> None:

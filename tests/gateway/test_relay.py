@@ -5,6 +5,7 @@ import json
 import pytest
 
 from servelens.core.sse import SSEDecoder
+from servelens.core.timing import RequestRecord
 from servelens.gateway import relay
 from servelens.gateway.relay import StreamMeter
 from servelens.gateway.usage import STRIP_ALL, STRIP_CONTINUOUS, STRIP_CONTINUOUS_NULL, null_usage, remove_usage
@@ -39,7 +40,7 @@ def meter(strip: int = 0) -> tuple[FrontendMetrics, StreamMeter]:
     return m, StreamMeter(live, strip)
 
 
-def finish(mt: StreamMeter, t_ns: int):
+def finish(mt: StreamMeter, t_ns: int) -> tuple[RequestRecord, tuple[str, str]]:
     mt.end(t_ns)
     status, etype = mt.outcome()
     return mt.live.finish(t_ns, status, etype, osl=mt.osl, cached_tokens=mt.cached_tokens), (status, etype)

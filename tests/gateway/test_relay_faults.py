@@ -6,6 +6,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import cast
 
 from servelens.gateway.testing import (
     RawHandler,
@@ -196,7 +197,8 @@ async def test_client_gone_while_not_reading_is_noticed_and_the_upstream_closed(
                      b"x-request-id: slow-reader\r\nContent-Length: %d\r\n\r\n%b" % (len(body), body))
         await writer.drain()
         assert (await reader.read(100)).startswith(b"HTTP/1.1 200")
-        writer.transport.pause_reading()  # the client reads no more: the gateway's buffer to it fills up
+        # the client reads no more: the gateway's buffer to it fills up
+        cast(asyncio.ReadTransport, writer.transport).pause_reading()
         async with asyncio.timeout(10):  # until the gateway holds back reading from the sim: its buffer is full
             while not any(c.reading_paused for c in gw.gateway.upstream._all):
                 await asyncio.sleep(0.01)

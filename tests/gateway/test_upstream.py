@@ -27,7 +27,7 @@ async def raw_server(handler: RawHandler) -> AsyncIterator[tuple[URL, list[int]]
 
 
 @asynccontextmanager
-async def one_response(handler: RawHandler, **client_kw: float) -> AsyncIterator[UpstreamResponse]:
+async def one_response(handler: RawHandler, **client_kw: Any) -> AsyncIterator[UpstreamResponse]:
     """Serve ``handler``, POST once through a new client; yields the response (its headers read),
     closes the response and the client after."""
     async with raw_server(handler) as (url, _):
@@ -140,7 +140,10 @@ async def test_chunked_close_delimited_and_after_interim_responses() -> None:
 
 
 async def test_cannot_connect_is_unavailable() -> None:
-    async with raw_server(read_request) as (url, _):
+    async def never_called(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        raise AssertionError("nothing connects")
+
+    async with raw_server(never_called) as (url, _):
         pass  # closed: nothing listens on that port now
     client = UpstreamClient(connect_timeout_s=2)
     with pytest.raises(UpstreamError) as err:

@@ -38,7 +38,8 @@ def test_seed_queries_on_real_prometheus() -> None:
     assert sorted(p95) == sorted(BUCKETS.labels) and sorted(mean) == sorted(BUCKETS.labels)
     edges = metrics.state.edges.ttft_s
     for label in BUCKETS.labels:
-        ttfts = sorted(s.ttft_s for s in samples if BUCKETS.label(s.isl) == label)  # type: ignore[arg-type,misc]
+        ttfts = sorted(s.ttft_s for s in samples if s.ttft_s is not None and s.isl is not None
+                       and BUCKETS.label(s.isl) == label)
         assert len(ttfts) == 40
         # mean: rate(sum)/rate(count) scales both by the same factor, so it is exact (the feed
         # rounds each TTFT to whole nanoseconds, hence the 1 ns tolerance)

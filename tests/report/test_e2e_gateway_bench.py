@@ -117,10 +117,10 @@ async def test_report_and_rules_agree_with_bench_through_gateway(tmp_path: Path)
                     assert legends == list(BUCKETS.labels), panel["title"]
                     with_data = []
                     for t in panel["targets"]:
-                        got = await asyncio.to_thread(s.client.query, substitute_variables(t["expr"], "5m", ".*"))
-                        assert len(got) <= 1, (s.kind, t["expr"])
-                        if got and not math.isnan(got[0].value):
-                            assert got[0].labels.get("isl_bucket") == t["legendFormat"], (s.kind, t["expr"])
+                        series = await asyncio.to_thread(s.client.query, substitute_variables(t["expr"], "5m", ".*"))
+                        assert len(series) <= 1, (s.kind, t["expr"])
+                        if series and not math.isnan(series[0].value):
+                            assert series[0].labels.get("isl_bucket") == t["legendFormat"], (s.kind, t["expr"])
                             with_data.append(t["legendFormat"])
                     assert set(USED) <= set(with_data), (s.kind, panel["title"], with_data)
         finally:

@@ -4,10 +4,11 @@ must give per-bucket figures consistent with the fed data, with buckets in numer
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ from servelens.dashboards.rules import record_name
 from servelens.prometheus.frontend import FrontendMetrics
 from servelens.prometheus.names import MetricNames
 from servelens.report.metrics_text import bucket_histograms, parse_scrape
-from servelens.report.promapi import PromApiError
+from servelens.report.promapi import PromApiError, Series
 from servelens.report.sources import report_from_prometheus
 from servelens.testing.exporter import feed, serve_metrics, synthetic_samples
 from servelens.testing.tsdb import TsdbServer, run_prometheus, run_victoria_metrics
@@ -50,8 +51,13 @@ class Fed:
     over_slo: set[str]
 
 
-def _count_is(n: float):  # type: ignore[no-untyped-def]
+def _count_is(n: float) -> Callable[[list[Series]], bool]:
     return lambda r: len(r) == 1 and r[0].value == n
+
+
+def _scraped_since(seen: float, r: list[Series]) -> bool:
+    """The scrape counter has moved SCRAPES_AROUND past ``seen``."""
+    return len(r) == 1 and r[0].value >= seen + SCRAPES_AROUND
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +94,7 @@ def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fed]:
         for server in (prom, vm):
             server.wait_until(dur, _count_is(N))
             seen = server.client.scalar(one) or 0
-            server.wait_until(one, lambda r, seen=seen: len(r) == 1 and r[0].value >= seen + SCRAPES_AROUND)
+            server.wait_until(one, functools.partial(_scraped_since, seen))
         # the recording rules have run on the fed data
         prom.wait_until(
             f'{record_name(NAMES.ttft_by_isl, "p95")}{{isl_bucket="0-512"}}',

@@ -44,6 +44,7 @@ async def test_streaming_chat_format_and_final_usage() -> None:
                                   "prompt_tokens_details": {"cached_tokens": 0}}
         rec = await sim.wait_truth(rid)
         assert (rec.isl, rec.osl, rec.outcome, rec.finish_reason) == (37, 9, "ok", "length")
+        assert rec.first_token_ns is not None
         assert rec.arrival_ns < rec.first_token_ns <= cap.read_ns[-1]
         assert len(rec.token_times_ns) == 9 and list(rec.token_times_ns) == sorted(rec.token_times_ns)
 
