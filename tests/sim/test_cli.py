@@ -61,6 +61,12 @@ def test_every_timing_parameter_is_a_flag_over_the_preset() -> None:
         assert params == preset.with_overrides(**{name: value}), name
 
 
+def test_cli_keepalive_timeout_default_and_flag() -> None:
+    assert config_from_args(build_parser().parse_args(["sim"])).keepalive_timeout_s == 75.0
+    args = build_parser().parse_args(["sim", "--keepalive-timeout", "5"])
+    assert config_from_args(args).keepalive_timeout_s == 5.0
+
+
 def test_cli_accepts_every_fault_mode_by_name() -> None:
     new = "stall_mid_stream,slow_headers,null_details"
     args = build_parser().parse_args(["sim", "--fault-rate", "0.5", "--fault-modes", new])
@@ -76,6 +82,8 @@ def test_cli_accepts_every_fault_mode_by_name() -> None:
     (["--prefill-s-per-token", "1e308"], "prefill_s_per_token must be a number of seconds in [0, 3600]"),
     (["--speedup", "1e-300"], "speedup must be >= 0.001"),
     (["--speedup", "nan"], "speedup must be >= 0.001"),
+    (["--keepalive-timeout", "0"], "keepalive_timeout_s must be > 0 and finite, got 0.0"),
+    (["--keepalive-timeout", "inf"], "keepalive_timeout_s must be > 0 and finite, got inf"),
 ])
 def test_cli_times_that_would_overflow_the_step_clock_are_refused(flags: list[str], says: str) -> None:
     # they were accepted; the first request's step then died with an OverflowError (the request hung,

@@ -309,3 +309,23 @@ async def test_requests_let_go_by_a_failing_step_end_with_an_error(caplog: pytes
             assert r.status == 200 and (await r.json())["usage"]["completion_tokens"] <= 5
     assert caplog.text.count("sim step failed; letting go of 1 request(s)") == 2
     assert [t.outcome for t in sim.truth()] == ["error", "error", "ok"]
+
+
+async def test_idle_keepalive_connection_is_closed_after_the_timeout() -> None:
+    # aiohttp's own default would hold an idle client connection for an hour
+    async with run_sim(keepalive_timeout_s=0.3) as sim:
+        host, port = sim.url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            writer.write(b"GET /health HTTP/1.1\r\nHost: sim\r\n\r\n")
+            await writer.drain()
+            answered = asyncio.get_running_loop().time()
+            head = await reader.readuntil(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200")
+            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            await reader.readexactly(length)
+            async with asyncio.timeout(10):  # the server's close: EOF
+                assert await reader.read() == b""
+            assert asyncio.get_running_loop().time() - answered >= 0.25
+        finally:
+            writer.close()

@@ -55,6 +55,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--fault-rate", type=float, default=0.0, help="probability of a global fault per request")
     p.add_argument("--fault-modes", default="", help="comma-separated modes drawn from: " + ",".join(FAULT_MODES))
     p.add_argument("--spin-us", type=int, default=1000, help="yield-spin window before each step deadline")
+    p.add_argument("--keepalive-timeout", type=float, default=75.0, metavar="SECONDS",
+                   help="close idle keep-alive connections after this (default 75, nginx's; vLLM: 5)")
     g = p.add_argument_group("timing model (override the preset)")
     for name, text in _PARAM_HELP.items():
         typ = float if name.endswith("_s") or "_s_per_" in name else int
@@ -70,7 +72,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         seed=args.seed, default_max_tokens=args.default_max_tokens, eos_min_tokens=args.eos_min_tokens,
         eos_max_tokens=args.eos_max_tokens, max_model_len=args.max_model_len, truth_log=args.truth_log,
         debug=args.debug, fault_rate=args.fault_rate, fault_modes=tuple(sorted(parse_modes(args.fault_modes))),
-        spin_us=args.spin_us, **model_kw,
+        spin_us=args.spin_us, keepalive_timeout_s=args.keepalive_timeout, **model_kw,
     )
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import socket
 import struct
 import time
@@ -83,6 +84,9 @@ class SimConfig:
         debug: enable ``/debug/requests`` and ``/debug/stats``.
         fault_rate, fault_modes: global fault injection (see :mod:`~servelens.sim.faults`).
         spin_us: the step loop yields instead of sleeping for the last ``spin_us`` before a deadline.
+        keepalive_timeout_s: an idle keep-alive connection, or one without a whole request head, is
+            closed after this many seconds (nginx's default, 75; aiohttp's own would be an hour).
+            vLLM's API server (uvicorn) closes idle connections after 5 s.
     """
 
     host: str = "127.0.0.1"
@@ -101,6 +105,7 @@ class SimConfig:
     fault_rate: float = 0.0
     fault_modes: tuple[str, ...] = ()
     spin_us: int = 1000
+    keepalive_timeout_s: float = 75.0
 
     def __post_init__(self) -> None:
         if not self.speedup >= MIN_SPEEDUP:
@@ -117,6 +122,8 @@ class SimConfig:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
         if self.spin_us < 0:
             raise ValueError(f"spin_us must be >= 0, got {self.spin_us}")
+        if not 0 < self.keepalive_timeout_s < math.inf:
+            raise ValueError(f"keepalive_timeout_s must be > 0 and finite, got {self.keepalive_timeout_s!r}")
         F.parse_modes(self.fault_modes)
         if not 0.0 <= self.fault_rate <= 1.0:
             raise ValueError(f"fault rate must be in [0, 1], got {self.fault_rate!r}")
@@ -802,7 +809,8 @@ class RunningServer:
 async def start_server(config: SimConfig) -> RunningServer:
     """Start a sim in the running event loop. Raises OSError if the port cannot be bound."""
     app = make_app(config)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
+                           keepalive_timeout=config.keepalive_timeout_s)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port)
     try:
