@@ -175,8 +175,8 @@ def serve_bare(upstream_port: int, measure: bool, tasked: bool = False) -> None:
                 return
             out = c.meter.relay(now(), data)
             out = data if out is None else out
-            if out and c.transport is not None:
-                c.transport.write(b"%x\r\n%b\r\n" % (len(out), out))
+            if out:
+                c.out(b"%x\r\n%b\r\n" % (len(out), out))
             if not self.measure_due:
                 self.measure_due = True
                 asyncio.get_running_loop().call_soon(self.measure, c.meter)
@@ -192,8 +192,7 @@ def serve_bare(upstream_port: int, measure: bool, tasked: bool = False) -> None:
                 return
             meter = c.meter
             rest = meter.end(now())
-            if c.transport is not None:
-                c.transport.write((b"%x\r\n%b\r\n" % (len(rest), rest) if rest else b"") + b"0\r\n\r\n")
+            c.out((b"%x\r\n%b\r\n" % (len(rest), rest) if rest else b"") + b"0\r\n\r\n")
             status, error_type = meter.outcome()
             meter.live.finish(now(), status, error_type, osl=meter.osl, cached_tokens=meter.cached_tokens)
 
@@ -210,6 +209,13 @@ def serve_bare(upstream_port: int, measure: bool, tasked: bool = False) -> None:
             self.arrival = 0
             self.meter: Any = None
             self.headers_arrived: asyncio.Future[None] | None = None
+            self.held: list[bytes] | None = None  # ``tasked``: the response until its head is written
+
+        def out(self, data: bytes) -> None:
+            if self.held is not None:
+                self.held.append(data)
+            elif self.transport is not None:
+                self.transport.write(data)
 
         def connection_made(self, transport: Any) -> None:
             self.transport = transport
@@ -239,10 +245,11 @@ def serve_bare(upstream_port: int, measure: bool, tasked: bool = False) -> None:
 
         async def handle(self) -> None:
             self.headers_arrived = asyncio.get_running_loop().create_future()
+            self.held = []  # the upstream's head and first events can come in one read, before this wakes
             self.send()
             await self.headers_arrived
-            if self.transport is not None:
-                self.transport.write(head)
+            held, self.held = self.held, None
+            self.out(head + b"".join(held))
 
         def send(self) -> None:
             data, self.buf = b"".join(self.buf), []
