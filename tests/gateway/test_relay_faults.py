@@ -8,6 +8,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import cast
 
+import pytest
+
 from servelens.gateway.testing import (
     RawHandler,
     http_chunk,
@@ -94,6 +96,52 @@ async def test_second_response_on_the_connection_is_not_relayed() -> None:
             assert got.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n") and b"SMUGGLED" not in got
         await gw.gateway.wait_finished(2)
         assert requests_total(gw.metrics, status="success") == 2
+
+
+@pytest.mark.parametrize("tail", [b"GARBAGE\r\n", b"x"])
+@pytest.mark.parametrize("close", [False, True])
+async def test_garbage_after_the_final_chunk_leaves_the_response_whole(tail: bytes, close: bool) -> None:
+    # the end of the stream and the stray bytes come in one read: the parser fails on the bytes after
+    # the response, and what it parsed before them (the last events, [DONE]) was dropped, counted
+    # truncated_stream
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        head = SSE_HEAD.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n") if close else SSE_HEAD
+        w.write(head + http_chunk(EVENTS[0]))
+        await w.drain()
+        await asyncio.sleep(0.05)  # a second read (not a test wait)
+        w.write(http_chunk(EVENTS[1]) + http_chunk(EVENTS[2]) + b"0\r\n\r\n" + tail)
+        await w.drain()
+        await r.read()
+
+    async with raw_upstream(handler) as url, run_gateway(url, models=["m"], inject_usage=False) as gw:
+        r, w = await raw_post(gw.port, b"Connection: close\r\n")
+        async with asyncio.timeout(5):
+            got = await r.read()
+        w.close()
+        assert got.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n") and got.count(b"data:") == 3
+        await gw.gateway.wait_finished(1)
+        assert requests_total(gw.metrics, status="success") == 1 and inflight(gw.metrics) == 0
+
+
+async def test_events_before_broken_chunk_framing_are_relayed_then_the_stream_is_truncated() -> None:
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(SSE_HEAD + http_chunk(EVENTS[0]))
+        await w.drain()
+        await asyncio.sleep(0.05)  # a second read (not a test wait)
+        w.write(http_chunk(EVENTS[1]) + b"zz\r\nnot a chunk\r\n")
+        await w.drain()
+        await r.read()
+
+    async with raw_upstream(handler) as url, run_gateway(url, models=["m"], inject_usage=False) as gw:
+        r, w = await raw_post(gw.port, b"Connection: close\r\n")
+        async with asyncio.timeout(5):
+            got = await r.read()
+        w.close()
+        assert got.count(b"data:") == 2 and not got.endswith(b"0\r\n\r\n")  # cut: no final chunk
+        await gw.gateway.wait_finished(1)
+        assert requests_total(gw.metrics, error_type="truncated_stream") == 1 and inflight(gw.metrics) == 0
 
 
 async def test_http10_client_asking_keep_alive_gets_the_stream_ended_by_close() -> None:

@@ -304,14 +304,22 @@ class _Connection(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except _PARSE_ERRORS as exc:
-            self._fail(UpstreamError("truncated_stream" if resp.status else "unavailable",
-                                     f"malformed HTTP response from the upstream: {type(exc).__name__}: {exc}"))
+            # what this read held before the error goes out first; bytes after a complete final
+            # response (garbage, a broken second message) leave that response whole
+            resp._after_read()
+            if not self.final_done:
+                self._fail(UpstreamError("truncated_stream" if resp.status else "unavailable",
+                                         f"malformed HTTP response from the upstream: {type(exc).__name__}: {exc}"))
+            self.keep_alive = False
             self.close()
             return
         if not self.head_done:
             self.head_bytes += len(data)  # a head arriving in many reads is bounded before it completes
         if self.head_bytes > MAX_HEAD_BYTES or self.head_size > MAX_HEAD_BYTES:
-            self._fail(UpstreamError("unavailable", f"the upstream's response head is over {MAX_HEAD_BYTES} bytes"))
+            resp._after_read()
+            if not self.final_done:  # (trailers over the bound after a complete response: it stands)
+                self._fail(UpstreamError("unavailable", f"the upstream's response head is over {MAX_HEAD_BYTES} bytes"))
+            self.keep_alive = False
             self.close()
             return
         resp._after_read()
