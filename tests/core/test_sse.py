@@ -80,6 +80,8 @@ def test_several_events_in_one_read() -> None:
         b"data: a\n",
         b"data: \n\n",
         b": ping\n\n",
+        b"data: a\r\rdata: b\r\r",
+        b"\xef\xbb\xbfdata: a\n\n",
     ],
 )
 def test_one_read_decodes_as_byte_by_byte(read: bytes) -> None:
@@ -97,3 +99,41 @@ def test_pending_bytes_and_discard_of_an_unfinished_block() -> None:
     d.decode(b"1}\n")
     assert d.discard() == b'data: {"x":1}\n' and d.pending_bytes == 0
     assert [b.data for b in d.decode(b"data: b\n\n")] == ["b"]  # parsing starts afresh
+
+
+def test_bare_cr_framed_event_is_complete_with_the_read_that_ends_it() -> None:
+    # a \r ending a read used to be held as the possible first half of \r\n, so every event of a
+    # \r-framed stream came out (and was timed) one read late
+    d = SSEDecoder()
+    assert [b.data for b in d.decode(b"data: a\r\r")] == ["a"]  # a bare \r mid-read shows the framing
+    assert [b.data for b in d.decode(b"data: b\r\r")] == ["b"]
+    assert d.decode(b"data: c\r") == []
+    # a \n starting the next read completes that \r\n: not a blank line, so c and d join
+    blocks = d.decode(b"\ndata: d\r\r")
+    assert [b.data for b in blocks] == ["c\nd"] and blocks[0].raw == b"data: c\r\ndata: d\r\r"
+
+
+def test_first_bare_cr_waits_until_the_framing_is_known() -> None:
+    d = SSEDecoder()
+    assert d.decode(b"data: a\r") == []  # \r\n or \r: the next byte tells
+    assert [b.data for b in d.decode(b"\r")] == ["a"]
+    assert [b.data for b in d.decode(b"data: b\r")] == []
+    assert [b.data for b in d.decode(b"\r")] == ["b"]
+
+
+def test_crlf_stream_split_after_cr_is_unchanged() -> None:
+    d = SSEDecoder()
+    assert [b.raw for b in d.decode(b"data: a\r\n\r\ndata: b\r\n\r")] == [b"data: a\r\n\r\n"]
+    blocks = d.decode(b"\n")
+    assert [b.data for b in blocks] == ["b"] and blocks[0].raw == b"data: b\r\n\r\n"
+
+
+@pytest.mark.parametrize("reads", [[b"\xef\xbb\xbfdata: a\n\n"], [b"\xef", b"\xbb", b"\xbfdata: a\n\n"]])
+def test_byte_order_mark_at_the_start_is_skipped_and_kept_in_raw(reads: list[bytes]) -> None:
+    # the WHATWG parser drops one leading U+FEFF; its field name was "\ufeffdata", an unknown field,
+    # so the first event had no data and was not measured
+    d = SSEDecoder()
+    blocks = [b for r in reads for b in d.decode(r)]
+    assert [b.data for b in blocks] == ["a"] and blocks[0].raw == b"".join(reads)
+    later = d.decode(b"\xef\xbb\xbfdata: b\n\n")  # only at the start of the stream
+    assert [b.data for b in later] == [None]

@@ -8,7 +8,14 @@ from servelens.core.sse import SSEDecoder
 from servelens.core.timing import RequestRecord
 from servelens.gateway import relay
 from servelens.gateway.relay import StreamMeter
-from servelens.gateway.usage import STRIP_ALL, STRIP_CONTINUOUS, STRIP_CONTINUOUS_NULL, null_usage, remove_usage
+from servelens.gateway.usage import (
+    STRIP_ALL,
+    STRIP_CONTINUOUS,
+    STRIP_CONTINUOUS_NULL,
+    STRIP_NONE,
+    null_usage,
+    remove_usage,
+)
 from servelens.prometheus import FrontendMetrics
 
 MS = 1_000_000
@@ -373,3 +380,24 @@ def test_a_junk_choice_index_is_the_first_choice(index: object) -> None:
     rec, outcome = finish(mt, 6 * MS)
     assert not mt.multi and outcome == ("success", "")
     assert rec.ttft_s == pytest.approx(0.001) and rec.itl.count == 1
+
+
+@pytest.mark.parametrize("strip", [STRIP_NONE, STRIP_CONTINUOUS])
+def test_cr_framed_stream_is_measured_and_sent_read_by_read(strip: int) -> None:
+    _, mt = meter(strip)
+    first = ev({**delta(content="a"), "usage": usage(5, 1)}, eol="\r")
+    out = mt.feed(1 * MS, first)
+    assert mt.live.timer.first_output_ns == 1 * MS  # not at the next read, 1 s later
+    if strip != STRIP_NONE:
+        assert out == ev(delta(content="a"), eol="\r")  # sent now, usage cut
+    mt.feed(1000 * MS, ev({**fin(content="b"), "usage": usage(5, 2)}, eol="\r") + b"data: [DONE]\r\r")
+    rec, outcome = finish(mt, 1001 * MS)
+    assert rec.ttft_s == pytest.approx(0.001) and outcome == ("success", "") and rec.osl == 2
+
+
+def test_byte_order_mark_before_the_first_event_is_measured() -> None:
+    _, mt = meter()
+    mt.feed(1 * MS, b"\xef\xbb\xbf" + ev(delta(content="a")))
+    mt.feed(1000 * MS, ev(fin(content="b")) + b"data: [DONE]\n\n")
+    rec, _ = finish(mt, 1001 * MS)
+    assert rec.ttft_s == pytest.approx(0.001) and rec.osl == 2

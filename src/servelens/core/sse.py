@@ -2,7 +2,13 @@
 
 ``decode(bytes) -> list[SSEBlock]`` can be fed arbitrary splits of the stream: an event split
 across reads, several events in one read, a multi-byte UTF-8 character split across reads,
-``\\n``, ``\\r\\n`` or ``\\r`` line endings. ``flush()`` returns what remains at the end of stream.
+``\\n``, ``\\r\\n`` or ``\\r`` line endings, and one UTF-8 byte order mark at the start of the stream,
+which is skipped. ``flush()`` returns what remains at the end of stream.
+
+A ``\\r`` that ends a read may be the first half of a ``\\r\\n``: it is held for the next read, unless
+the stream has shown a bare ``\\r`` line end (as the spec allows). Then it ends its line at once (so
+an event of a ``\\r``-framed stream is complete with the read that ends it, not one read late), and a
+``\\n`` that starts the next read is the rest of that line end.
 
 Every block (the lines up to a blank line) is returned, including comment-only blocks
 (``: keep-alive``) and blocks with only ``id:``/``retry:`` fields, so that a relay can
@@ -16,6 +22,7 @@ import re
 from dataclasses import dataclass
 
 _LINE_END = re.compile(rb"\r\n|\r|\n")
+_BOM = b"\xef\xbb\xbf"
 
 
 @dataclass(slots=True)
@@ -38,15 +45,27 @@ class SSEBlock:
     comments: tuple[str, ...] = ()
 
 
+def _bare_cr_before(buf: bytes | bytearray, last: int) -> bool:
+    """Whether ``buf[:last]`` holds a ``\\r`` line end not followed by ``\\n``."""
+    i = buf.find(b"\r", 0, last)
+    while i != -1:
+        if buf[i + 1] != 10:  # (i < last, so buf[i + 1] exists)
+            return True
+        i = buf.find(b"\r", i + 2, last)
+    return False
+
+
 class SSEDecoder:
     """Stateful incremental decoder. Not thread-safe; one per stream."""
 
-    __slots__ = ("_buf", "_comments", "_data", "_event", "_id", "_parsed", "_scanned")
+    __slots__ = ("_bare_cr", "_buf", "_comments", "_data", "_event", "_id", "_parsed", "_scanned", "_skip")
 
     def __init__(self) -> None:
         self._buf = bytearray()  # bytes of the unfinished block (appended to: no copy per read)
         self._parsed = 0  # how many bytes of _buf were already parsed into fields
         self._scanned = 0  # _buf[_parsed:_scanned] holds no line end (a long line is scanned once)
+        self._skip = _BOM  # bytes to pass over where parsing resumes: a BOM at the start, a \n after a \r
+        self._bare_cr = False  # the stream has shown a \r line end not followed by \n
         self._reset()
 
     def _reset(self) -> None:
@@ -92,8 +111,13 @@ class SSEDecoder:
         (so a relay can re-emit stray blank lines byte for byte).
         """
         held = self._buf
+        if self._skip:
+            chunk = self._skip_prefix(chunk)
+            if not chunk:
+                return []
         if (
             not held
+            and not self._parsed
             and chunk[:6] == b"data: "
             and chunk.find(b"\n") == len(chunk) - 2
             and chunk[-1] == 10
@@ -118,9 +142,12 @@ class SSEDecoder:
             if m is None:
                 break
             end = m.end()
-            if end == n and buf[m.start()] == 13 and m.end() - m.start() == 1:
-                n -= 1  # a lone \r at the very end may be the first half of \r\n: scan it again
-                break
+            if end == n and buf[n - 1] == 13:  # a \r that ends the read (the only one that can be half a \r\n)
+                if not (self._bare_cr or _bare_cr_before(buf, n - 1)):
+                    n -= 1  # held: it may be the first half of \r\n; scanned again with the next read
+                    break
+                self._bare_cr = True
+                self._skip = b"\n"  # it ends its line now; a \n that follows is the rest of it
             line = buf[pos : m.start()]
             pos = end
             if line:
@@ -136,6 +163,22 @@ class SSEDecoder:
         self._parsed = pos - start
         self._scanned = max(n, pos) - start
         return out
+
+    def _skip_prefix(self, chunk: bytes) -> bytes:
+        """Where parsing resumes, pass over what ``_skip`` names (the bytes stay in the next
+        block's ``raw``). Returns ``chunk``, or b"" when it is held to see whether the prefix
+        completes (a byte order mark split across reads)."""
+        skip = self._skip
+        held = self._buf
+        have = bytes(held[self._parsed:]) + chunk if held else chunk
+        if len(have) < len(skip) and skip.startswith(have):
+            held += chunk
+            self._scanned = len(held)
+            return b""
+        self._skip = b""
+        if have.startswith(skip):
+            self._parsed += len(skip)
+        return chunk
 
     @property
     def pending_bytes(self) -> int:
