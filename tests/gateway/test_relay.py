@@ -401,3 +401,31 @@ def test_byte_order_mark_before_the_first_event_is_measured() -> None:
     mt.feed(1000 * MS, ev(fin(content="b")) + b"data: [DONE]\n\n")
     rec, _ = finish(mt, 1001 * MS)
     assert rec.ttft_s == pytest.approx(0.001) and rec.osl == 2
+
+
+def _sse_data(out: bytes) -> list[str]:
+    """The data of each event in ``out`` (SSE rules, via the decoder)."""
+    d = SSEDecoder()
+    return [b.data for b in d.decode(out) + d.flush() if b.data is not None]
+
+
+@pytest.mark.parametrize("eol", ["\n", "\r\n"])
+@pytest.mark.parametrize("strip", [STRIP_CONTINUOUS, STRIP_CONTINUOUS_NULL])
+def test_injected_usage_is_cut_from_json_spread_over_several_data_lines(eol: str, strip: int) -> None:
+    # legal SSE: several data: lines joined with \n (JSON whitespace). Cutting on the raw block kept
+    # the comma before the line break: '{...,\n}' reached the client, invalid JSON
+    _, mt = meter(strip)
+    u = json.dumps(usage(5, 1))
+    split_after_comma = f': note{eol}id: 7{eol}data: {{"choices":[{{"index":0,"delta":{{"content":"a"}},' \
+        f'"finish_reason":null}}],{eol}data: "usage":{u}}}{eol}{eol}'
+    split_in_value = f'data: {{"choices":[{{"index":0,"delta":{{"content":"b"}},"finish_reason":"stop"}}],' \
+        f'"usage":{eol}data: {u}}}{eol}{eol}'
+    sent = (mt.feed(1 * MS, split_after_comma.encode()), mt.feed(2 * MS, split_in_value.encode()))
+    out = b"".join(x or b"" for x in sent)
+    got = [json.loads(d) for d in _sse_data(out)]
+    if strip == STRIP_CONTINUOUS_NULL:
+        assert [g.pop("usage") for g in got] == [None, None]
+    assert got == [delta(content="a"), fin(content="b")]
+    assert out.startswith(f": note{eol}id: 7{eol}data: ".encode())  # the other lines as they came
+    rec, outcome = finish(mt, 3 * MS)
+    assert outcome == ("success", "") and rec.osl == 1  # the usage was read before it was cut

@@ -44,6 +44,7 @@ applies, as it cannot while a block is held back for stripping).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import msgspec
@@ -65,6 +66,43 @@ from servelens.gateway.usage import (
 
 MAX_EVENT_BYTES = 16 * 1024 * 1024
 """Largest unfinished SSE event held (bytes); a streamed chunk is normally one token's worth."""
+
+
+_LINE = re.compile(rb"[^\r\n]*(?:\r\n|\r|\n)?")
+
+
+def _one_data_line(raw: bytes) -> bool:
+    """Whether SSE block ``raw`` is a single ``data:`` line (and its blank line)."""
+    body = raw.rstrip(b"\r\n")
+    return raw.startswith(b"data:") and b"\n" not in body and b"\r" not in body
+
+
+def _with_data(raw: bytes, data: bytes) -> bytes:
+    """SSE block ``raw`` with its ``data`` lines replaced by ``data`` (one ``data:`` line per line
+    of it, where the first data line was); other lines (comments, ``id:``, ``event:``) as they were,
+    and the block's own line ending."""
+    out: list[bytes] = []
+    eol = b"\n"
+    placed = False
+    for m in _LINE.finditer(raw):
+        line = m.group()
+        if not line:
+            break
+        text = line.rstrip(b"\r\n")
+        if text != line:
+            eol = line[len(text):]
+        name = text.split(b":", 1)[0].removeprefix(b"\xef\xbb\xbf")
+        if not text:
+            continue  # the blank line: added back at the end
+        if name == b"data":
+            if not placed:
+                out.append(b"".join(b"data: " + part + eol for part in data.split(b"\n")))
+                placed = True
+            continue
+        out.append(text + eol)
+    if raw.startswith(b"\xef\xbb\xbf") and not out[0].startswith(b"\xef\xbb\xbf"):
+        out.insert(0, b"\xef\xbb\xbf")  # a byte order mark opening the stream stays where it was
+    return b"".join(out) + eol
 
 
 class _Unparsed(SSEDecoder):
@@ -248,9 +286,12 @@ class StreamMeter:
             return raw
         if is_usage_only(obj):
             return b"" if self.strip == STRIP_ALL else raw
-        if self.strip == STRIP_CONTINUOUS_NULL:
-            return null_usage(raw)
-        return remove_usage(raw)
+        cut = null_usage if self.strip == STRIP_CONTINUOUS_NULL else remove_usage
+        if _one_data_line(raw):
+            return cut(raw)
+        # the JSON spans several data: lines (legal SSE, joined with \n): cut it as one text, and
+        # send the event with that text in data: lines and its other lines as they came
+        return _with_data(raw, cut((blk.data or "").encode()))
 
     def _measure(self, t_ns: int, blk: SSEBlock) -> None:
         """Read one data block."""
