@@ -115,6 +115,34 @@ def test_plan_injection_client_asked_usage_only() -> None:
     assert inj.body is body and inj.strip == STRIP_NONE
 
 
+@pytest.mark.parametrize("value", [1, "true", "True", " yes ", "on", "1", "t", "y"])
+def test_plan_injection_reads_include_usage_as_the_engines_do(value: object) -> None:
+    # vLLM and SGLang read stream_options with pydantic's lax bool: 1 and "true" ask for usage. The
+    # gateway read only `true`, so it rewrote the client's value and cut the usage it had asked for
+    obj, body = _body(stream_options={"include_usage": value})
+    inj = plan_injection(obj, body, inject_usage=True, continuous=False)
+    assert inj.body is body and inj.strip == STRIP_NONE and inj.client_usage
+    inj = plan_injection(obj, body, inject_usage=True, continuous=True)
+    assert inj.strip == STRIP_CONTINUOUS and not inj.include_usage and inj.continuous
+    obj, body = _body(stream_options={"include_usage": True, "continuous_usage_stats": value})
+    assert plan_injection(obj, body, inject_usage=True, continuous=True).body is body
+
+
+@pytest.mark.parametrize("value", [0, "false", "off", "no", "0", None])
+def test_plan_injection_lax_false_is_not_asking(value: object) -> None:
+    obj, body = _body(stream_options={"include_usage": value})
+    inj = plan_injection(obj, body, inject_usage=True, continuous=False)
+    assert inj.strip == STRIP_ALL and msgspec.json.decode(inj.body)["stream_options"]["include_usage"] is True
+
+
+@pytest.mark.parametrize("so", [{"include_usage": 2}, {"include_usage": "maybe"}, {"include_usage": [True]},
+                                {"include_usage": 1.5}, {"include_usage": True, "continuous_usage_stats": "x"}])
+def test_plan_injection_leaves_values_an_engine_rejects_untouched(so: dict) -> None:
+    obj, body = _body(stream_options=so)
+    inj = plan_injection(obj, body, inject_usage=True, continuous=True)
+    assert inj.body is body and inj.strip == STRIP_NONE  # the upstream answers it as it would without us
+
+
 def test_plan_injection_untouched_cases() -> None:
     obj, body = _body(stream_options={"include_usage": True, "continuous_usage_stats": True})
     assert plan_injection(obj, body, inject_usage=True, continuous=True).body is body

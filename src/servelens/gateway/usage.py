@@ -76,6 +76,24 @@ class Injection:
     client_continuous: bool = False
 
 
+_LAX_TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
+_LAX_FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
+
+
+def _lax_bool(value: Any) -> bool | None:
+    """A ``stream_options`` flag as the engines read it: pydantic's lax bool (vLLM, SGLang), so
+    ``1`` and ``"true"`` ask as ``true`` does; absent or null is False; None for a value they
+    reject."""
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int):
+        return bool(value) if value in (0, 1) else None
+    if isinstance(value, str):
+        v = value.strip().lower()
+        return True if v in _LAX_TRUE else False if v in _LAX_FALSE else None
+    return None
+
+
 def plan_injection(
     obj: dict[str, Any], body: bytes, *, inject_usage: bool, continuous: bool, null_usage: bool = False
 ) -> Injection:
@@ -91,8 +109,12 @@ def plan_injection(
     if so is not None and not isinstance(so, dict):
         return Injection(body)
     so = so or {}
-    client_usage = so.get("include_usage") is True
-    client_cont = client_usage and so.get("continuous_usage_stats") is True
+    asked_usage = _lax_bool(so.get("include_usage"))
+    asked_cont = _lax_bool(so.get("continuous_usage_stats"))
+    if asked_usage is None or asked_cont is None:  # a value the upstream will reject: untouched
+        return Injection(body)
+    client_usage = asked_usage
+    client_cont = client_usage and asked_cont
     if not inject_usage:
         return Injection(body, client_usage=client_usage, client_continuous=client_cont)
     add_usage = not client_usage
