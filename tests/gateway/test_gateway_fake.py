@@ -243,8 +243,10 @@ async def test_client_disconnect_closes_upstream_at_once(fake: ScriptedUpstream,
         assert gw.metrics.state.disconnected_clients == 1
 
 
-async def test_continuous_usage_auto_fallback(fake: ScriptedUpstream, http: aiohttp.ClientSession) -> None:
+@pytest.mark.parametrize("status", [400, 422])
+async def test_continuous_usage_auto_fallback(fake: ScriptedUpstream, http: aiohttp.ClientSession, status: int) -> None:
     fake.reject_continuous = True
+    fake.reject_status = status
     _, direct, _ = await post(http, fake.url, chat())
     async with run_gateway(fake.url) as gw:
         for _ in range(2):
@@ -257,9 +259,11 @@ async def test_continuous_usage_auto_fallback(fake: ScriptedUpstream, http: aioh
         assert requests_total(gw.metrics, status="success") == 2
 
 
-async def test_stream_options_rejected_falls_back_to_client_body(fake: ScriptedUpstream, http: aiohttp.ClientSession
-                                                                 ) -> None:
+@pytest.mark.parametrize("status", [400, 422])
+async def test_stream_options_rejected_falls_back_to_client_body(fake: ScriptedUpstream, http: aiohttp.ClientSession,
+                                                                 status: int) -> None:
     fake.reject_stream_options = True
+    fake.reject_status = status
     async with run_gateway(fake.url, continuous_usage="off") as gw:
         status, _, _ = await post(http, gw.url, chat())
         assert status == 200

@@ -91,6 +91,9 @@ CLOSING_CHECK_S = 0.05
 (seconds): a client gone with unread data is noticed within this, and the upstream request closed."""
 
 GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("servelens_gateway")
+_REJECTED = (400, 422)
+"""Statuses of an upstream that refuses a request's content: OpenAI's and vLLM's 400, and 422, which
+FastAPI answers for a field its model forbids (``extra="forbid"``)."""
 
 
 def _dropped(headers: MultiMapping[str], base: frozenset[str]) -> frozenset[str]:
@@ -734,7 +737,7 @@ class Gateway:
         inj, learn = self._plan(obj, body, upstream)
         up = await self._send(url, inj.body, headers)
         try:
-            if up.status == 400 and inj.body is not body and self.config.continuous_usage != "on":
+            if up.status in _REJECTED and inj.body is not body and self.config.continuous_usage != "on":
                 # (the first response is closed by the retry or, on any failure, by the finally below)
                 inj, learn, up = await self._retry_without_injection(obj, body, upstream, url, headers, inj, learn, up)
             out.upstream_request_id = up.headers.get("x-request-id")
@@ -756,9 +759,9 @@ class Gateway:
         self, obj: dict[str, Any], body: bytes, upstream: str, url: URL, headers: CIMultiDict[str],
         inj: Injection, learn: bool, up: UpstreamResponse,
     ) -> tuple[Injection, bool, UpstreamResponse]:
-        """An upstream rejected what we added (400 naming the field): resend once without it, and
-        learn that only when the resent request is not rejected too (a 400 for another reason can
-        name the field, e.g. a validation error echoing the whole request)."""
+        """An upstream rejected what we added (400, or FastAPI's 422, naming the field): resend once
+        without it, and learn that only when the resent request is not rejected too (a 400 for
+        another reason can name the field, e.g. a validation error echoing the whole request)."""
         try:
             text = await self._read_body(up)
         except _UpstreamFailed:
@@ -775,7 +778,7 @@ class Gateway:
         flags[upstream] = False
         inj, learn = self._plan(obj, body, upstream)
         retry = await self._send(url, inj.body, headers)
-        if retry.status == 400:  # rejected without the field too: it was not the cause
+        if retry.status in _REJECTED:  # rejected without the field too: it was not the cause
             if before is None:
                 flags.pop(upstream, None)
             else:

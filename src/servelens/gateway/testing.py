@@ -161,6 +161,7 @@ class ScriptedUpstream:
     usage_style: str = "vllm"
     reject_continuous: bool = False
     reject_stream_options: bool = False
+    reject_status: int = 400  # 422: as FastAPI rejects an unknown field (pydantic extra="forbid")
     prompt_tokens: int = 700
     cached_tokens: int | None = 128
     raw_stream: list[bytes] | None = None  # replaces the generated stream (written one item per write)
@@ -232,15 +233,19 @@ class ScriptedUpstream:
         body = json.loads(raw)
         chat = request.path.endswith("chat/completions")
         so = body.get("stream_options") or {}
-        if self.reject_stream_options and "stream_options" in body:
-            return web.json_response({"error": {"message": "Unrecognized request argument supplied: stream_options",
+        for rejected, name, loc in ((self.reject_stream_options and "stream_options" in body, "stream_options",
+                                     ["body", "stream_options"]),
+                                    (self.reject_continuous and "continuous_usage_stats" in so,
+                                     "stream_options.continuous_usage_stats",
+                                     ["body", "stream_options", "continuous_usage_stats"])):
+            if not rejected:
+                continue
+            if self.reject_status == 422:
+                return web.json_response({"detail": [{"type": "extra_forbidden", "loc": loc,
+                                                      "msg": "Extra inputs are not permitted"}]}, status=422)
+            return web.json_response({"error": {"message": f"Unrecognized request argument supplied: {name}",
                                                 "type": "invalid_request_error", "param": None, "code": None}},
-                                     status=400)
-        if self.reject_continuous and "continuous_usage_stats" in so:
-            return web.json_response({"error": {"message": "Unrecognized request argument supplied: "
-                                                "stream_options.continuous_usage_stats",
-                                                "type": "invalid_request_error", "param": None, "code": None}},
-                                     status=400)
+                                     status=self.reject_status)
         if self.status != 200:
             return web.json_response({"error": {"message": f"fake {self.status}", "type": "error", "param": None,
                                                 "code": self.status}}, status=self.status,
