@@ -275,6 +275,21 @@ async def test_stream_options_rejected_falls_back_to_client_body(fake: ScriptedU
             "first_chunk_usage": 0, "final_usage": 0, "tokenizer": 0, "unknown": 1}
 
 
+@pytest.mark.parametrize("body", [
+    json.dumps(chat()).encode("utf-16"),  # Python's json (vLLM's request parsing) reads UTF-16 and UTF-32
+    b"\xef\xbb\xbf" + json.dumps(chat()).encode(),  # a byte order mark
+    json.dumps(chat(temperature=float("nan"), stream_options={})).encode(),  # NaN (re-encoded: null)
+], ids=["utf-16", "bom", "nan"])
+async def test_body_only_pythons_json_reads_goes_upstream_unchanged(fake: ScriptedUpstream,
+                                                                    http: aiohttp.ClientSession, body: bytes) -> None:
+    # the injection inserted ASCII bytes into UTF-16 (invalid JSON upstream), or re-encoded NaN as null
+    async with run_gateway(fake.url) as gw:
+        status, _, _ = await post(http, gw.url, body)
+        assert status == 200 and fake.completions()[-1].body == body
+        await gw.gateway.wait_finished(1)
+        assert requests_total(gw.metrics, status="success") == 1
+
+
 async def test_continuous_usage_off_and_no_injection(fake: ScriptedUpstream, http: aiohttp.ClientSession) -> None:
     async with run_gateway(fake.url, continuous_usage="off") as gw:
         await post(http, gw.url, chat())

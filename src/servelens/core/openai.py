@@ -20,15 +20,22 @@ _decode = msgspec.json.Decoder().decode
 def decode_json(data: bytes | str) -> Any:
     """Decode JSON (any value) with msgspec; what msgspec refuses but Python's ``json`` module (which
     vLLM's and most Python engines' request parsing uses) accepts is decoded by the latter: escaped
-    lone surrogates (``"\\ud800"``), ``NaN``/``Infinity``. Raises ``msgspec.DecodeError`` for invalid
-    JSON, including JSON nested too deeply to decode."""
+    lone surrogates (``"\\ud800"``), ``NaN``/``Infinity``, UTF-16 and UTF-32, a byte order mark.
+    Raises ``msgspec.DecodeError`` for invalid JSON, including JSON nested too deeply to decode."""
+    return decode_json_strictness(data)[0]
+
+
+def decode_json_strictness(data: bytes | str) -> tuple[Any, bool]:
+    """:func:`decode_json`, and whether the text is strict JSON in UTF-8 (False when only Python's
+    ``json`` module accepted it: such a text is not safe to edit as UTF-8 bytes or to re-encode,
+    which would turn ``NaN`` into ``null``). Raises ``msgspec.DecodeError`` as :func:`decode_json`."""
     try:
-        return _decode(data)
+        return _decode(data), True
     except RecursionError:
         raise msgspec.DecodeError("JSON is nested too deeply") from None
     except msgspec.DecodeError as exc:
         try:
-            return json.loads(data)
+            return json.loads(data), False
         except (ValueError, RecursionError):
             raise exc from None
 

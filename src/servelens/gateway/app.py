@@ -51,7 +51,7 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy, MultiMapping
 from yarl import URL
 
-from servelens.core.openai import decode_json, error_body, parse_response
+from servelens.core.openai import decode_json, decode_json_strictness, error_body, parse_response
 from servelens.core.state import LiveRequest
 from servelens.core.status import error_type_for_status
 from servelens.core.timing import RequestRecord
@@ -487,7 +487,7 @@ class Gateway:
             state.client_disconnected()
             raise
         try:
-            obj = _decode_json(body)
+            obj, editable = decode_json_strictness(body)
         except msgspec.DecodeError as exc:
             self._rejected(endpoint, "unary", "validation", arrival_ns)
             return openai_error(400, f"invalid JSON in the request body: {exc}", "invalid_request_error",
@@ -529,7 +529,7 @@ class Gateway:
         try:
             url = self._url(upstream, request.path, request.raw_path)
             if stream:
-                resp = await self._stream(request, live, out, obj, body, upstream, url)
+                resp = await self._stream(request, live, out, obj, body, upstream, url, editable)
             else:
                 resp = await self._unary(request, live, out, body, url)
             if counting is not None and not counting.done():
@@ -684,10 +684,13 @@ class Gateway:
         return web.Response(status=up.status, reason=up.reason, body=body,
                             headers=forward_response_headers(up.headers))
 
-    def _plan(self, obj: dict[str, Any], body: bytes, upstream: str) -> tuple[Injection, bool]:
-        """What to add to a stream request, and whether this request teaches ``usage_null``."""
+    def _plan(self, obj: dict[str, Any], body: bytes, upstream: str, editable: bool = True
+              ) -> tuple[Injection, bool]:
+        """What to add to a stream request, and whether this request teaches ``usage_null``.
+        ``editable``: the body is strict UTF-8 JSON (else it goes as it came: a UTF-16 body or one
+        with ``NaN`` would be corrupted or changed by an edit)."""
         cfg = self.config
-        inject = cfg.inject_usage and self.stream_options_ok.get(upstream, True)
+        inject = cfg.inject_usage and editable and self.stream_options_ok.get(upstream, True)
         continuous = cfg.continuous_usage == "on" or (
             cfg.continuous_usage == "auto" and self.continuous_ok.get(upstream, True)
         )
@@ -731,10 +734,10 @@ class Gateway:
 
     async def _stream(
         self, request: web.Request, live: LiveRequest, out: _Outcome, obj: dict[str, Any], body: bytes,
-        upstream: str, url: URL,
+        upstream: str, url: URL, editable: bool = True,
     ) -> web.StreamResponse:
         headers = forward_request_headers(request.headers, measured=True)
-        inj, learn = self._plan(obj, body, upstream)
+        inj, learn = self._plan(obj, body, upstream, editable)
         up = await self._send(url, inj.body, headers)
         try:
             if up.status in _REJECTED and inj.body is not body and self.config.continuous_usage != "on":
