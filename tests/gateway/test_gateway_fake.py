@@ -277,17 +277,28 @@ async def test_stream_options_rejected_falls_back_to_client_body(fake: ScriptedU
 
 @pytest.mark.parametrize("body", [
     json.dumps(chat()).encode("utf-16"),  # Python's json (vLLM's request parsing) reads UTF-16 and UTF-32
-    b"\xef\xbb\xbf" + json.dumps(chat()).encode(),  # a byte order mark
-    json.dumps(chat(temperature=float("nan"), stream_options={})).encode(),  # NaN (re-encoded: null)
-], ids=["utf-16", "bom", "nan"])
-async def test_body_only_pythons_json_reads_goes_upstream_unchanged(fake: ScriptedUpstream,
-                                                                    http: aiohttp.ClientSession, body: bytes) -> None:
-    # the injection inserted ASCII bytes into UTF-16 (invalid JSON upstream), or re-encoded NaN as null
+    b"\xef\xbb\xbf" + json.dumps(chat()).encode(),  # and a byte order mark
+], ids=["utf-16", "bom"])
+async def test_body_in_another_encoding_goes_upstream_unchanged(fake: ScriptedUpstream, http: aiohttp.ClientSession,
+                                                               body: bytes) -> None:
+    # the injection inserted UTF-8 bytes into it: invalid JSON upstream
     async with run_gateway(fake.url) as gw:
         status, _, _ = await post(http, gw.url, body)
         assert status == 200 and fake.completions()[-1].body == body
         await gw.gateway.wait_finished(1)
         assert requests_total(gw.metrics, status="success") == 1
+
+
+@pytest.mark.parametrize("stream_options", [None, {}])
+async def test_nan_in_the_body_stays_nan_when_usage_is_injected(fake: ScriptedUpstream, http: aiohttp.ClientSession,
+                                                                stream_options: Any) -> None:
+    # with stream_options present the body is re-encoded, and msgspec wrote NaN as null
+    extra = {} if stream_options is None else {"stream_options": stream_options}
+    async with run_gateway(fake.url) as gw:
+        status, _, _ = await post(http, gw.url, json.dumps(chat(temperature=float("nan"), **extra)).encode())
+        assert status == 200
+    sent = fake.completions()[-1]
+    assert b"NaN" in sent.body and sent.json["stream_options"]["include_usage"] is True
 
 
 async def test_continuous_usage_off_and_no_injection(fake: ScriptedUpstream, http: aiohttp.ClientSession) -> None:

@@ -487,7 +487,7 @@ class Gateway:
             state.client_disconnected()
             raise
         try:
-            obj, editable = decode_json_strictness(body)
+            obj, strict = decode_json_strictness(body)
         except msgspec.DecodeError as exc:
             self._rejected(endpoint, "unary", "validation", arrival_ns)
             return openai_error(400, f"invalid JSON in the request body: {exc}", "invalid_request_error",
@@ -529,7 +529,7 @@ class Gateway:
         try:
             url = self._url(upstream, request.path, request.raw_path)
             if stream:
-                resp = await self._stream(request, live, out, obj, body, upstream, url, editable)
+                resp = await self._stream(request, live, out, obj, body, upstream, url, strict)
             else:
                 resp = await self._unary(request, live, out, body, url)
             if counting is not None and not counting.done():
@@ -684,22 +684,22 @@ class Gateway:
         return web.Response(status=up.status, reason=up.reason, body=body,
                             headers=forward_response_headers(up.headers))
 
-    def _plan(self, obj: dict[str, Any], body: bytes, upstream: str, editable: bool = True
+    def _plan(self, obj: dict[str, Any], body: bytes, upstream: str, strict: bool = True
               ) -> tuple[Injection, bool]:
         """What to add to a stream request, and whether this request teaches ``usage_null``.
-        ``editable``: the body is strict UTF-8 JSON (else it goes as it came: a UTF-16 body or one
-        with ``NaN`` would be corrupted or changed by an edit)."""
+        ``strict``: the body is strict UTF-8 JSON (see :func:`plan_injection`)."""
         cfg = self.config
-        inject = cfg.inject_usage and editable and self.stream_options_ok.get(upstream, True)
+        inject = cfg.inject_usage and self.stream_options_ok.get(upstream, True)
         continuous = cfg.continuous_usage == "on" or (
             cfg.continuous_usage == "auto" and self.continuous_ok.get(upstream, True)
         )
         null = self.usage_null.get(upstream)
-        inj = plan_injection(obj, body, inject_usage=inject, continuous=continuous, null_usage=bool(null))
+        inj = plan_injection(obj, body, inject_usage=inject, continuous=continuous, null_usage=bool(null),
+                             strict=strict)
         if null is None and inj.strip in (STRIP_CONTINUOUS, STRIP_CONTINUOUS_NULL):
             # the client wants include_usage only: learn how this upstream marks "no usage here"
             # from this one request, sent without continuous_usage_stats
-            return plan_injection(obj, body, inject_usage=inject, continuous=False), True
+            return plan_injection(obj, body, inject_usage=inject, continuous=False, strict=strict), True
         return inj, False
 
     async def _unary(
@@ -734,10 +734,10 @@ class Gateway:
 
     async def _stream(
         self, request: web.Request, live: LiveRequest, out: _Outcome, obj: dict[str, Any], body: bytes,
-        upstream: str, url: URL, editable: bool = True,
+        upstream: str, url: URL, strict: bool = True,
     ) -> web.StreamResponse:
         headers = forward_request_headers(request.headers, measured=True)
-        inj, learn = self._plan(obj, body, upstream, editable)
+        inj, learn = self._plan(obj, body, upstream, strict)
         up = await self._send(url, inj.body, headers)
         try:
             if up.status in _REJECTED and inj.body is not body and self.config.continuous_usage != "on":

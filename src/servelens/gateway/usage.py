@@ -95,13 +95,18 @@ def _lax_bool(value: Any) -> bool | None:
 
 
 def plan_injection(
-    obj: dict[str, Any], body: bytes, *, inject_usage: bool, continuous: bool, null_usage: bool = False
+    obj: dict[str, Any], body: bytes, *, inject_usage: bool, continuous: bool, null_usage: bool = False,
+    strict: bool = True,
 ) -> Injection:
     """Decide what to add to a streaming request ``obj`` (already decoded from ``body``).
 
     ``continuous``: whether ``continuous_usage_stats`` may be added for this upstream.
     ``null_usage``: the upstream sends ``"usage": null`` on chunks of an ``include_usage``
     stream (selects :data:`STRIP_CONTINUOUS_NULL` over :data:`STRIP_CONTINUOUS`).
+    ``strict``: ``body`` is strict JSON in UTF-8 (msgspec read it). Else only Python's ``json``
+    did: escaped lone surrogates or ``NaN``/``Infinity`` are kept by writing with ``json`` (msgspec
+    would write ``null`` for ``NaN``), and a UTF-16/32 body or one with a byte order mark is not
+    edited at all (bytes inserted into it would break it).
     Returns the original ``body`` unchanged when nothing is added, or when ``stream_options``
     is present but not an object (the upstream will reject it, as it would without us).
     """
@@ -115,7 +120,7 @@ def plan_injection(
         return Injection(body)
     client_usage = asked_usage
     client_cont = client_usage and asked_cont
-    if not inject_usage:
+    if not inject_usage or (not strict and (b"\x00" in body or body.startswith(b"\xef\xbb\xbf"))):
         return Injection(body, client_usage=client_usage, client_continuous=client_cont)
     add_usage = not client_usage
     add_cont = continuous and not client_cont
@@ -133,7 +138,7 @@ def plan_injection(
     else:
         new_obj = dict(obj)
         new_obj["stream_options"] = new_so
-        new_body = _encode(new_obj)
+        new_body = _encode(new_obj) if strict else json.dumps(new_obj, separators=(",", ":")).encode()
     strip = STRIP_ALL if add_usage else (STRIP_CONTINUOUS_NULL if null_usage else STRIP_CONTINUOUS)
     return Injection(
         new_body, strip, include_usage=add_usage, continuous=add_cont,
