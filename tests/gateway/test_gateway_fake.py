@@ -9,12 +9,15 @@ from typing import Any
 
 import aiohttp
 import pytest
+from yarl import URL
 
 from servelens.gateway.requestlog import read_request_log
 from servelens.gateway.testing import (
     FAKE_MODEL,
     ScriptedUpstream,
     inflight,
+    raw_tcp_server,
+    read_http_request,
     requests_total,
     run_gateway,
     samples,
@@ -568,3 +571,39 @@ async def test_prompt_tokens_details_null_is_unknown_not_zero(fake: ScriptedUpst
         assert value(s, n.isl + "_count", model=FAKE_MODEL) == 1
         assert value(s, n.cached + "_count", model=FAKE_MODEL) == 0  # unknown, not observed as 0
         assert total(s, n.cached_by_isl + "_count") == 0
+
+
+@pytest.mark.parametrize("path", ["/v1/chat%2Fcompletions", "/v1/chat%2fcompletions"])
+async def test_encoded_slash_in_a_measured_path_is_measured(fake: ScriptedUpstream, http: aiohttp.ClientSession,
+                                                            path: str) -> None:
+    # the engine's server (uvicorn) decodes %2F and serves chat completions: the gateway relayed it
+    # unmeasured, so a request could pass uncounted
+    async with run_gateway(fake.url) as gw:
+        async with http.post(URL(gw.url + path, encoded=True), json=chat()) as r:
+            assert r.status == 200 and (await r.read()).endswith(b"data: [DONE]\n\n")
+        await gw.gateway.wait_finished(1)
+        assert requests_total(gw.metrics, model=FAKE_MODEL, endpoint="chat_completions", status="success") == 1
+    assert fake.completions()[-1].path == "/v1/chat/completions"
+
+
+async def test_upstream_redirect_is_relayed_with_its_location_through_the_gateway() -> None:
+    # FastAPI answers a trailing slash with a 307 to its own address: the gateway followed it (the
+    # request then went unmeasured), and a relayed Location would send the client past the gateway
+    got: list[bytes] = []
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            head, _ = await read_http_request(r)
+            got.append(head.split(b" ")[1])
+            w.write(b"HTTP/1.1 307 Temporary Redirect\r\nContent-Length: 0\r\nLocation: %b\r\n\r\n"
+                    % (base.encode() + b"/v1/chat/completions?x=1"))
+            await w.drain()
+
+    async with raw_tcp_server(handler) as (port, _):
+        base = f"http://127.0.0.1:{port}"
+        async with run_gateway(base, models=["m"]) as gw, aiohttp.ClientSession() as http:
+            body = {"model": "m", "messages": [], "stream": True}
+            for path in ("/v1/chat/completions/", "/v1/chat/completions"):  # passthrough, then measured
+                async with http.post(gw.url + path, json=body, allow_redirects=False) as r:
+                    assert r.status == 307 and r.headers["Location"] == "/v1/chat/completions?x=1", path
+    assert got == [b"/v1/chat/completions/", b"/v1/chat/completions"]  # each sent once, not followed

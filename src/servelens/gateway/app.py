@@ -91,6 +91,7 @@ CLOSING_CHECK_S = 0.05
 (seconds): a client gone with unread data is noticed within this, and the upstream request closed."""
 
 GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("servelens_gateway")
+_MEASURED_PATHS = {"/v1/chat/completions": "chat_completions", "/v1/completions": "completions"}
 _REJECTED = (400, 422)
 """Statuses of an upstream that refuses a request's content: OpenAI's and vLLM's 400, and 422, which
 FastAPI answers for a field its model forbids (``extra="forbid"``)."""
@@ -239,6 +240,7 @@ class Gateway:
         self._idle = asyncio.Event()
         self._idle.set()
         self._finished_event: asyncio.Event | None = None
+        self._upstream_bases = tuple(u.rstrip("/") for u in config.upstreams)
         self.app = self._build_app()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -358,7 +360,12 @@ class Gateway:
 
     async def passthrough(self, request: web.Request) -> web.StreamResponse:
         """Any other request (``/v1/*`` and the engine's own paths): forwarded unmeasured (routed by
-        ``model`` when mapped)."""
+        ``model`` when mapped). A POST whose decoded path is a measured one (``/v1/chat%2Fcompletions``:
+        the engine's server decodes it so) is measured. A redirect is relayed, not followed."""
+        if request.method == "POST":
+            endpoint = _MEASURED_PATHS.get(request.path)
+            if endpoint is not None:
+                return await self._tracked(request, endpoint)
         try:
             body = await read_body(request, self.config.max_body_bytes, self.config.client_timeout_s)
         except web.HTTPRequestEntityTooLarge:
@@ -380,7 +387,7 @@ class Gateway:
                 # resolution: the upstream sees the same path and query)
                 up = await self.session.request(
                     request.method, URL(upstream + request.raw_path, encoded=True), data=body or None,
-                    headers=headers,
+                    headers=headers, allow_redirects=False,
                 )
         except TimeoutError:
             return openai_error(504, "upstream did not answer in time", "server_error", "upstream_timeout")
@@ -388,7 +395,7 @@ class Gateway:
             return openai_error(502, f"upstream unreachable: {type(exc).__name__}", "server_error",
                                 "upstream_unavailable")
         try:
-            resp = web.StreamResponse(status=up.status, reason=up.reason, headers=forward_response_headers(up.headers))
+            resp = web.StreamResponse(status=up.status, reason=up.reason, headers=self._response_headers(up.headers))
             await resp.prepare(request)
             while True:
                 try:
@@ -682,7 +689,20 @@ class Gateway:
         body = await self._read_body(up)
         out.fail(error_type_for_status(up.status), up.status)
         return web.Response(status=up.status, reason=up.reason, body=body,
-                            headers=forward_response_headers(up.headers))
+                            headers=self._response_headers(up.headers))
+
+    def _response_headers(self, headers: MultiMapping[str]) -> CIMultiDict[str]:
+        """:func:`forward_response_headers`, with a ``Location`` into an upstream made relative to
+        the gateway (as nginx's ``proxy_redirect default``): a redirect (FastAPI's 307 for a trailing
+        slash) sends the client back through the gateway, not straight to the engine."""
+        out = forward_response_headers(headers)
+        loc = out.get("Location")
+        if loc:
+            for base in self._upstream_bases:
+                if loc.startswith(base) and loc[len(base):len(base) + 1] in ("", "/", "?"):
+                    out["Location"] = loc[len(base):] or "/"
+                    break
+        return out
 
     def _plan(self, obj: dict[str, Any], body: bytes, upstream: str, strict: bool = True
               ) -> tuple[Injection, bool]:
@@ -730,7 +750,7 @@ class Gateway:
                 out.osl = usage.completion_tokens
                 out.cached_tokens = usage.cached_tokens
         return web.Response(status=up.status, reason=up.reason, body=data,
-                            headers=forward_response_headers(up.headers))
+                            headers=self._response_headers(up.headers))
 
     async def _stream(
         self, request: web.Request, live: LiveRequest, out: _Outcome, obj: dict[str, Any], body: bytes,
@@ -801,7 +821,7 @@ class Gateway:
         go out with the client's headers, and the read that ends the body goes out with the final
         chunk (one send each).
         """
-        resp = web.StreamResponse(status=up.status, reason=up.reason, headers=forward_response_headers(up.headers))
+        resp = web.StreamResponse(status=up.status, reason=up.reason, headers=self._response_headers(up.headers))
         strip = meter.strip != STRIP_NONE
         feed = meter.feed
 
