@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import zlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import cast
 
+import aiohttp
 import pytest
 
 from servelens.gateway.testing import (
@@ -262,3 +265,67 @@ async def test_client_gone_while_not_reading_is_noticed_and_the_upstream_closed(
             assert truth.outcome == "cancelled" and len(truth.token_times_ns) < 100000  # generation stopped
         finally:
             writer.close()
+
+
+UNARY = (b'{"choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],'
+         b'"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}')
+
+
+async def test_gzip_body_despite_identity_is_decoded_measured_and_relayed_as_it_comes() -> None:
+    # the gateway asks for Accept-Encoding: identity; an upstream (or a proxy in front of it) that
+    # compresses anyway had its stream held to the end and counted truncated_stream, its unary reply
+    # counted backend_error
+    client_got_first = asyncio.Event()
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            _, body = await read_http_request(r)
+            z = zlib.compressobj(wbits=31)
+            if json.loads(body).get("stream"):
+                w.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Encoding: gzip\r\n"
+                        b"Transfer-Encoding: chunked\r\n\r\n")
+                for i, e in enumerate(EVENTS):
+                    w.write(http_chunk(z.compress(e) + z.flush(zlib.Z_SYNC_FLUSH)))
+                    await w.drain()
+                    if i == 0:
+                        async with asyncio.timeout(5):
+                            await client_got_first.wait()  # the first event reached the client alone
+                w.write(http_chunk(z.flush()) + b"0\r\n\r\n")
+            else:
+                data = z.compress(UNARY) + z.flush()
+                w.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Encoding: gzip\r\n"
+                        b"Content-Length: %d\r\n\r\n%b" % (len(data), data))
+            await w.drain()
+
+    async with raw_upstream(handler) as url, run_gateway(url, models=["m"]) as gw, aiohttp.ClientSession(
+            auto_decompress=False) as http:
+        body = json.loads(BODY)
+        async with http.post(gw.url + "/v1/chat/completions", json=body) as resp:
+            assert "Content-Encoding" not in resp.headers
+            got = await resp.content.readuntil(b"\n\n")
+            assert got == EVENTS[0]
+            client_got_first.set()
+            got += await resp.read()
+        assert got == b"".join(EVENTS)
+        async with http.post(gw.url + "/v1/chat/completions", json={**body, "stream": False}) as resp:
+            assert "Content-Encoding" not in resp.headers and await resp.read() == UNARY
+        await gw.gateway.wait_finished(2)
+        assert requests_total(gw.metrics, status="success") == 2 and inflight(gw.metrics) == 0
+        assert total(samples(gw.metrics), "servelens_time_to_first_token_seconds_count") == 1
+
+
+@pytest.mark.parametrize(("coding", "data"), [("br", b"\x1b\x00"), ("gzip", b"not gzip at all")])
+async def test_body_in_a_coding_the_gateway_cannot_read_is_a_backend_error(coding: str, data: bytes) -> None:
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Encoding: %b\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n%b0\r\n\r\n" % (coding.encode(), http_chunk(data)))
+        await w.drain()
+        await r.read()
+
+    async with raw_upstream(handler) as url, run_gateway(url, models=["m"]) as gw, aiohttp.ClientSession() as http:
+        async with http.post(gw.url + "/v1/chat/completions", data=BODY) as resp:
+            with contextlib.suppress(aiohttp.ClientPayloadError):  # br: a 502; broken gzip: the stream cut
+                await resp.read()
+        await gw.gateway.wait_finished(1)
+        assert requests_total(gw.metrics, error_type="backend_error") == 1 and inflight(gw.metrics) == 0

@@ -28,7 +28,8 @@ body, for unary) within ``response_timeout_s``, or silence over ``read_timeout_s
 ``response_timeout``; a unary or error body over :data:`~servelens.gateway.upstream.MAX_BODY_BYTES` ->
 502 ``backend_error``; upstream 400/4xx -> ``validation``, 404 -> ``not_found``, 429 and 503 ->
 ``overload``, other 5xx -> ``backend_error`` (the upstream's status and body are relayed); an ``error``
-object or malformed chunk inside a 200 stream -> ``backend_error`` (a whole ``application/json`` or
+object or malformed chunk inside a 200 stream, or a body in a content coding other than gzip or
+deflate (which are decoded) or that does not decode -> ``backend_error`` (a whole ``application/json`` or
 ``text/html`` reply to a stream request is measured as a unary reply); a stream ending with neither
 ``finish_reason`` nor ``[DONE]``, or cut by the upstream -> ``truncated_stream`` (a cut is passed on:
 the client connection is closed without the final chunk); the client going away -> ``cancelled`` (the
@@ -937,7 +938,8 @@ class Gateway:
             try:
                 await up.pump(pending.append, flush, drain)
             except UpstreamError as exc:
-                cut = exc.error_type if exc.error_type == "response_timeout" else "truncated_stream"
+                # (backend_error: a compressed body that does not decode)
+                cut = exc.error_type if exc.error_type in ("response_timeout", "backend_error") else "truncated_stream"
             finally:
                 measure()  # what was sent is measured before the request is finished, on every path
             if failure:

@@ -10,7 +10,9 @@ against nginx (docs/benchmarks.md, issue 4). This client does what a reverse pro
   (``http://user:pass@host``) are sent as ``Authorization: Basic`` unless the request has its own
   ``Authorization``;
 * one ``write`` per request (head and body together), ``Host`` and ``Content-Length`` set here;
-* no redirects, no cookies, no decompression (bodies are relayed as the upstream sent them);
+* no redirects, no cookies; the gateway asks for ``Accept-Encoding: identity``, and a body the upstream
+  compresses anyway with gzip or deflate is decoded here (its ``Content-Encoding`` dropped), so the
+  stream is measured, cut and relayed as if it came plain; another coding fails as ``backend_error``;
 * connections kept alive ``keepalive_s`` after use (LIFO; below the 5 s keep-alive of uvicorn, which
   serves vLLM and SGLang, so the upstream rarely closes a connection just as it is reused); a request
   is never sent twice (like nginx and aiohttp for POST: an upstream that read it may have acted on it);
@@ -33,6 +35,7 @@ import base64
 import contextlib
 import select
 import ssl
+import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
@@ -41,6 +44,9 @@ from multidict import CIMultiDict
 from yarl import URL
 
 MAX_HEAD_BYTES = 64 * 1024
+MAX_INFLATE_BYTES = 16 * 1024 * 1024
+"""Most bytes one read of a gzip or deflate body may decode to (a compressed event is a few hundred)."""
+_DECODED = {"gzip": 31, "x-gzip": 31, "deflate": 47}  # zlib wbits: gzip; zlib or gzip header (RFC 9110 deflate)
 """Largest response head accepted (bytes; nginx's default is 4-8 KiB, aiohttp's 8 KiB per field)."""
 MAX_BODY_BYTES = 64 * 1024 * 1024
 """Largest response body held in memory whole (bytes: a unary reply, an error body); a pumped stream
@@ -86,6 +92,7 @@ class UpstreamResponse:
         "_header_pairs",
         "_headers_fut",
         "_held",
+        "_inflate",
         "_paused",
         "_pieces",
         "_sink",
@@ -111,6 +118,7 @@ class UpstreamResponse:
         self._paused = False
         self._sized = False  # Content-Length or chunked: EOF before the end is a cut
         self._error: UpstreamError | None = None
+        self._inflate: Any = None  # a zlib decompressor for a gzip or deflate body
         self.status = 0
         self.reason = ""
         self.headers: CIMultiDict[str] = CIMultiDict()
@@ -122,10 +130,23 @@ class UpstreamResponse:
         self.headers = CIMultiDict(self._header_pairs)
         te = self.headers.get("Transfer-Encoding", "")
         self._sized = "Content-Length" in self.headers or "chunked" in te.lower()
+        coding = self.headers.get("Content-Encoding", "").strip().lower()
+        if coding and coding != "identity":
+            if coding not in _DECODED:
+                self._on_fail(UpstreamError("backend_error", f"the upstream sent its body in Content-Encoding "
+                                            f"{coding[:40]!r}, which the gateway did not accept"))
+                self._conn.close()
+                return
+            self._inflate = zlib.decompressobj(_DECODED[coding])
+            del self.headers["Content-Encoding"]  # what the client gets is the decoded body
         if not self._headers_fut.done():
             self._headers_fut.set_result(None)
 
     def _on_body(self, data: bytes) -> None:
+        if self._inflate is not None:
+            data = self._decoded(data)
+            if not data:
+                return
         sink = self._sink
         if sink is None:
             self._pieces.append(data)
@@ -156,8 +177,34 @@ class UpstreamResponse:
         self._wake()
 
     def _on_end(self) -> None:
+        if self._inflate is not None and self._error is None:
+            inflate, self._inflate = self._inflate, None
+            rest = inflate.flush()
+            if not inflate.eof:
+                self._on_fail(UpstreamError("backend_error", "the upstream's compressed body is cut short"))
+                return
+            if rest:
+                self._on_body(rest)
         self._ended = True
         self._wake()
+
+    def _decoded(self, data: bytes) -> bytes:
+        """A compressed body piece, decoded (pieces of at most :data:`MAX_INFLATE_BYTES` per read)."""
+        inflate = self._inflate
+        try:
+            out = inflate.decompress(data, MAX_INFLATE_BYTES)
+        except zlib.error as exc:
+            self._inflate = None
+            self._on_fail(UpstreamError("backend_error", f"the upstream's compressed body is broken: {exc}"))
+            self._conn.close()
+            return b""
+        if inflate.unconsumed_tail:  # one read that decodes to more than the bound: not held
+            self._inflate = None
+            self._on_fail(UpstreamError("backend_error", f"one read of the upstream's compressed body decodes "
+                                        f"to over {MAX_INFLATE_BYTES} bytes"))
+            self._conn.close()
+            return b""
+        return out
 
     def _on_fail(self, err: UpstreamError, clean_eof: bool = False) -> None:
         if self._ended or self._error is not None:
