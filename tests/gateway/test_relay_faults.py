@@ -14,6 +14,7 @@ import aiohttp
 import pytest
 
 from servelens.gateway.testing import (
+    GatewayHandle,
     RawHandler,
     http_chunk,
     inflight,
@@ -101,49 +102,49 @@ async def test_second_response_on_the_connection_is_not_relayed() -> None:
         assert requests_total(gw.metrics, status="success") == 2
 
 
+def two_reads(first: bytes, second: bytes) -> RawHandler:
+    """An upstream that answers one request with ``first``, then ``second`` in a later read."""
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(first)
+        await w.drain()
+        await asyncio.sleep(0.05)  # a second read (not a test wait)
+        w.write(second)
+        await w.drain()
+        await r.read()
+    return handler
+
+
+@asynccontextmanager
+async def relayed_once(handler: RawHandler) -> AsyncIterator[tuple[bytes, GatewayHandle]]:
+    """One stream request through a gateway (no usage injection) in front of ``handler``: what the
+    client got, and the gateway once it counted the request."""
+    async with raw_upstream(handler) as url, run_gateway(url, models=["m"], inject_usage=False) as gw:
+        r, w = await raw_post(gw.port, b"Connection: close\r\n")
+        async with asyncio.timeout(5):
+            got = await r.read()
+        w.close()
+        await gw.gateway.wait_finished(1)
+        yield got, gw
+
+
 @pytest.mark.parametrize("tail", [b"GARBAGE\r\n", b"x"])
 @pytest.mark.parametrize("close", [False, True])
 async def test_garbage_after_the_final_chunk_leaves_the_response_whole(tail: bytes, close: bool) -> None:
     # the end of the stream and the stray bytes come in one read: the parser fails on the bytes after
     # the response, and what it parsed before them (the last events, [DONE]) was dropped, counted
     # truncated_stream
-    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        await read_request(r)
-        head = SSE_HEAD.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n") if close else SSE_HEAD
-        w.write(head + http_chunk(EVENTS[0]))
-        await w.drain()
-        await asyncio.sleep(0.05)  # a second read (not a test wait)
-        w.write(http_chunk(EVENTS[1]) + http_chunk(EVENTS[2]) + b"0\r\n\r\n" + tail)
-        await w.drain()
-        await r.read()
-
-    async with raw_upstream(handler) as url, run_gateway(url, models=["m"], inject_usage=False) as gw:
-        r, w = await raw_post(gw.port, b"Connection: close\r\n")
-        async with asyncio.timeout(5):
-            got = await r.read()
-        w.close()
+    head = SSE_HEAD.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n") if close else SSE_HEAD
+    rest = http_chunk(EVENTS[1]) + http_chunk(EVENTS[2]) + b"0\r\n\r\n" + tail
+    async with relayed_once(two_reads(head + http_chunk(EVENTS[0]), rest)) as (got, gw):
         assert got.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n") and got.count(b"data:") == 3
-        await gw.gateway.wait_finished(1)
         assert requests_total(gw.metrics, status="success") == 1 and inflight(gw.metrics) == 0
 
 
 async def test_events_before_broken_chunk_framing_are_relayed_then_the_stream_is_truncated() -> None:
-    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        await read_request(r)
-        w.write(SSE_HEAD + http_chunk(EVENTS[0]))
-        await w.drain()
-        await asyncio.sleep(0.05)  # a second read (not a test wait)
-        w.write(http_chunk(EVENTS[1]) + b"zz\r\nnot a chunk\r\n")
-        await w.drain()
-        await r.read()
-
-    async with raw_upstream(handler) as url, run_gateway(url, models=["m"], inject_usage=False) as gw:
-        r, w = await raw_post(gw.port, b"Connection: close\r\n")
-        async with asyncio.timeout(5):
-            got = await r.read()
-        w.close()
+    broken = http_chunk(EVENTS[1]) + b"zz\r\nnot a chunk\r\n"
+    async with relayed_once(two_reads(SSE_HEAD + http_chunk(EVENTS[0]), broken)) as (got, gw):
         assert got.count(b"data:") == 2 and not got.endswith(b"0\r\n\r\n")  # cut: no final chunk
-        await gw.gateway.wait_finished(1)
         assert requests_total(gw.metrics, error_type="truncated_stream") == 1 and inflight(gw.metrics) == 0
 
 
