@@ -330,3 +330,76 @@ async def test_body_in_a_coding_the_gateway_cannot_read_is_a_backend_error(codin
                 await resp.read()
         await gw.gateway.wait_finished(1)
         assert requests_total(gw.metrics, error_type="backend_error") == 1 and inflight(gw.metrics) == 0
+
+
+def gz(data: bytes, wbits: int = 31) -> bytes:
+    z = zlib.compressobj(wbits=wbits)
+    return z.compress(data) + z.flush()
+
+
+def _bad_crc() -> bytes:
+    bad = bytearray(gz(UNARY))
+    bad[-6] ^= 0xFF  # in the CRC-32 of the trailer
+    return bytes(bad)
+
+
+def unary_head(coding: bytes, n: int | None, status: bytes = b"200 OK") -> bytes:
+    size = b"Connection: close\r\n" if n is None else b"Content-Length: %d\r\n" % n
+    return b"HTTP/1.1 %b\r\nContent-Type: application/json\r\nContent-Encoding: %b\r\n%b\r\n" % (status, coding, size)
+
+
+BAD = _bad_crc()
+BOMB = gz(b"0" * (20 << 20))
+RAW_DEFLATE = gz(UNARY, -15)
+WHOLE = gz(UNARY)
+
+
+@pytest.mark.parametrize("reads", [
+    [unary_head(b"gzip", len(BAD)) + BAD],  # the error and the end of the body in one read
+    [unary_head(b"gzip", len(BAD)) + BAD[:-8], BAD[-8:]],  # the bad trailer in a read of its own
+    [unary_head(b"gzip", len(BOMB)) + BOMB],  # decodes to over MAX_INFLATE_BYTES in one read
+    [unary_head(b"deflate", len(RAW_DEFLATE)) + RAW_DEFLATE],  # raw deflate: not what deflate means
+    [unary_head(b"gzip", None) + WHOLE[:-8]],  # ended by close before its trailer
+], ids=["bad-crc", "bad-crc-own-read", "bomb", "raw-deflate", "cut-by-close"])
+async def test_unary_body_that_does_not_decode_is_a_502_backend_error(reads: list[bytes]) -> None:
+    # read() returned what was decoded (even a whole body with a bad CRC) once the message ended in
+    # the same read as the error: 200, counted success or backend_error with an empty body
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        for i, data in enumerate(reads):
+            if i:
+                await asyncio.sleep(0.05)  # a read of its own (not a test wait)
+            w.write(data)
+            await w.drain()
+        w.close()
+
+    async with raw_upstream(handler) as url, run_gateway(url, models=["m"]) as gw, aiohttp.ClientSession() as http:
+        async with http.post(gw.url + "/v1/chat/completions", json={**json.loads(BODY), "stream": False}) as resp:
+            assert resp.status == 502 and (await resp.json())["error"]["code"] == "upstream_error"
+        await gw.gateway.wait_finished(1)
+        assert requests_total(gw.metrics, error_type="backend_error") == 1 and inflight(gw.metrics) == 0
+
+
+async def test_gzip_stream_of_several_members_is_decoded_whole() -> None:
+    # one member per event (RFC 1952 allows any number): only the first was decoded
+    head = SSE_HEAD.replace(b"\r\n\r\n", b"\r\nContent-Encoding: gzip\r\n\r\n")
+    members = gz(EVENTS[1]) + gz(EVENTS[2])
+    rest = http_chunk(members[:5]) + http_chunk(members[5:]) + http_chunk(b"\x00\x00") + b"0\r\n\r\n"  # (padding)
+    async with relayed_once(two_reads(head + http_chunk(gz(EVENTS[0])), rest)) as (got, gw):
+        assert got.count(b"data:") == 3 and b"Content-Encoding" not in got
+        assert requests_total(gw.metrics, status="success") == 1
+
+
+async def test_empty_body_labelled_gzip_is_relayed_as_it_is() -> None:
+    # an empty body is no cut-short member: a 429 became a 502 backend_error
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(unary_head(b"gzip", 0, b"429 Too Many Requests"))
+        await w.drain()
+        await r.read()
+
+    async with raw_upstream(handler) as url, run_gateway(url, models=["m"]) as gw, aiohttp.ClientSession() as http:
+        async with http.post(gw.url + "/v1/chat/completions", json={**json.loads(BODY), "stream": False}) as resp:
+            assert resp.status == 429 and await resp.read() == b""
+        await gw.gateway.wait_finished(1)
+        assert requests_total(gw.metrics, error_type="overload") == 1

@@ -66,6 +66,57 @@ def redacted_url(url: str) -> str:
     parsed = URL(url)
     return str(parsed.with_password("***")) if parsed.password else url
 
+class _Inflater:
+    """Decodes a gzip body (every member of it, RFC 1952) or a deflate one, read by read; bytes after
+    the last member that do not start another one are ignored, as gzip readers do with padding."""
+
+    __slots__ = ("_between", "_d", "_gzip", "_wbits", "fed")
+
+    def __init__(self, wbits: int) -> None:
+        self._wbits = wbits
+        self._gzip = wbits == 31
+        self._d = zlib.decompressobj(wbits)
+        self._between = b""  # after a member: the start of what follows, until it can be told apart
+        self.fed = False
+
+    def decode(self, data: bytes) -> bytes:
+        """Raises ``zlib.error`` for broken data, ``OverflowError`` when ``data`` decodes to over
+        :data:`MAX_INFLATE_BYTES`."""
+        out: list[bytes] = []
+        budget = MAX_INFLATE_BYTES
+        while data:
+            self.fed = True
+            d = self._d
+            if d.eof:  # between members, or after the last one
+                if not self._gzip:
+                    break
+                data = self._between + data
+                if len(data) < 2:
+                    self._between = data
+                    break
+                self._between = b""
+                if not data.startswith(b"\x1f\x8b"):
+                    break  # not another member: ignored
+                d = self._d = zlib.decompressobj(self._wbits)
+            if budget <= 0:
+                raise OverflowError
+            out.append(d.decompress(data, budget))
+            if d.unconsumed_tail:
+                raise OverflowError
+            budget -= len(out[-1])
+            data = d.unused_data if d.eof else b""
+        return b"".join(out)
+
+    def finish(self) -> bytes:
+        """The body ended: what is left to decode. Raises ``zlib.error`` when the body stops inside a
+        member (nothing at all is an empty body)."""
+        if not self.fed:
+            return b""
+        if not self._d.eof:
+            raise zlib.error("the compressed body ends inside a member")
+        return self._d.flush()
+
+
 class UpstreamError(Exception):
     """The upstream request failed; ``error_type`` is Dynamo's name for it (``unavailable``,
     ``response_timeout``, ``truncated_stream``, ``backend_error``); ``before_response``: no response
@@ -118,7 +169,7 @@ class UpstreamResponse:
         self._paused = False
         self._sized = False  # Content-Length or chunked: EOF before the end is a cut
         self._error: UpstreamError | None = None
-        self._inflate: Any = None  # a zlib decompressor for a gzip or deflate body
+        self._inflate: _Inflater | None = None  # for a gzip or deflate body
         self.status = 0
         self.reason = ""
         self.headers: CIMultiDict[str] = CIMultiDict()
@@ -137,7 +188,7 @@ class UpstreamResponse:
                                             f"{coding[:40]!r}, which the gateway did not accept"))
                 self._conn.close()
                 return
-            self._inflate = zlib.decompressobj(_DECODED[coding])
+            self._inflate = _Inflater(_DECODED[coding])
             del self.headers["Content-Encoding"]  # what the client gets is the decoded body
         if not self._headers_fut.done():
             self._headers_fut.set_result(None)
@@ -177,11 +228,15 @@ class UpstreamResponse:
         self._wake()
 
     def _on_end(self) -> None:
-        if self._inflate is not None and self._error is None:
-            inflate, self._inflate = self._inflate, None
-            rest = inflate.flush()
-            if not inflate.eof:
-                self._on_fail(UpstreamError("backend_error", "the upstream's compressed body is cut short"))
+        if self._error is not None:
+            return  # failed in this read (a body that does not decode, over its bound): it stays failed
+        inflate = self._inflate
+        if inflate is not None:
+            self._inflate = None
+            try:
+                rest = inflate.finish()
+            except zlib.error:
+                self._coding_failed("the upstream's compressed body is cut short")
                 return
             if rest:
                 self._on_body(rest)
@@ -189,33 +244,31 @@ class UpstreamResponse:
         self._wake()
 
     def _decoded(self, data: bytes) -> bytes:
-        """A compressed body piece, decoded (pieces of at most :data:`MAX_INFLATE_BYTES` per read)."""
-        inflate = self._inflate
+        """A piece of a compressed body, decoded (b"" once the response failed)."""
+        assert self._inflate is not None
         try:
-            out = inflate.decompress(data, MAX_INFLATE_BYTES)
+            return self._inflate.decode(data)
         except zlib.error as exc:
-            self._inflate = None
-            self._on_fail(UpstreamError("backend_error", f"the upstream's compressed body is broken: {exc}"))
-            self._conn.close()
-            return b""
-        if inflate.unconsumed_tail:  # one read that decodes to more than the bound: not held
-            self._inflate = None
-            self._on_fail(UpstreamError("backend_error", f"one read of the upstream's compressed body decodes "
-                                        f"to over {MAX_INFLATE_BYTES} bytes"))
-            self._conn.close()
-            return b""
-        return out
+            self._coding_failed(f"the upstream's compressed body is broken: {exc}")
+        except OverflowError:
+            self._coding_failed(f"one read of the upstream's compressed body decodes to over {MAX_INFLATE_BYTES} bytes")
+        return b""
+
+    def _coding_failed(self, why: str) -> None:
+        self._inflate = None
+        self._on_fail(UpstreamError("backend_error", why))
+        self._conn.close()
 
     def _on_fail(self, err: UpstreamError, clean_eof: bool = False) -> None:
         if self._ended or self._error is not None:
             return
         if clean_eof and self._headers_fut.done() and not self._sized:
-            self._ended = True  # a body delimited by the connection's orderly close: complete
-        else:
-            self._error = err
-            if not self._headers_fut.done():
-                self._headers_fut.set_exception(err)
-                self._headers_fut.exception()  # retrieved: a caller gone by now must not be warned
+            self._on_end()  # a body delimited by the connection's orderly close: complete (if it decodes)
+            return
+        self._error = err
+        if not self._headers_fut.done():
+            self._headers_fut.set_exception(err)
+            self._headers_fut.exception()  # retrieved: a caller gone by now must not be warned
         self._wake()
 
     def _wake(self) -> None:
