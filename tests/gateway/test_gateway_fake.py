@@ -304,6 +304,17 @@ async def test_nan_in_the_body_stays_nan_when_usage_is_injected(fake: ScriptedUp
     assert b"NaN" in sent.body and sent.json["stream_options"]["include_usage"] is True
 
 
+async def test_nan_stays_nan_in_the_request_resent_without_continuous_usage(fake: ScriptedUpstream,
+                                                                             http: aiohttp.ClientSession) -> None:
+    fake.reject_continuous = True  # the resend re-encoded the body with msgspec: NaN became null
+    async with run_gateway(fake.url) as gw:
+        status, _, _ = await post(http, gw.url, json.dumps(chat(temperature=float("nan"), stream_options={})).encode())
+        assert status == 200
+    first, resent = fake.completions()[-2:]
+    assert "continuous_usage_stats" in first.json["stream_options"] and b"NaN" in first.body
+    assert resent.json["stream_options"] == {"include_usage": True} and b"NaN" in resent.body
+
+
 async def test_continuous_usage_off_and_no_injection(fake: ScriptedUpstream, http: aiohttp.ClientSession) -> None:
     async with run_gateway(fake.url, continuous_usage="off") as gw:
         await post(http, gw.url, chat())

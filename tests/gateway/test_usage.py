@@ -115,7 +115,7 @@ def test_plan_injection_client_asked_usage_only() -> None:
     assert inj.body is body and inj.strip == STRIP_NONE
 
 
-@pytest.mark.parametrize("value", [1, "true", "True", " yes ", "on", "1", "t", "y"])
+@pytest.mark.parametrize("value", [1, 1.0, "true", "True", "YES", "on", "1", "t", "y"])
 def test_plan_injection_reads_include_usage_as_the_engines_do(value: object) -> None:
     # vLLM and SGLang read stream_options with pydantic's lax bool: 1 and "true" ask for usage. The
     # gateway read only `true`, so it rewrote the client's value and cut the usage it had asked for
@@ -128,7 +128,7 @@ def test_plan_injection_reads_include_usage_as_the_engines_do(value: object) -> 
     assert plan_injection(obj, body, inject_usage=True, continuous=True).body is body
 
 
-@pytest.mark.parametrize("value", [0, "false", "off", "no", "0", None])
+@pytest.mark.parametrize("value", [0, 0.0, "false", "off", "no", "0", None])
 def test_plan_injection_lax_false_is_not_asking(value: object) -> None:
     obj, body = _body(stream_options={"include_usage": value})
     inj = plan_injection(obj, body, inject_usage=True, continuous=False)
@@ -136,7 +136,8 @@ def test_plan_injection_lax_false_is_not_asking(value: object) -> None:
 
 
 @pytest.mark.parametrize("so", [{"include_usage": 2}, {"include_usage": "maybe"}, {"include_usage": [True]},
-                                {"include_usage": 1.5}, {"include_usage": True, "continuous_usage_stats": "x"}])
+                                {"include_usage": 1.5}, {"include_usage": " true"}, {"include_usage": "true "},
+                                {"include_usage": True, "continuous_usage_stats": "x"}])
 def test_plan_injection_leaves_values_an_engine_rejects_untouched(so: dict) -> None:
     obj, body = _body(stream_options=so)
     inj = plan_injection(obj, body, inject_usage=True, continuous=True)

@@ -763,7 +763,8 @@ class Gateway:
         try:
             if up.status in _REJECTED and inj.body is not body and self.config.continuous_usage != "on":
                 # (the first response is closed by the retry or, on any failure, by the finally below)
-                inj, learn, up = await self._retry_without_injection(obj, body, upstream, url, headers, inj, learn, up)
+                inj, learn, up = await self._retry_without_injection(obj, body, upstream, url, headers, inj, learn, up,
+                                                                      strict)
             out.upstream_request_id = up.headers.get("x-request-id")
             if up.status != 200:
                 return await self._error_reply(up, out)
@@ -781,7 +782,7 @@ class Gateway:
 
     async def _retry_without_injection(
         self, obj: dict[str, Any], body: bytes, upstream: str, url: URL, headers: CIMultiDict[str],
-        inj: Injection, learn: bool, up: UpstreamResponse,
+        inj: Injection, learn: bool, up: UpstreamResponse, strict: bool = True,
     ) -> tuple[Injection, bool, UpstreamResponse]:
         """An upstream rejected what we added (400, or FastAPI's 422, naming the field): resend once
         without it, and learn that only when the resent request is not rejected too (a 400 for
@@ -800,7 +801,7 @@ class Gateway:
         up.close()
         before = flags.get(upstream)
         flags[upstream] = False
-        inj, learn = self._plan(obj, body, upstream)
+        inj, learn = self._plan(obj, body, upstream, strict)
         retry = await self._send(url, inj.body, headers)
         if retry.status in _REJECTED:  # rejected without the field too: it was not the cause
             if before is None:

@@ -86,10 +86,10 @@ def _lax_bool(value: Any) -> bool | None:
     reject."""
     if value is None or isinstance(value, bool):
         return bool(value)
-    if isinstance(value, int):
-        return bool(value) if value in (0, 1) else None
+    if isinstance(value, int | float):
+        return bool(value) if value in (0, 1) else None  # 1.0 and 0.0 too
     if isinstance(value, str):
-        v = value.strip().lower()
+        v = value.lower()  # (no stripping: " true" is refused)
         return True if v in _LAX_TRUE else False if v in _LAX_FALSE else None
     return None
 
