@@ -137,3 +137,9 @@ def test_byte_order_mark_at_the_start_is_skipped_and_kept_in_raw(reads: list[byt
     assert [b.data for b in blocks] == ["a"] and blocks[0].raw == b"".join(reads)
     later = d.decode(b"\xef\xbb\xbfdata: b\n\n")  # only at the start of the stream
     assert [b.data for b in later] == [None]
+
+
+def test_bare_cr_seen_in_any_read_ends_a_later_read_ending_in_cr() -> None:
+    d = SSEDecoder()
+    assert d.decode(b": c\rdata: a\n") == []  # a bare \r line end mid-read: the framing is known
+    assert [b.data for b in d.decode(b"\r")] == ["a"]  # so this \r ends the event now, not a read later

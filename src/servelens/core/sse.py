@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_LINE_END = re.compile(rb"\r\n|\r|\n")
+_LINE_END = re.compile(rb"\r\n|\r|\n")  # (no group: a capturing one makes the search 3x slower)
 _BOM = b"\xef\xbb\xbf"
 
 
@@ -43,16 +43,6 @@ class SSEBlock:
     id: str | None
     raw: bytes
     comments: tuple[str, ...] = ()
-
-
-def _bare_cr_before(buf: bytes | bytearray, last: int) -> bool:
-    """Whether ``buf[:last]`` holds a ``\\r`` line end not followed by ``\\n``."""
-    i = buf.find(b"\r", 0, last)
-    while i != -1:
-        if buf[i + 1] != 10:  # (i < last, so buf[i + 1] exists)
-            return True
-        i = buf.find(b"\r", i + 2, last)
-    return False
 
 
 class SSEDecoder:
@@ -142,12 +132,14 @@ class SSEDecoder:
             if m is None:
                 break
             end = m.end()
-            if end == n and buf[n - 1] == 13:  # a \r that ends the read (the only one that can be half a \r\n)
-                if not (self._bare_cr or _bare_cr_before(buf, n - 1)):
-                    n -= 1  # held: it may be the first half of \r\n; scanned again with the next read
+            if buf[end - 1] == 13:  # a lone \r (a \r\n or \n match ends in \n)
+                if end < n:
+                    self._bare_cr = True  # not followed by \n: the stream uses bare \r line ends
+                elif not self._bare_cr:
+                    n -= 1  # it ends the read and may be half a \r\n: scanned again with the next read
                     break
-                self._bare_cr = True
-                self._skip = b"\n"  # it ends its line now; a \n that follows is the rest of it
+                else:
+                    self._skip = b"\n"  # it ends its line now; a \n that follows is the rest of it
             line = buf[pos : m.start()]
             pos = end
             if line:
