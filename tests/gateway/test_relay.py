@@ -429,3 +429,31 @@ def test_injected_usage_is_cut_from_json_spread_over_several_data_lines(eol: str
     assert out.startswith(f": note{eol}id: 7{eol}data: ".encode())  # the other lines as they came
     rec, outcome = finish(mt, 3 * MS)
     assert outcome == ("success", "") and rec.osl == 1  # the usage was read before it was cut
+
+
+def test_a_byte_order_mark_mid_stream_stays_part_of_its_field_name() -> None:
+    # only the BOM opening the stream is skipped; elsewhere "\ufeffdata" is an unknown field. The cut
+    # took that line for the event's first data line: the client lost the event
+    _, mt = meter(STRIP_CONTINUOUS)
+    u = json.dumps(usage(5, 1)).encode()
+    stream = (ev(delta(content="a")) + b"\xef\xbb\xbfdata: ignored\n"
+              + b'data: {"choices":[{"index":0,"delta":{"content":"b"},"finish_reason":"stop"}],\ndata: "usage":'
+              + u + b"}\n\ndata: [DONE]\n\n")
+    out = (mt.feed(1 * MS, stream) or b"") + (mt.end(2 * MS) or b"")
+    assert _sse_data(out) == [json.dumps(delta(content="a"), separators=(",", ":")),
+                              json.dumps(fin(content="b"), separators=(",", ":")), "[DONE]"]
+    assert b"\xef\xbb\xbfdata: ignored\n" in out
+
+
+def test_the_cut_keeps_a_bom_opening_the_stream_and_an_unfinished_event_unfinished() -> None:
+    _, mt = meter(STRIP_CONTINUOUS)
+    u = json.dumps(usage(5, 1)).encode()
+    first = b'\xef\xbb\xbfdata: {"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}],\ndata: "usage":'
+    out = mt.feed(1 * MS, first + u + b"}\n\n") or b""
+    assert out.startswith(b"\xef\xbb\xbfdata: {") and b"usage" not in out and out.endswith(b"}\n\n")
+    last = b'data: {"choices":[{"index":0,"delta":{"content":"b"},"finish_reason":"stop"}],\ndata: "usage":' + u + b"}"
+    assert mt.feed(2 * MS, last) == b""  # no blank line yet: held
+    tail = mt.end(3 * MS) or b""
+    # the stream ended inside the event: sent without usage and still without its blank line (a client
+    # drops an event the stream ends in, as the spec says; a blank line added would have it dispatched)
+    assert b"usage" not in tail and tail.startswith(b"data: {") and not tail.endswith(b"\n\n")

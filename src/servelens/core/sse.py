@@ -48,7 +48,8 @@ class SSEBlock:
 class SSEDecoder:
     """Stateful incremental decoder. Not thread-safe; one per stream."""
 
-    __slots__ = ("_bare_cr", "_buf", "_comments", "_data", "_event", "_id", "_parsed", "_scanned", "_skip")
+    __slots__ = ("_bare_cr", "_bom_open", "_buf", "_comments", "_data", "_event", "_id", "_parsed", "_scanned",
+                 "_skip", "bom_block")
 
     def __init__(self) -> None:
         self._buf = bytearray()  # bytes of the unfinished block (appended to: no copy per read)
@@ -56,6 +57,9 @@ class SSEDecoder:
         self._scanned = 0  # _buf[_parsed:_scanned] holds no line end (a long line is scanned once)
         self._skip = _BOM  # bytes to pass over where parsing resumes: a BOM at the start, a \n after a \r
         self._bare_cr = False  # the stream has shown a \r line end not followed by \n
+        self._bom_open = False
+        self.bom_block: SSEBlock | None = None
+        """The block whose ``raw`` starts with the byte order mark skipped at the start, if any."""
         self._reset()
 
     def _reset(self) -> None:
@@ -92,6 +96,9 @@ class SSEDecoder:
             comments=tuple(self._comments),
         )
         self._reset()
+        if self._bom_open:
+            self._bom_open = False
+            self.bom_block = block
         return block
 
     def decode(self, chunk: bytes) -> list[SSEBlock]:
@@ -170,6 +177,7 @@ class SSEDecoder:
         self._skip = b""
         if have.startswith(skip):
             self._parsed += len(skip)
+            self._bom_open = skip is _BOM
         return chunk
 
     @property

@@ -77,32 +77,31 @@ def _one_data_line(raw: bytes) -> bool:
     return raw.startswith(b"data:") and b"\n" not in body and b"\r" not in body
 
 
-def _with_data(raw: bytes, data: bytes) -> bytes:
+def _with_data(raw: bytes, data: bytes, lead_bom: bool = False) -> bytes:
     """SSE block ``raw`` with its ``data`` lines replaced by ``data`` (one ``data:`` line per line
-    of it, where the first data line was); other lines (comments, ``id:``, ``event:``) as they were,
-    and the block's own line ending."""
+    of it, where the first data line was); other lines (comments, ``id:``, ``event:``, a leading
+    ``\\n`` that completed the previous block's ``\\r\\n``) as they were, with the block's own line
+    ending, and its blank line only if it had one. ``lead_bom``: ``raw`` starts with the byte order
+    mark the decoder skipped at the start of the stream (elsewhere a BOM is part of a field name)."""
     out: list[bytes] = []
     eol = b"\n"
     placed = False
-    for m in _LINE.finditer(raw):
-        line = m.group()
-        if not line:
-            break
+    lines = [m.group() for m in _LINE.finditer(raw) if m.group()]
+    blank = len(lines) > 1 and lines[-1] in (b"\n", b"\r\n", b"\r")
+    for i, line in enumerate(lines[:-1] if blank else lines):
+        if lead_bom and i == 0:
+            out.append(line[:3])
+            line = line[3:]
         text = line.rstrip(b"\r\n")
         if text != line:
             eol = line[len(text):]
-        name = text.split(b":", 1)[0].removeprefix(b"\xef\xbb\xbf")
-        if not text:
-            continue  # the blank line: added back at the end
-        if name == b"data":
+        if text.split(b":", 1)[0] == b"data":
             if not placed:
                 out.append(b"".join(b"data: " + part + eol for part in data.split(b"\n")))
                 placed = True
             continue
-        out.append(text + eol)
-    if raw.startswith(b"\xef\xbb\xbf") and not out[0].startswith(b"\xef\xbb\xbf"):
-        out.insert(0, b"\xef\xbb\xbf")  # a byte order mark opening the stream stays where it was
-    return b"".join(out) + eol
+        out.append(line)  # other lines, and an empty one opening the block (the rest of a \r\n)
+    return b"".join(out) + (lines[-1] if blank else b"")
 
 
 class _Unparsed(SSEDecoder):
@@ -291,7 +290,7 @@ class StreamMeter:
             return cut(raw)
         # the JSON spans several data: lines (legal SSE, joined with \n): cut it as one text, and
         # send the event with that text in data: lines and its other lines as they came
-        return _with_data(raw, cut((blk.data or "").encode()))
+        return _with_data(raw, cut((blk.data or "").encode()), lead_bom=blk is self._decoder.bom_block)
 
     def _measure(self, t_ns: int, blk: SSEBlock) -> None:
         """Read one data block."""
