@@ -87,8 +87,6 @@ class ChunkInfo:
     several_choices: bool = False
 
 
-
-
 def choice_index(choice: dict[str, Any]) -> int:
     """A choice's ``index``: an int > 0 as it is, anything else (0, absent, junk) the first choice, 0."""
     index = choice.get("index")

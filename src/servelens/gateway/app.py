@@ -705,8 +705,7 @@ class Gateway:
                     break
         return out
 
-    def _plan(self, obj: dict[str, Any], body: bytes, upstream: str, strict: bool = True
-              ) -> tuple[Injection, bool]:
+    def _plan(self, obj: dict[str, Any], body: bytes, upstream: str, strict: bool) -> tuple[Injection, bool]:
         """What to add to a stream request, and whether this request teaches ``usage_null``.
         ``strict``: the body is strict UTF-8 JSON (see :func:`plan_injection`)."""
         cfg = self.config
@@ -755,7 +754,7 @@ class Gateway:
 
     async def _stream(
         self, request: web.Request, live: LiveRequest, out: _Outcome, obj: dict[str, Any], body: bytes,
-        upstream: str, url: URL, strict: bool = True,
+        upstream: str, url: URL, strict: bool,
     ) -> web.StreamResponse:
         headers = forward_request_headers(request.headers, measured=True)
         inj, learn = self._plan(obj, body, upstream, strict)
@@ -763,8 +762,8 @@ class Gateway:
         try:
             if up.status in _REJECTED and inj.body is not body and self.config.continuous_usage != "on":
                 # (the first response is closed by the retry or, on any failure, by the finally below)
-                inj, learn, up = await self._retry_without_injection(obj, body, upstream, url, headers, inj, learn, up,
-                                                                      strict)
+                inj, learn, up = await self._retry_without_injection(
+                    obj, body, upstream, url, headers, inj, learn, up, strict)
             out.upstream_request_id = up.headers.get("x-request-id")
             if up.status != 200:
                 return await self._error_reply(up, out)
@@ -782,7 +781,7 @@ class Gateway:
 
     async def _retry_without_injection(
         self, obj: dict[str, Any], body: bytes, upstream: str, url: URL, headers: CIMultiDict[str],
-        inj: Injection, learn: bool, up: UpstreamResponse, strict: bool = True,
+        inj: Injection, learn: bool, up: UpstreamResponse, strict: bool,
     ) -> tuple[Injection, bool, UpstreamResponse]:
         """An upstream rejected what we added (400, or FastAPI's 422, naming the field): resend once
         without it, and learn that only when the resent request is not rejected too (a 400 for

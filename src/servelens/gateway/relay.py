@@ -71,12 +71,6 @@ MAX_EVENT_BYTES = 16 * 1024 * 1024
 _LINE = re.compile(rb"[^\r\n]*(?:\r\n|\r|\n)?")
 
 
-def _one_data_line(raw: bytes) -> bool:
-    """Whether SSE block ``raw`` is a single ``data:`` line (and its blank line)."""
-    body = raw.rstrip(b"\r\n")
-    return raw.startswith(b"data:") and b"\n" not in body and b"\r" not in body
-
-
 def _with_data(raw: bytes, data: bytes, lead_bom: bool = False) -> bytes:
     """SSE block ``raw`` with its ``data`` lines replaced by ``data`` (one ``data:`` line per line
     of it, where the first data line was); other lines (comments, ``id:``, ``event:``, a leading
@@ -257,9 +251,9 @@ class StreamMeter:
         if b'"usage"' not in raw:
             return raw
         body = raw.rstrip(b"\r\n")
-        if (not raw.startswith(b"data:") or b"\n" in body or b"\r" in body or b'"error"' in raw
-                or raw[5:raw.find(b"{")].strip()):  # not one data line holding an object: decode it
-            return self._strip_decoded(blk)
+        one_line = raw.startswith(b"data:") and b"\n" not in body and b"\r" not in body
+        if not one_line or b'"error"' in raw or raw[5:raw.find(b"{")].strip():
+            return self._strip_decoded(blk, one_line)  # not one data line holding an object: decode it
         span = usage_span(raw)
         if span is None:
             return raw
@@ -267,15 +261,16 @@ class StreamMeter:
         if raw[value:end] != b"null":
             only = choices_empty(raw)
             if only is None or (only and self.strip == STRIP_ALL):
-                return self._strip_decoded(blk)  # not settled on the bytes, or about to drop it
+                return self._strip_decoded(blk, True)  # not settled on the bytes, or about to drop it
             if only:
                 return raw
         if self.strip == STRIP_CONTINUOUS_NULL:
             return raw[:value] + b"null" + raw[end:]
         return cut_member(raw, key, end)
 
-    def _strip_decoded(self, blk: SSEBlock) -> bytes:
-        """:meth:`_strip` on the decoded event (its ``data`` field)."""
+    def _strip_decoded(self, blk: SSEBlock, one_line: bool) -> bytes:
+        """:meth:`_strip` on the decoded event (its ``data`` field); ``one_line``: the block is a
+        single ``data:`` line."""
         raw = blk.raw
         try:
             obj = decode_json(blk.data or "")
@@ -286,7 +281,7 @@ class StreamMeter:
         if is_usage_only(obj):
             return b"" if self.strip == STRIP_ALL else raw
         cut = null_usage if self.strip == STRIP_CONTINUOUS_NULL else remove_usage
-        if _one_data_line(raw):
+        if one_line:
             return cut(raw)
         # the JSON spans several data: lines (legal SSE, joined with \n): cut it as one text, and
         # send the event with that text in data: lines and its other lines as they came

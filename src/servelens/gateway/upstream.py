@@ -44,10 +44,10 @@ from multidict import CIMultiDict
 from yarl import URL
 
 MAX_HEAD_BYTES = 64 * 1024
+"""Largest response head accepted (bytes; nginx's default is 4-8 KiB, aiohttp's 8 KiB per field)."""
 MAX_INFLATE_BYTES = 16 * 1024 * 1024
 """Most bytes one read of a gzip or deflate body may decode to (a compressed event is a few hundred)."""
 _DECODED = {"gzip": 31, "x-gzip": 31, "deflate": 47}  # zlib wbits: gzip; zlib or gzip header (RFC 9110 deflate)
-"""Largest response head accepted (bytes; nginx's default is 4-8 KiB, aiohttp's 8 KiB per field)."""
 MAX_BODY_BYTES = 64 * 1024 * 1024
 """Largest response body held in memory whole (bytes: a unary reply, an error body); a pumped stream
 is not held (it goes to the client as it is read)."""
@@ -65,6 +65,7 @@ def redacted_url(url: str) -> str:
     a URL without a password is returned as it is."""
     parsed = URL(url)
     return str(parsed.with_password("***")) if parsed.password else url
+
 
 class _Inflater:
     """Decodes a gzip body (every member of it, RFC 1952) or a deflate one, read by read; bytes after
@@ -96,7 +97,8 @@ class _Inflater:
                     break
                 self._between = b""
                 if not data.startswith(b"\x1f\x8b"):
-                    break  # not another member: ignored
+                    self._gzip = False  # not another member: this and all after it ignored
+                    break
                 d = self._d = zlib.decompressobj(self._wbits)
             if budget <= 0:
                 raise OverflowError

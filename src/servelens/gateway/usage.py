@@ -37,13 +37,18 @@ STRIP_CONTINUOUS_NULL = 3
 _msgspec_encode = msgspec.json.encode
 
 
-def _encode(obj: Any) -> bytes:
-    """JSON bytes of ``obj``; strings with lone surrogates (which a lenient decoder let in) are
-    written as ``\\uXXXX`` escapes, as the client sent them."""
-    try:
-        return _msgspec_encode(obj)
-    except UnicodeEncodeError:
-        return json.dumps(obj, separators=(",", ":")).encode()
+def _encode(obj: Any, strict: bool = True) -> bytes:
+    """JSON bytes of ``obj``. Of a body only Python's ``json`` read (``strict`` False), and of strings
+    with lone surrogates, written by ``json``: ``NaN`` stays ``NaN`` (msgspec writes ``null``) and a
+    lone surrogate a ``\\uXXXX`` escape, as the client sent them."""
+    if strict:
+        try:
+            return _msgspec_encode(obj)
+        except UnicodeEncodeError:
+            pass
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
 _KEY = b'"usage"'
 _KEY_RE = re.compile(rb'"usage"\s*:')
 _STR = rb'"[^"]*"'
@@ -138,7 +143,7 @@ def plan_injection(
     else:
         new_obj = dict(obj)
         new_obj["stream_options"] = new_so
-        new_body = _encode(new_obj) if strict else json.dumps(new_obj, separators=(",", ":")).encode()
+        new_body = _encode(new_obj, strict)
     strip = STRIP_ALL if add_usage else (STRIP_CONTINUOUS_NULL if null_usage else STRIP_CONTINUOUS)
     return Injection(
         new_body, strip, include_usage=add_usage, continuous=add_cont,
