@@ -11,7 +11,7 @@ record one ITL observation per token, timed side by side (interleaved) in one pr
   local-raw  timer.times_ns.append(t) per chunk (bound once) + finish(): the bare timer
   live       the gateway's path end to end: FrontendMetrics.begin, set_isl, LiveRequest.output for
              the first chunk (observes TTFT), then live.chunk_times_ns.append bound once (what
-             gateway.relay.StreamMeter does), and LiveRequest.finish (builds the request-local
+             gateway.meter.StreamMeter does), and LiveRequest.finish (builds the request-local
              histogram and merges it into the stock and by-ISL families under the lock)
   labels     Histogram.labels(model, isl_bucket).observe(v): a label lookup per token
   child      a bound child's .observe(v): the cheapest prometheus_client path

@@ -135,7 +135,7 @@ def serve_bare(upstream_port: int, measure: bool, tasked: bool = False) -> None:
     import msgspec
     import uvloop
 
-    from servelens.gateway.relay import StreamMeter
+    from servelens.gateway.meter import StreamMeter
     from servelens.gateway.usage import plan_injection
     from servelens.prometheus import FrontendMetrics
 

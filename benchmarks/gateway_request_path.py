@@ -87,7 +87,7 @@ def stamped_gateway(argv: list[str]) -> int:
     import aiohttp.web_protocol as wp
 
     from servelens.cli.main import main
-    from servelens.gateway import app as gapp
+    from servelens.gateway import measured as gmeasured
     from servelens.gateway import upstream as gup
 
     spans: dict[str, list[float]] = {"bytes in -> handler": [], "handler -> upstream connection taken": [],
@@ -128,7 +128,7 @@ def stamped_gateway(argv: list[str]) -> int:
         return send
 
     wp.RequestHandler.data_received = wrap_data_received(wp.RequestHandler.data_received)  # type: ignore[method-assign]
-    gapp.Gateway._measured = wrap_measured(gapp.Gateway._measured)  # type: ignore[method-assign]
+    gmeasured.MeasuredEndpoints._measured = wrap_measured(gmeasured.MeasuredEndpoints._measured)  # type: ignore[method-assign]
     gup.UpstreamClient._acquire = wrap_acquire(gup.UpstreamClient._acquire)  # type: ignore[method-assign]
     gup._Connection.send = wrap_send(gup._Connection.send)  # type: ignore[method-assign]
 

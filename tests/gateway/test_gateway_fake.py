@@ -82,7 +82,7 @@ async def test_learned_usage_null_style(fake: ScriptedUpstream, http: aiohttp.Cl
         await post(http, gw.url, body)
         first = fake.completions()[-1].json["stream_options"]
         assert first == {"include_usage": True}  # learning request: sent as the client asked
-        assert gw.gateway.usage_null == {fake.url: True}
+        assert gw.gateway.measured.usage_null == {fake.url: True}
         await post(http, gw.url, body)
         assert fake.completions()[-1].json["stream_options"]["continuous_usage_stats"] is True
 

@@ -190,11 +190,10 @@ async def test_model_lists_that_never_end_are_not_held(monkeypatch: pytest.Monke
     # an upstream whose /v1/models answer never ends: every poll held it whole for its 5 s
     # (2.5 GB here); now a list over MAX_MODEL_LIST_BYTES is a failed poll, and the merged list
     # of several upstreams and /ready do not hold it either
-    from servelens.gateway import app as app_mod
-    from servelens.gateway import models
+    from servelens.gateway import admin, models
 
     monkeypatch.setattr(models, "MAX_MODEL_LIST_BYTES", 64 * 1024)
-    monkeypatch.setattr(app_mod, "MAX_MODEL_LIST_BYTES", 64 * 1024)
+    monkeypatch.setattr(admin, "MAX_MODEL_LIST_BYTES", 64 * 1024)
     sent: list[int] = []
 
     async def endless(request: web.Request) -> web.StreamResponse:
@@ -459,11 +458,11 @@ async def test_upstream_bodies_that_never_end_do_not_grow_the_gateway(monkeypatc
     # (a unary body: GBs within the response timeout; a stream whose usage the gateway strips: nothing
     # reached the client either). Now a held body fails past MAX_BODY_BYTES (502 backend_error) and
     # an SSE event past MAX_EVENT_BYTES is relayed on unparsed (backend_error once the stream ends).
-    from servelens.gateway import relay, upstream
+    from servelens.gateway import meter, upstream_response
 
     limit = 256 * 1024
-    monkeypatch.setattr(upstream, "MAX_BODY_BYTES", limit)
-    monkeypatch.setattr(relay, "MAX_EVENT_BYTES", limit)
+    monkeypatch.setattr(upstream_response, "MAX_BODY_BYTES", limit)
+    monkeypatch.setattr(meter, "MAX_EVENT_BYTES", limit)
     enough = asyncio.Event()
 
     async def handler(request: web.Request) -> web.StreamResponse:

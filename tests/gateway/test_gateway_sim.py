@@ -18,8 +18,7 @@ import aiohttp
 import pytest
 
 from servelens.core.buckets import IslBuckets
-from servelens.gateway import app as gateway_app
-from servelens.gateway import relay
+from servelens.gateway import measured, meter
 from servelens.gateway.requestlog import read_request_log
 from servelens.gateway.testing import GatewayHandle, inflight, requests_total, run_gateway, samples, total, value
 from servelens.sim.testing import SimHandle, run_sim
@@ -158,7 +157,7 @@ async def test_client_asked_usage_bytes_equal(stack: tuple[SimHandle, GatewayHan
         (_, dbody, _), (_, gbody, _) = await both(sim, gw, "chat_completions", b, faults, f"u{i}")
         assert norm(gbody, f"gw-u{i}") == norm(dbody, f"direct-u{i}")  # exact, keep-alive blocks included
     assert b'"usage":{' in gbody
-    sent_continuous = gw.gateway.usage_null.get(sim.url)
+    sent_continuous = gw.gateway.measured.usage_null.get(sim.url)
     assert sent_continuous is (True if "continuous_usage_stats" not in client_usage else None)
 
 
@@ -420,19 +419,19 @@ async def test_internal_error_against_the_sim(stack: tuple[SimHandle, GatewayHan
         raise RuntimeError("a bug in the gateway")
 
     if where == "unary":
-        monkeypatch.setattr(gateway_app, "parse_response", broken)
+        monkeypatch.setattr(measured, "parse_response", broken)
     else:
         # the per-event measurement, on the first event or a later one (sent first, measured after)
-        real_measure = relay.StreamMeter._measure
+        real_measure = meter.StreamMeter._measure
         fail_at = 1 if where == "stream_first_read" else 3
 
-        def measure(self: relay.StreamMeter, t_ns: int, blk: Any) -> None:
+        def measure(self: meter.StreamMeter, t_ns: int, blk: Any) -> None:
             calls.append(1)
             if len(calls) == fail_at:
                 raise RuntimeError("a bug in the gateway")
             real_measure(self, t_ns, blk)
 
-        monkeypatch.setattr(relay.StreamMeter, "_measure", measure)
+        monkeypatch.setattr(meter.StreamMeter, "_measure", measure)
     b = body("chat_completions", n=500, stream=where != "unary")
     status, raw, err = await fetch(gw.url + "/v1/chat/completions", b, "bug")
     await gw.gateway.wait_finished(1)

@@ -375,7 +375,7 @@ async def test_a_body_held_whole_over_the_limit_fails_and_is_not_held(monkeypatc
                                                                       status: int) -> None:
     # an upstream whose unary (or error) body never ends: it was held until the response timeout
     # (GBs in seconds); now the response fails once the body is over MAX_BODY_BYTES
-    from servelens.gateway import upstream as upstream_mod
+    from servelens.gateway import upstream_response as upstream_mod
 
     monkeypatch.setattr(upstream_mod, "MAX_BODY_BYTES", 256 * 1024)
     sent = 0

@@ -9,7 +9,7 @@ Definitions (NVIDIA Dynamo frontend; aiperf counts reasoning as output too):
   values). Tokens beyond the first in the *first* chunk have no predecessor and get no ITL.
 * Request duration: arrival to the end of the stream (or the error).
 * A request with several choices (``n`` > 1): TTFT and ITL are the first choice's (its sequences
-  decode together and their chunks interleave; see :mod:`servelens.gateway.relay`).
+  decode together and their chunks interleave; see :mod:`servelens.gateway.meter`).
 
 All times come from one monotonic clock (``time.perf_counter_ns()`` or an injected one) and
 every duration is clamped at zero. The per-chunk path only appends the chunk's timestamp; ITL is

@@ -1,5 +1,20 @@
 """servelens gateway: a streaming OpenAI-compatible reverse proxy that measures every request.
 
+Where to read what:
+
+* ``app``: the application, its routes and lifecycle; ``server``: listening on a port, shutdown.
+* ``measured``: what happens to a chat or completions request, top to bottom; ``relay``: a stream,
+  chunk by chunk; ``meter``: what a stream's bytes say (TTFT, ITL, usage, outcome); ``usage``: the
+  usage injected into requests and cut from streams; ``accounting``: how a request is counted, once.
+* ``admin``: ``/health``, ``/ready``, ``/metrics``, ``/v1/models``; ``passthrough``: every other path.
+* ``upstream``, ``upstream_response``, ``inflate``: the HTTP/1.1 client of measured requests.
+* ``http``: forwarded headers, error replies, request bodies; ``models``: model discovery and routing;
+  ``prompt``: prompt tokens at arrival (``--tokenizer``); ``requestlog``: the JSONL request log;
+  ``config``: the configuration; ``testing``: a gateway and scripted upstreams for tests.
+
+May import: ``servelens.core``, ``servelens.prometheus``, ``servelens.serving`` (and aiohttp,
+httptools, msgspec); nothing above it (``bench``, ``report``, ``cli``, ...).
+
 Library use::
 
     config = GatewayConfig(upstream="http://127.0.0.1:8000")

@@ -1,386 +1,242 @@
-"""Per-request stream measurement (and usage stripping) for the relay; no I/O.
+"""The relay: a 200 event stream from the upstream to the client, chunk by chunk, measured on the way.
 
-:class:`StreamMeter` is fed the upstream body exactly as it is read (``feed(t_ns, data)``) and
-drives a :class:`~servelens.core.state.LiveRequest`:
+This is the gateway's hot path. :func:`relay_stream` is called by the request flow
+(:mod:`servelens.gateway.measured`) once the upstream answered 200 with an event stream; it writes
+the response head, then each upstream read, and returns when the stream ended, was cut, or the client
+went away. Per read, in the upstream connection's own ``data_received`` callback (no task switch per
+chunk):
 
-* SSE blocks come from the core :class:`~servelens.core.sse.SSEDecoder` (splits across reads,
-  several events per read, ``\\r\\n``, comments, ``id:``/``retry:``-only blocks);
-  each ``data`` payload is read by :func:`~servelens.core.openai.parse_chunk`.
-* TTFT: the first chunk carrying output (content, reasoning, tool-call delta, completion text);
-  a role-only chunk is not output (definition in :mod:`servelens.core.timing`).
-* Tokens per chunk for ITL: the increase of the cumulative ``usage.completion_tokens`` when
-  every output chunk so far carried usage (``continuous_usage_stats``), else 1.
-* ISL: ``usage.prompt_tokens`` from the first chunk carrying usage. Source
-  ``first_chunk_usage`` when it arrives no later than the first output chunk, else
-  ``final_usage`` (the by-ISL TTFT is then observed at that moment).
-* OSL and cached tokens: the *last* cumulative usage seen (never summed); an absent
-  ``cached_tokens`` stays unknown. Without any usage, OSL is the counted output tokens and
-  :attr:`StreamMeter.osl_from_usage` is False.
-* Several choices (``n`` > 1; seen on the first chunk with a choice ``index`` other than 0): the
-  choices decode together and their chunks interleave, so TTFT and ITL are those of the first
-  choice (``index`` 0), one token per chunk (vLLM too measures each sequence of a request on its
-  own); OSL is ``usage.completion_tokens`` of a usage-only chunk (``choices`` empty: the sum over
-  choices; vLLM's usage on a chunk with a choice counts that choice alone), else output chunks of
-  every choice; without ``[DONE]`` the stream is complete only when every choice seen finished.
-* Outcome (:meth:`StreamMeter.outcome`): an ``error`` object or a malformed ``data`` payload ->
-  ``backend_error``; a stream with neither ``finish_reason`` nor ``[DONE]`` ->
-  ``truncated_stream``; else success.
+1. the read goes to the client's transport at once (with the usage the gateway injected cut out,
+   when it injected any: :meth:`~servelens.gateway.meter.StreamMeter.relay`);
+2. its measurement (:meth:`~servelens.gateway.meter.StreamMeter.measure`: TTFT, ITL, usage) is
+   scheduled for after the event loop's turn, with the time it was read, so measuring never delays a
+   token of any stream;
+3. reading from the upstream pauses while the client's write buffer is over its high-water mark.
 
-When the gateway injected usage the client did not ask for (``strip`` is not
-:data:`~servelens.gateway.usage.STRIP_NONE`), ``feed`` returns the bytes to send instead:
-whole blocks only, with the injected usage removed (see :mod:`servelens.gateway.usage`).
-
-Sending first, measuring after: :meth:`StreamMeter.relay` does only what the bytes to send
-depend on (finding block ends and cutting usage out, on the bytes) and queues the rest;
-:meth:`StreamMeter.measure` reads the queued blocks later (the gateway calls it once the event
-loop has written out what it read in the same turn). Times are those passed with each read, so a
-later measurement is the same measurement; ``feed`` is ``relay`` then ``measure``.
-
-An event still unfinished after :data:`MAX_EVENT_BYTES` (an upstream that never ends its line or
-its event) is not held any longer: the stream counts as ``backend_error`` and the rest of it is
-relayed as it comes, unmeasured and unstripped (memory stays bounded; the relay's back-pressure
-applies, as it cannot while a block is held back for stripping).
+Bytes that came with the upstream's headers go out with the client's headers, and the read that
+ends the body goes out with the final chunk (one send each). How the stream counts (success,
+``truncated_stream``, ``backend_error``, ``cancelled``) is written into the request's
+:class:`~servelens.gateway.accounting.Outcome`; the request flow counts it once.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable
+import asyncio
+import logging
+import time
+from collections.abc import Coroutine
+from typing import Any
 
-import msgspec
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
 
-from servelens.core.openai import ChunkInfo, choice_index, decode_json, parse_chunk
-from servelens.core.sse import SSEBlock, SSEDecoder
-from servelens.core.state import LiveRequest
-from servelens.gateway.usage import (
-    STRIP_ALL,
-    STRIP_CONTINUOUS_NULL,
-    STRIP_NONE,
-    choices_empty,
-    cut_member,
-    is_usage_only,
-    null_usage,
-    remove_usage,
-    usage_span,
-)
+from servelens.core.state import FrontendState
+from servelens.gateway.accounting import Outcome
+from servelens.gateway.http import request_gone
+from servelens.gateway.meter import StreamMeter
+from servelens.gateway.upstream_response import UpstreamError, UpstreamResponse
+from servelens.gateway.usage import STRIP_NONE
 
-MAX_EVENT_BYTES = 16 * 1024 * 1024
-"""Largest unfinished SSE event held (bytes); a streamed chunk is normally one token's worth."""
+log = logging.getLogger("servelens.gateway")
 
+_now = time.perf_counter_ns
 
-_LINE = re.compile(rb"[^\r\n]*(?:\r\n|\r|\n)?")
-
-
-def _with_data(raw: bytes, data: bytes, lead_bom: bool = False) -> bytes:
-    """SSE block ``raw`` with its ``data`` lines replaced by ``data`` (one ``data:`` line per line
-    of it, where the first data line was); other lines (comments, ``id:``, ``event:``, a leading
-    ``\\n`` that completed the previous block's ``\\r\\n``) as they were, with the block's own line
-    ending, and its blank line only if it had one. ``lead_bom``: ``raw`` starts with the byte order
-    mark the decoder skipped at the start of the stream (elsewhere a BOM is part of a field name)."""
-    out: list[bytes] = []
-    eol = b"\n"
-    placed = False
-    lines = [m.group() for m in _LINE.finditer(raw) if m.group()]
-    blank = len(lines) > 1 and lines[-1] in (b"\n", b"\r\n", b"\r")
-    for i, line in enumerate(lines[:-1] if blank else lines):
-        if lead_bom and i == 0:
-            out.append(line[:3])
-            line = line[3:]
-        text = line.rstrip(b"\r\n")
-        if text != line:
-            eol = line[len(text):]
-        if text.split(b":", 1)[0] == b"data":
-            if not placed:
-                out.append(b"".join(b"data: " + part + eol for part in data.split(b"\n")))
-                placed = True
-            continue
-        out.append(line)  # other lines, and an empty one opening the block (the rest of a \r\n)
-    return b"".join(out) + (lines[-1] if blank else b"")
+CLOSING_CHECK_S = 0.05
+"""While the relay waits for a slow client to drain, how often it checks that the client is still there
+(seconds): a client gone with unread data is noticed within this, and the upstream request closed."""
 
 
-class _Unparsed(SSEDecoder):
-    """The decoder of a stream given up on: every read is one block of raw bytes without data."""
+async def relay_stream(
+    request: web.Request, out: Outcome, up: UpstreamResponse, meter: StreamMeter, headers: CIMultiDict[str],
+    state: FrontendState,
+) -> web.StreamResponse:
+    """Relay a 200 stream chunk by chunk, measuring it on the way.
 
-    __slots__ = ()
-
-    def decode(self, chunk: bytes) -> list[SSEBlock]:
-        return [SSEBlock(None, None, None, chunk)]
-
-    def flush(self) -> list[SSEBlock]:
-        return []
-
-
-class StreamMeter:
-    """Measures one streaming response. Not thread-safe; one per request.
-
-    Args:
-        live: the request being measured.
-        strip: how to remove injected usage from what is returned by :meth:`feed`.
+    Each upstream read is metered and written to the client's transport inside the upstream
+    connection's callback (no task switch per chunk); reading from the upstream pauses while the
+    client's write buffer is over its high-water mark. Bytes that came with the upstream's headers
+    go out with the client's headers, and the read that ends the body goes out with the final
+    chunk (one send each).
     """
+    resp = web.StreamResponse(status=up.status, reason=up.reason, headers=headers)
+    strip = meter.strip != STRIP_NONE
+    feed = meter.feed
 
-    __slots__ = (
-        "_append",
-        "_choices_done",
-        "_choices_seen",
-        "_decoder",
-        "_other_outputs",
-        "_prev_completion",
-        "_queue",
-        "_usage_per_chunk",
-        "blocks",
-        "cached_tokens",
-        "completion_tokens",
-        "done",
-        "error",
-        "finish_reason",
-        "live",
-        "malformed",
-        "multi",
-        "prompt_tokens",
-        "strip",
-        "usage_key_on_chunks",
-    )
+    def metered(t: int, data: bytes) -> bytes:
+        """Meter ``data``; the bytes to send for it (injected usage cut out when stripping)."""
+        stripped = feed(t, data)  # None when not stripping
+        return data if stripped is None else stripped
 
-    def __init__(self, live: LiveRequest, strip: int = STRIP_NONE) -> None:
-        self.live = live
-        self.strip = strip
-        self._decoder = SSEDecoder()
-        self._queue: list[tuple[int, bytes | SSEBlock]] = []  # read, not yet measured (see relay)
-        self._append: Callable[[int], None] | None = None  # bound after the first output chunk
-        self._prev_completion = 0
-        self._usage_per_chunk = True  # every output chunk so far carried cumulative usage
-        self._other_outputs = 0  # output chunks of choices other than the first (n > 1)
-        self._choices_seen: set[int] = set()  # n > 1: the choices' indexes seen, and those finished
-        self._choices_done: set[int] = set()
-        self.multi = False
-        """Several choices in the stream (``n`` > 1): TTFT and ITL from the first choice only."""
-        self.blocks = 0
-        self.done = False
-        self.malformed = False
-        self.error: str | None = None
-        self.finish_reason: str | None = None
-        self.prompt_tokens: int | None = None
-        self.completion_tokens: int | None = None
-        self.cached_tokens: int | None = None
-        self.usage_key_on_chunks: bool | None = None
-        """Whether the first chunk with choices had ``"usage": null`` (None: no such chunk)."""
+    out.fail("cancelled", 499)  # until the stream ends one way or the other
+    last: list[bytes] = []  # what the read that ended the body gave: sent with the final chunk
+    if request.version == aiohttp.HttpVersion11:
+        resp.enable_chunked_encoding()  # flush() below writes the chunk frames itself
+    else:
+        resp.force_close()  # HTTP/1.0: the body ends with the connection (even if keep-alive was asked)
+    try:
+        await resp.prepare(request)
+        writer: Any = getattr(resp, "_payload_writer", None)
+        # body bytes that came with the upstream's headers go out with ours, in one send; else
+        # the headers go now (aiohttp would hold them until the first body write, and the upstream
+        # sent its headers now, e.g. before a long prefill)
+        held = up.take_held()
+        first = b""
+        if held:
+            first = metered(_now(), held)
+            if up.ended:  # the whole body came with the headers: all of it goes in one send at the end
+                last.append(first)
+            elif first:
+                await resp.write(first)
+        if not first and not up.ended:
+            send_headers = getattr(writer, "send_headers", None)
+            if send_headers is not None:
+                send_headers()
+    except ConnectionError:
+        state.client_disconnected()
+        request_gone(request)
+        return resp
+    except Exception:
+        if not resp.prepared:
+            raise  # nothing sent yet: the caller answers with a 500 error object
+        # a bug of ours after the headers went out (metering the bytes that came with the
+        # upstream's headers): cut the stream; an error response here would be written into it
+        log.exception("internal error relaying a stream")
+        out.fail("internal", 200)
+        request_gone(request)
+        return resp
+    transport = request.transport
+    if transport is None or transport.is_closing():
+        state.client_disconnected()
+        return resp
+    # the framing aiohttp chose (chunked for HTTP/1.1; also for a request line saying "HTTP/2.0",
+    # which aiohttp's server reads as a version above 1.1)
+    chunked = bool(getattr(writer, "chunked", resp.chunked))
+    high = transport.get_write_buffer_limits()[1]
+    write = transport.write
+    buffered = transport.get_write_buffer_size
+    closing = transport.is_closing
+    relay = meter.relay
+    failure: list[BaseException] = []
+    pending: list[bytes] = []
+    call_soon = asyncio.get_running_loop().call_soon
+    measure_due: list[bool] = []  # non-empty while a measurement is scheduled
 
-    def feed(self, t_ns: int, data: bytes) -> bytes | None:
-        """Bytes read from the upstream at ``t_ns`` (int ns, the clock of ``live``), measured now.
-
-        Returns None when not stripping (send ``data`` as it is), else the bytes to send now
-        (possibly empty: an incomplete block is held until its end arrives).
-        """
-        out = self.relay(t_ns, data)
-        self.measure()
-        return out
-
-    def relay(self, t_ns: int, data: bytes) -> bytes | None:
-        """Like :meth:`feed`, but only what the bytes to send depend on is done now; the reads are
-        measured by the next :meth:`measure` (or :meth:`end`), with the times given here."""
-        if self.strip == STRIP_NONE:
-            self._queue.append((t_ns, data))  # sent as it is: nothing to read before it goes
-            return None
-        blocks = self._decoder.decode(data)
-        if not blocks and self._decoder.pending_bytes > MAX_EVENT_BYTES:
-            return self._give_up()
-        queue = self._queue
-        out: list[bytes] = []
-        for blk in blocks:
-            if blk.data is None:
-                out.append(blk.raw)
-            else:
-                queue.append((t_ns, blk))
-                out.append(self._strip(blk))
-        return b"".join(out)
-
-    def measure(self) -> None:
-        """Measure every read queued by :meth:`relay` since the last call (a no-op when none)."""
-        queue = self._queue
-        if not queue:
-            return
-        self._queue = []
-        if self.strip != STRIP_NONE:
-            for t_ns, blk in queue:
-                self._measure(t_ns, blk)  # type: ignore[arg-type]
-            return
-        decoder = self._decoder
-        for t_ns, data in queue:
-            blocks = decoder.decode(data)  # type: ignore[arg-type]
-            if not blocks and decoder.pending_bytes > MAX_EVENT_BYTES:
-                self._give_up()
-                return
-            for blk in blocks:
-                if blk.data is not None:
-                    self._measure(t_ns, blk)
-
-    def _give_up(self) -> bytes | None:
-        """An event over :data:`MAX_EVENT_BYTES`: stop parsing; its bytes go out when stripping
-        (else they were sent already), and so does everything after them."""
-        held = self._decoder.discard()
-        self._decoder = _Unparsed()
-        self.malformed = True
-        return held if self.strip != STRIP_NONE else None
-
-    def end(self, t_ns: int) -> bytes | None:
-        """The upstream body ended (measures what is queued first); returns the held bytes when
-        stripping (else None)."""
-        self.measure()
-        out: list[bytes] = []
-        for blk in self._decoder.flush():
-            if blk.data is None:
-                out.append(blk.raw)
-            else:
-                self._measure(t_ns, blk)
-                out.append(self._strip(blk))
-        return b"".join(out) if self.strip != STRIP_NONE else None
-
-    def _strip(self, blk: SSEBlock) -> bytes:
-        """The bytes to send for one data block, with the injected usage cut out.
-
-        A chunk whose top-level ``usage`` is set and whose ``choices`` are empty or absent exists
-        only to carry usage (:func:`~servelens.gateway.usage.is_usage_only`): dropped for
-        :data:`STRIP_ALL`, kept for the others. On other chunks the member is cut out, or its
-        value made ``null`` for :data:`STRIP_CONTINUOUS_NULL`. An error event is sent as it came.
-
-        Read on the bytes when the block is one ``data:`` line (what engines send) and the bytes
-        settle it; else, and before a chunk is dropped, the event is decoded (so a malformed event
-        or an error event is never dropped). A malformed event whose bytes hold a top-level
-        ``"usage"`` member may have it cut (it is measured as ``backend_error`` either way)."""
-        raw = blk.raw
-        if b'"usage"' not in raw:
-            return raw
-        body = raw.rstrip(b"\r\n")
-        one_line = raw.startswith(b"data:") and b"\n" not in body and b"\r" not in body
-        if not one_line or b'"error"' in raw or raw[5:raw.find(b"{")].strip():
-            return self._strip_decoded(blk, one_line)  # not one data line holding an object: decode it
-        span = usage_span(raw)
-        if span is None:
-            return raw
-        key, value, end = span
-        if raw[value:end] != b"null":
-            only = choices_empty(raw)
-            if only is None or (only and self.strip == STRIP_ALL):
-                return self._strip_decoded(blk, True)  # not settled on the bytes, or about to drop it
-            if only:
-                return raw
-        if self.strip == STRIP_CONTINUOUS_NULL:
-            return raw[:value] + b"null" + raw[end:]
-        return cut_member(raw, key, end)
-
-    def _strip_decoded(self, blk: SSEBlock, one_line: bool) -> bytes:
-        """:meth:`_strip` on the decoded event (its ``data`` field); ``one_line``: the block is a
-        single ``data:`` line."""
-        raw = blk.raw
+    def measure() -> None:
+        """Measure the reads sent since the last call: scheduled once the event loop's turn has
+        written out all it read (every stream's bytes go out before any stream is measured)."""
+        measure_due.clear()
         try:
-            obj = decode_json(blk.data or "")
-        except (ValueError, msgspec.DecodeError):  # not JSON: measured as malformed, sent as it came
-            return raw
-        if not isinstance(obj, dict) or "usage" not in obj or obj.get("error") is not None:
-            return raw
-        if is_usage_only(obj):
-            return b"" if self.strip == STRIP_ALL else raw
-        cut = null_usage if self.strip == STRIP_CONTINUOUS_NULL else remove_usage
-        if one_line:
-            return cut(raw)
-        # the JSON spans several data: lines (legal SSE, joined with \n): cut it as one text, and
-        # send the event with that text in data: lines and its other lines as they came
-        return _with_data(raw, cut((blk.data or "").encode()), lead_bom=blk is self._decoder.bom_block)
+            meter.measure()
+        except Exception as exc:  # a bug of ours: the next read stops the relay, which reports it
+            failure.append(exc)
 
-    def _measure(self, t_ns: int, blk: SSEBlock) -> None:
-        """Read one data block."""
-        self.blocks += 1
-        data = blk.data
-        assert data is not None
-        info = parse_chunk(data)
-        if info.done:
-            self.done = True
-            return
-        if info.malformed:
-            self.malformed = True
-            return
-        if info.error is not None:
-            if self.error is None:
-                self.error = info.error
-            return
-        live = self.live
-        usage = info.usage
-        tokens = 1
-        has_output = info.has_output
-        if info.several_choices or self.multi:
-            self._several(info)
-            has_output = info.first_output
-        if usage is not None:
-            pt = usage.prompt_tokens
-            if pt is not None:
-                self.prompt_tokens = pt
-                if live.isl is None:
-                    first = live.timer.first_output_ns is None
-                    live.set_isl(pt, "first_chunk_usage" if first else "final_usage")
-            ct = usage.completion_tokens
-            if ct is not None and (not self.multi or not (info.obj or {}).get("choices")):
-                self.completion_tokens = ct
-                if has_output and self._usage_per_chunk:
-                    tokens = ct - self._prev_completion
-                self._prev_completion = ct
-            elif has_output:
-                self._usage_per_chunk = False
-            if usage.cached_tokens is not None:
-                self.cached_tokens = usage.cached_tokens
-        elif has_output:
-            # usage only on some chunks (e.g. the last one): deltas would not be per chunk
-            self._usage_per_chunk = False
-        if has_output:
-            append = self._append
-            if append is not None and tokens <= 1:
-                append(t_ns)  # the per-token hot path: one append (see LiveRequest.chunk_times_ns)
+    def flush() -> bool:
+        """After each upstream read: write what it gave to the client in one send (injected usage
+        cut out on the bytes), then schedule its measurement (with this read's time)."""
+        try:
+            if failure:
+                return True
+            data = pending[0] if len(pending) == 1 else b"".join(pending)
+            pending.clear()
+            t = _now()
+            if closing():
+                failure.append(ConnectionResetError("the client went away"))
+                return True
+            if up.ended:  # the body ended in this read: the relay sends it and the final chunk at once
+                last.append(metered(t, data))
+                return False
+            if strip:
+                data = relay(t, data) or b""
+                if data:
+                    write(b"%x\r\n%b\r\n" % (len(data), data) if chunked else data)
             else:
-                live.output(t_ns, tokens if tokens > 0 else 1)
-                if append is None:
-                    self._append = live.chunk_times_ns.append
-        if info.finish_reason is not None and self.finish_reason is None:
-            self.finish_reason = info.finish_reason
-        if self.usage_key_on_chunks is None:
-            obj = info.obj
-            if obj is not None and obj.get("choices"):
-                self.usage_key_on_chunks = "usage" in obj and obj["usage"] is None
+                write(b"%x\r\n%b\r\n" % (len(data), data) if chunked else data)
+                relay(t, data)
+            if not measure_due:
+                measure_due.append(True)
+                call_soon(measure)
+            return buffered() > high
+        except Exception as exc:  # a bug of ours: stop reading, let the relay coroutine report it
+            failure.append(exc)
+            return True
 
-    def _several(self, info: ChunkInfo) -> None:
-        """A chunk of a stream with several choices (see the module docstring): which choices
-        were seen and which finished; output chunks of the other choices counted."""
-        if not self.multi:
-            self.multi = True
-            # chunks so far were the first choice's: their usage was its own count (vLLM's continuous
-            # usage is per choice); only a usage-only chunk (choices empty) counts every choice
-            self._usage_per_chunk = False
-            self.completion_tokens = None
-            self._choices_seen = {0}
-            self._choices_done = {0} if self.finish_reason is not None else set()
-        self._other_outputs += info.outputs - info.first_output
-        choices = (info.obj or {}).get("choices")
-        for ch in choices if isinstance(choices, list) else ():
-            if isinstance(ch, dict):
-                index = choice_index(ch)
-                self._choices_seen.add(index)
-                if ch.get("finish_reason"):
-                    self._choices_done.add(index)
+    async def drain() -> None:
+        """Until the client's write buffer is below its low-water mark. A client that closed its
+        side while not reading leaves a closing transport whose buffer never drains, and aiohttp
+        reports no disconnect until it does: checked every CLOSING_CHECK_S while waiting."""
+        if failure:
+            raise failure[0]
+        if writer is not None:
+            await watched(writer.drain(), transport)
 
-    @property
-    def osl_from_usage(self) -> bool:
-        """True when OSL comes from ``usage.completion_tokens`` (else from counted chunks)."""
-        return self.completion_tokens is not None
+    cut: str | None = None
+    try:
+        try:
+            await up.pump(pending.append, flush, drain)
+        except UpstreamError as exc:
+            # (backend_error: a compressed body that does not decode)
+            cut = exc.error_type if exc.error_type in ("response_timeout", "backend_error") else "truncated_stream"
+        finally:
+            measure()  # what was sent is measured before the request is finished, on every path
+        if failure:
+            raise failure[0]
+        if cut is None:
+            last.append(meter.end(_now()) or b"")
+    except ConnectionError:  # the client went away (a write failed)
+        bug = next((f for f in failure if not isinstance(f, ConnectionError)), None)
+        if bug is not None:  # the client left after a measurement failed: still said once
+            log.error("internal error measuring a stream", exc_info=bug)
+        state.client_disconnected()
+        return resp
+    except Exception:  # a bug of ours after the headers went out: cut the stream
+        log.exception("internal error relaying a stream")
+        out.fail("internal", 200)
+        request_gone(request)
+        return resp
+    out.osl = meter.osl
+    out.osl_source = "usage" if meter.osl_from_usage else "chunks"
+    out.cached_tokens = meter.cached_tokens
+    if cut is not None:
+        # an event left unfinished by the cut is not measured: an SSE client drops it too
+        out.fail(cut, 200)
+        request_gone(request)  # pass the cut on: no final chunk
+        return resp
+    end = b"".join(last)
+    try:
+        await watched(resp.write_eof(end), transport)  # the last data and the final chunk in one send
+    except ConnectionError:
+        if end:  # the end of the stream did not reach the client
+            state.client_disconnected()
+            return resp
+    out.status, out.error_type = meter.outcome()
+    out.http_status = 200
+    return resp
 
-    @property
-    def osl(self) -> int:
-        """``usage.completion_tokens`` (last cumulative value), else output tokens counted."""
-        if self.completion_tokens is not None:
-            return self.completion_tokens
-        return self.live.timer.output_tokens + self._other_outputs
 
-    def outcome(self) -> tuple[str, str]:
-        """``(status, error_type)`` of a stream that ended (see the module docstring)."""
-        if self.error is not None or self.malformed:
-            return "error", "backend_error"
-        if not self.done and (self.finish_reason is None or not self._choices_seen <= self._choices_done):
-            return "error", "truncated_stream"
-        return "success", ""
+async def watched(coro: Coroutine[Any, Any, None], transport: asyncio.BaseTransport) -> None:
+    """Await ``coro`` (aiohttp's ``drain`` or ``write_eof``), run here without a task of its own; while
+    it waits for the client to drain, check every CLOSING_CHECK_S that the client is still there:
+    aiohttp's drain waits for ever on a client that closed its side and stopped reading, which would
+    hold the request uncounted and in flight. Raises ConnectionResetError when the client is gone, and
+    what ``coro`` raises."""
+    try:
+        waiting = coro.send(None)  # usually completes here: nothing to drain
+    except StopIteration:
+        return
+    try:
+        while True:
+            while not waiting.done():
+                await asyncio.wait({waiting}, timeout=CLOSING_CHECK_S)
+                if not waiting.done() and transport.is_closing():
+                    raise ConnectionResetError("the client went away")
+            try:
+                waiting = coro.send(None)  # resumes its await on the done future
+            except StopIteration:
+                return
+    finally:
+        if not waiting.done():  # given up: cancelled, so asyncio.shield marks aiohttp's inner waiter
+            waiting.cancel()    # retrieved (its "Connection lost" would be logged as never retrieved)
+        coro.close()
+
+

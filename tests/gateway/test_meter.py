@@ -6,8 +6,8 @@ import pytest
 
 from servelens.core.sse import SSEDecoder
 from servelens.core.timing import RequestRecord
-from servelens.gateway import relay
-from servelens.gateway.relay import StreamMeter
+from servelens.gateway import meter as meter_mod
+from servelens.gateway.meter import StreamMeter
 from servelens.gateway.usage import (
     STRIP_ALL,
     STRIP_CONTINUOUS,
@@ -281,7 +281,7 @@ def test_relay_sends_first_and_measure_reads_with_the_relay_time() -> None:
 def test_an_event_over_the_limit_is_given_up_and_relayed_unparsed(monkeypatch: pytest.MonkeyPatch, strip: int) -> None:
     # an upstream that never ends its line: the event was held whole (when stripping, nothing went to
     # the client and memory grew at the upstream's rate); now it is let go past MAX_EVENT_BYTES
-    monkeypatch.setattr(relay, "MAX_EVENT_BYTES", 1000)
+    monkeypatch.setattr(meter_mod, "MAX_EVENT_BYTES", 1000)
     _, mt = meter(strip)
     first = ev(delta(content="a"))
     out = mt.feed(1 * MS, first + b'data: {"choices":[{"delta":{"content":"' + b"x" * 600)

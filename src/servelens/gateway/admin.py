@@ -1,0 +1,90 @@
+"""The gateway's own endpoints: ``GET /health`` (the gateway is up), ``GET /ready`` (every upstream
+answers), ``GET /metrics`` (Prometheus text), ``GET /v1/models`` (the upstream's list, merged over
+upstreams when models are mapped to several), and the 405 for other methods on a measured path."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import msgspec
+from aiohttp import web
+
+from servelens.core.openai import decode_json
+from servelens.gateway.http import forward_request_headers, openai_error
+from servelens.gateway.models import MAX_MODEL_LIST_BYTES, read_capped
+from servelens.gateway.upstream import redacted_url
+
+if TYPE_CHECKING:
+    from servelens.gateway.app import Gateway
+
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class AdminEndpoints:
+    """Handlers of the gateway's own endpoints (see the module docstring)."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+
+    async def health(self, request: web.Request) -> web.Response:
+        """``GET /health``: the gateway itself is up."""
+        return web.json_response({"status": "ok"})
+
+    async def ready(self, request: web.Request) -> web.Response:
+        """``GET /ready``: 200 when every upstream answers ``/v1/models`` below 500, else 503."""
+        session = self.gateway.session
+
+        async def probe(url: str) -> str:
+            try:
+                async with asyncio.timeout(2.0), session.get(f"{url}/v1/models") as resp:
+                    # the status is the answer: the body is not read (the connection is not reused)
+                    return "ok" if resp.status < 500 else f"HTTP {resp.status}"
+            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                return f"unreachable: {type(exc).__name__}"
+
+        ups = self.gateway.config.upstreams
+        states = await asyncio.gather(*(probe(u) for u in ups))
+        ok = all(s == "ok" for s in states)
+        return web.json_response(
+            {"status": "ready" if ok else "not ready",
+             "upstreams": {redacted_url(u): st for u, st in zip(ups, states, strict=True)}},
+            status=200 if ok else 503,
+        )
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        """``GET /metrics``: Prometheus text exposition of the gateway's metrics."""
+        return web.Response(body=self.gateway.metrics.exposition(), headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+    async def list_models(self, request: web.Request) -> web.StreamResponse:
+        """``GET /v1/models``: passed through (one upstream) or merged (models on several)."""
+        gw = self.gateway
+        if len(gw.config.upstreams) == 1:
+            return await gw.passthrough.handle(request)
+        data: list[dict[str, Any]] = []
+        seen: set[str] = set()
+        headers = forward_request_headers(request.headers, measured=False)
+        for url in gw.config.upstreams:
+            try:
+                async with asyncio.timeout(5.0), gw.session.get(f"{url}/v1/models", headers=headers) as resp:
+                    obj = decode_json(await read_capped(resp, MAX_MODEL_LIST_BYTES)) if resp.status == 200 else {}
+            except (aiohttp.ClientError, OSError, TimeoutError, msgspec.DecodeError, ValueError):
+                obj = {}
+            entries = obj.get("data") if isinstance(obj, dict) else None
+            for e in entries if isinstance(entries, list) else []:
+                mid = e.get("id") if isinstance(e, dict) else None
+                if isinstance(mid, str) and gw.router.lookup(mid) == url and mid not in seen:
+                    seen.add(mid)
+                    data.append(e)
+        for name in gw.router.routes:
+            if name not in seen:
+                data.append({"id": name, "object": "model", "owned_by": "servelens"})
+        return web.json_response({"object": "list", "data": data})
+
+    async def post_only(self, request: web.Request) -> web.Response:
+        """Any method but POST on a measured path: 405 in the OpenAI error format."""
+        resp = openai_error(405, f"{request.method} is not allowed on {request.path}; use POST",
+                            "invalid_request_error", "method_not_allowed")
+        resp.headers["Allow"] = "POST"
+        return resp
