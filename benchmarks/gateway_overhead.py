@@ -486,6 +486,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gateway-python", action="append", default=[], metavar="PYTHON",
                     help="also run the gateway under this interpreter (path gw-X.Y), side by side; it must "
                          "have servelens's dependencies installed (servelens itself comes from this checkout)")
+    ap.add_argument("--gateway-src", action="append", default=[], metavar="LABEL=DIR",
+                    help="also run the gateway from another checkout's src/ folder (path gw-LABEL), side by "
+                         "side: e.g. base=../base/src to compare a change with the code before it")
     ap.add_argument("--serve-upstream", type=int, metavar="PORT", help=argparse.SUPPRESS)
     ap.add_argument("--serve-floor", type=int, metavar="UPSTREAM_PORT", help=argparse.SUPPRESS)
     ap.add_argument("--serve-lean", type=int, metavar="UPSTREAM_PORT", help=argparse.SUPPRESS)
@@ -530,6 +533,19 @@ def main(argv: list[str] | None = None) -> int:
                 ver = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
                                      capture_output=True, text=True, check=True).stdout.strip()
                 targets[f"gw-{ver}"] = (other.url, [other.proc.pid])
+            for spec in args.gateway_src:  # this interpreter, servelens from another checkout
+                label, _, src = spec.partition("=")
+                saved = os.environ.get("PYTHONPATH")
+                os.environ["PYTHONPATH"] = str(Path(src).resolve())
+                try:
+                    other = stack.enter_context(ServerProcess(gw_args))
+                finally:
+                    if saved is None:
+                        os.environ.pop("PYTHONPATH")
+                    else:
+                        os.environ["PYTHONPATH"] = saved
+                assert other.proc is not None
+                targets[f"gw-{label}"] = (other.url, [other.proc.pid])
             import uvloop
 
             rows = uvloop.run(measure(up_url, targets, levels, args.rounds, args.tokens))

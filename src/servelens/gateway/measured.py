@@ -64,6 +64,9 @@ _now = time.perf_counter_ns
 
 MEASURED_PATHS = {"/v1/chat/completions": "chat_completions", "/v1/completions": "completions"}
 """The measured paths and their ``endpoint`` label."""
+COUNT_GRACE_S = 1.0
+"""After a reply that came before the prompt count (``--tokenizer``) ended, how long the request waits
+for the count to set its bucket (seconds); the reply has gone out and the request's time has ended."""
 _REJECTED = (400, 422)
 """Statuses of an upstream that refuses a request's content: OpenAI's and vLLM's 400, and 422, which
 FastAPI answers for a field its model forbids (``extra="forbid"``)."""
@@ -187,7 +190,7 @@ class MeasuredEndpoints:
                         await resp.prepare(request)
                         await resp.write_eof()
                 end_ns = _now()
-                await asyncio.wait({counting}, timeout=1.0)
+                await asyncio.wait({counting}, timeout=COUNT_GRACE_S)
             return resp
         except asyncio.CancelledError:
             if end_ns is None:
