@@ -230,16 +230,18 @@ async def test_mid_stream_silence_is_response_timeout_and_cut(fake: ScriptedUpst
 
 
 async def test_client_disconnect_closes_upstream_at_once(fake: ScriptedUpstream, http: aiohttp.ClientSession) -> None:
-    fake.hold = asyncio.Event()  # the upstream keeps the stream open after the first content chunk
+    # the upstream keeps the stream open after the first content chunk, for ever: within the wait
+    # below its request can only end because the gateway closes it (the read timeout is 600 s)
+    fake.hold = asyncio.Event()
     async with run_gateway(fake.url) as gw:
         resp = await http.post(gw.url + "/v1/chat/completions", json=chat())
         first = await resp.content.readuntil(b"\n\n")
         assert b"assistant" in first
         await resp.content.readuntil(b"\n\n")  # the first content chunk: TTFT observed
-        t_close = __import__("time").perf_counter_ns()
+        assert not fake.closed.is_set()
         resp.close()  # the client goes away
-        await asyncio.wait_for(fake.closed.wait(), 2.0)
-        assert (fake.closed_at_ns[0] - t_close) / 1e6 < 100  # upstream closed within 100 ms
+        await asyncio.wait_for(fake.closed.wait(), 30.0)  # a bound for a hung test, not a figure
+        assert not fake.hold.is_set()
         await gw.gateway.wait_finished(1)
         assert requests_total(gw.metrics, model=FAKE_MODEL, error_type="cancelled", status="error") == 1
         assert inflight(gw.metrics) == 0
