@@ -33,8 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from servelens.bench.results import load_results
 from servelens.core.quantiles import percentile
+from servelens.formats.results import load_results
 from servelens.process import ServerProcess
 
 

@@ -40,7 +40,7 @@ from prometheus_client.parser import text_string_to_metric_families
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dynamo_harness as harness
 
-from servelens.bench.results import BenchRecord, load_results
+from servelens.formats.results import BenchRecord, load_results
 from servelens.process import ServerProcess
 from servelens.prometheus.names import DYNAMO_PREFIX, MetricNames
 

@@ -6,9 +6,9 @@ from typing import Any as Upstream  # the fixture type lives in conftest.py
 
 import pytest
 
-from servelens.bench.results import load_results
 from servelens.bench.runner import BenchConfig, run_bench
 from servelens.bench.traces import packaged_trace
+from servelens.formats.results import load_results
 
 
 async def test_closed_loop_records_and_files(upstream: Upstream, tmp_path: Path) -> None:

@@ -166,7 +166,7 @@ async def test_unreachable_metrics_url_is_one_clear_error(upstream: Upstream) ->
 
 async def test_a_failed_final_scrape_keeps_the_results(upstream: Upstream, tmp_path: Path) -> None:
     # the results were written only after the final /metrics scrape: a scrape error lost the whole run
-    from servelens.bench.results import load_results
+    from servelens.formats.results import load_results
 
     upstream.metrics_ok_scrapes = 1  # the "before" scrape works, the one after the load fails
     res = await run_bench(BenchConfig(url=upstream.url, isl="10", osl="2", num_requests=3,

@@ -37,14 +37,14 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from servelens.bench.results import BenchRecord, load_results
 from servelens.core.buckets import IslBuckets
 from servelens.core.sse import SSEDecoder
 from servelens.engines.vllm_cpu import BENCH_MAX_CONTEXT, VllmServer
+from servelens.formats.metrics_text import Scrape, parse_scrape
+from servelens.formats.results import BenchRecord, load_results
 from servelens.gateway.requestlog import read_request_log
 from servelens.gateway.testing import run_gateway, serve_app
 from servelens.process import ServerProcess
-from servelens.report.metrics_text import Scrape, parse_scrape
 
 pytestmark = pytest.mark.vllm
 

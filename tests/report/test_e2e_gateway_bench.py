@@ -21,9 +21,9 @@ from servelens.core.state import ITL_EDGES_S, TTFT_EDGES_S
 from servelens.dashboards.grafana import grafana_dashboard, substitute_variables
 from servelens.dashboards.output import write_dashboard_files
 from servelens.dashboards.rules import record_name
+from servelens.formats.metrics_text import parse_scrape
 from servelens.gateway.testing import run_gateway
 from servelens.prometheus.names import MetricNames
-from servelens.report.metrics_text import parse_scrape
 from servelens.sim.testing import run_sim
 from servelens.testing.tsdb import TsdbServer, run_prometheus, run_victoria_metrics
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from servelens.bench.results import BenchRecord, write_results
 from servelens.cli.main import main
 from servelens.core.buckets import IslBuckets
 from servelens.core.summary import rows_from_samples
+from servelens.formats.results import BenchRecord, write_results
 from servelens.prometheus.frontend import FrontendMetrics
 from servelens.prometheus.names import MetricNames
 from servelens.report.html import bucket_order, render_html, write_html

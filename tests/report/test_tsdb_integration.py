@@ -22,9 +22,9 @@ from servelens.core.summary import BucketRow, RequestSample, rows_from_histogram
 from servelens.dashboards.grafana import grafana_dashboard, substitute_variables
 from servelens.dashboards.output import write_dashboard_files
 from servelens.dashboards.rules import record_name
+from servelens.formats.metrics_text import bucket_histograms, parse_scrape
 from servelens.prometheus.frontend import FrontendMetrics
 from servelens.prometheus.names import MetricNames
-from servelens.report.metrics_text import bucket_histograms, parse_scrape
 from servelens.report.promapi import PromApiError, Series
 from servelens.report.sources import report_from_prometheus
 from servelens.testing.exporter import feed, serve_metrics, synthetic_samples

@@ -6,8 +6,8 @@ Public API::
     from servelens.bench import BenchConfig, run_bench, run_bench_sync, load_results, to_samples
 """
 
-from servelens.bench.results import BenchRecord, load_results, to_samples
 from servelens.bench.runner import BenchConfig, BenchResult, print_result, run_bench, run_bench_sync
+from servelens.formats.results import BenchRecord, load_results, to_samples
 
 __all__ = [
     "BenchConfig",

@@ -18,10 +18,10 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from servelens.bench.results import BenchRecord
 from servelens.core.openai import parse_chunk, parse_response
 from servelens.core.sse import SSEDecoder
 from servelens.core.status import error_type_for_status
+from servelens.formats.results import BenchRecord
 
 ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 _ERR_BODY_LIMIT = 4096

@@ -32,14 +32,14 @@ from servelens.bench.client import ENDPOINTS, RequestSpec, build_body, error_mes
 from servelens.bench.distributions import parse_length_dist
 from servelens.bench.lag import LagMonitor, LagReport
 from servelens.bench.prompts import PromptBuilder, load_tokenizer
-from servelens.bench.results import RESULTS_FILE, SUMMARY_FILE, BenchRecord, to_samples, write_results
 from servelens.bench.traces import TraceRow, clip_row, read_trace
 from servelens.core.buckets import DEFAULT_ISL_BOUNDARIES, IslBuckets
 from servelens.core.summary import BucketRow, rows_from_histograms, rows_from_samples
 from servelens.core.timing import NS_PER_S
+from servelens.formats.metrics_text import Scrape, bucket_histograms, parse_scrape
+from servelens.formats.results import RESULTS_FILE, SUMMARY_FILE, BenchRecord, to_samples, write_results
+from servelens.formats.table import fit_to, rich_table, side_by_side
 from servelens.prometheus.names import DEFAULT_PREFIX, MetricNames
-from servelens.report.metrics_text import Scrape, bucket_histograms, parse_scrape
-from servelens.report.table import fit_to, rich_table, side_by_side
 from servelens.serving import client_error_reason
 
 LONG_REQUEST_POLICIES = ("drop", "clip")

@@ -7,11 +7,11 @@ import os
 import sys
 from pathlib import Path
 
-from servelens.bench.results import RESULTS_FILE
 from servelens.bench.runner import BenchConfig, print_result, run_bench_sync
 from servelens.bench.traces import PACKAGED_TRACES, TRACE_FORMATS, resolve_trace
 from servelens.cli.main import interrupted
 from servelens.core.buckets import DEFAULT_ISL_BOUNDARIES
+from servelens.formats.results import RESULTS_FILE
 
 EPILOG = """\
 examples:

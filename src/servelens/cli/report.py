@@ -7,13 +7,13 @@ import argparse
 import sys
 from typing import Any
 
-from servelens.bench.results import summary_isl_buckets
 from servelens.core.buckets import IslBuckets
+from servelens.formats.results import summary_isl_buckets
+from servelens.formats.table import FORMATS, format_rows, output_width
 from servelens.prometheus.names import DEFAULT_PREFIX, MetricNames
 from servelens.report.html import write_html
 from servelens.report.promapi import parse_duration_s
 from servelens.report.sources import Report, report_from_metrics, report_from_prometheus, report_from_results
-from servelens.report.table import FORMATS, format_rows, output_width
 
 
 def add_parser(subparsers: Any) -> None:

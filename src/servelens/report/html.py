@@ -17,8 +17,8 @@ import plotly.graph_objects as go
 
 from servelens.core.buckets import label_sort_key
 from servelens.core.summary import ALL_LABEL, LOW_COUNT, BucketRow
+from servelens.formats.table import HEADERS, row_cells
 from servelens.report.sources import TimeSeries
-from servelens.report.table import HEADERS, row_cells
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#222}

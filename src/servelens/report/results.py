@@ -1,14 +1,14 @@
 """Bench results files as the report reads them: each request's table sample plus its wall-clock
-send time (for "p95 TTFT over time"). Reading the file is :mod:`servelens.bench.results`."""
+send time (for "p95 TTFT over time"). Reading the file is :mod:`servelens.formats.results`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from servelens.bench.results import load_results, to_sample
 from servelens.core.summary import RequestSample
 from servelens.core.timing import NS_PER_S
+from servelens.formats.results import load_results, to_sample
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ from servelens.core.buckets import IslBuckets, label_sort_key
 from servelens.core.quantiles import percentile
 from servelens.core.summary import ALL_LABEL, BucketRow, rows_from_histograms, rows_from_samples
 from servelens.dashboards.queries import FIGURE_BY_KEY, model_matcher
+from servelens.formats.metrics_text import Scrape, bucket_histograms, parse_scrape
 from servelens.prometheus.names import MetricNames
-from servelens.report.metrics_text import Scrape, bucket_histograms, parse_scrape
 from servelens.report.promapi import PromClient, parse_duration_s
 from servelens.report.results import TimedSample, load_timed_samples
 

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from servelens.bench.results import BenchRecord, load_results, to_samples, write_results
 from servelens.core.buckets import IslBuckets
 from servelens.core.summary import rows_from_samples
+from servelens.formats.results import BenchRecord, load_results, to_samples, write_results
 
 MS = 1_000_000
 

@@ -14,9 +14,9 @@ from rich.console import Console
 from servelens.cli.main import main
 from servelens.core.buckets import IslBuckets
 from servelens.core.summary import BucketRow
+from servelens.formats import table
+from servelens.formats.table import format_rows, side_by_side
 from servelens.prometheus.frontend import FrontendMetrics
-from servelens.report import table
-from servelens.report.table import format_rows, side_by_side
 from servelens.testing.exporter import feed, synthetic_samples
 
 NOTE = "fewer than 20 requests"
