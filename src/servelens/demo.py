@@ -21,7 +21,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from servelens.bench.runner import BenchConfig, BenchResult, print_result, run_bench_sync
+from servelens.bench import BenchConfig, BenchResult, print_result, run_bench_sync
 from servelens.bench.traces import resolve_trace
 from servelens.core.buckets import DEFAULT_ISL_BOUNDARIES, IslBuckets
 from servelens.process import ServerProcess

@@ -53,10 +53,10 @@ async def test_server_that_never_answers_is_one_line_within_the_control_timeout(
 
     import aiohttp
 
-    from servelens.bench import runner
+    from servelens.bench import control
     from servelens.gateway.testing import raw_tcp_server
 
-    monkeypatch.setattr(runner, "_CONTROL_TIMEOUT", aiohttp.ClientTimeout(total=0.3))
+    monkeypatch.setattr(control, "_CONTROL_TIMEOUT", aiohttp.ClientTimeout(total=0.3))
     done = asyncio.Event()
 
     async def never(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
@@ -86,7 +86,7 @@ async def test_a_server_without_a_model_list_runs_when_model_is_given(tmp_path: 
 
     from aiohttp import web
 
-    from servelens.bench.runner import BenchConfig, run_bench
+    from servelens.bench import BenchConfig, run_bench
     from servelens.gateway.testing import serve_app
 
     async def complete(request: web.Request) -> web.StreamResponse:

@@ -4,7 +4,7 @@ The sim runs in this process, so its truth records use the same ``perf_counter_n
 bench's records (joined by ``x-request-id``).
 """
 
-from servelens.bench.runner import BenchConfig, run_bench
+from servelens.bench import BenchConfig, run_bench
 from servelens.bench.traces import packaged_trace
 from servelens.core.summary import ALL_LABEL
 from servelens.gateway.testing import run_gateway

@@ -9,8 +9,8 @@ from typing import Any
 
 from rich.console import Console
 
+from servelens.bench import BenchConfig, print_result, run_bench
 from servelens.bench.lag import LagMonitor, LagReport
-from servelens.bench.runner import BenchConfig, print_result, run_bench
 
 
 async def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:

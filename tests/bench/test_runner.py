@@ -6,7 +6,7 @@ from typing import Any as Upstream  # the fixture type lives in conftest.py
 
 import pytest
 
-from servelens.bench.runner import BenchConfig, run_bench
+from servelens.bench import BenchConfig, run_bench
 from servelens.bench.traces import packaged_trace
 from servelens.formats.results import load_results
 
@@ -121,7 +121,7 @@ async def test_client_and_server_tables_are_never_cropped(upstream: Upstream, wi
 
     from rich.console import Console
 
-    from servelens.bench.runner import print_result
+    from servelens.bench import print_result
 
     res = await run_bench(BenchConfig(url=upstream.url, isl="300:0.5,20000:0.5", osl="3", num_requests=6))
     res = dataclasses.replace(res, server_rows=res.client_rows)  # as if the server agreed exactly

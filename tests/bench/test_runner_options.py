@@ -12,8 +12,9 @@ from typing import Any as Upstream  # the fixture type lives in conftest.py
 import pytest
 from rich.console import Console
 
+from servelens.bench import BenchConfig, print_result, run_bench
 from servelens.bench.lag import LagReport
-from servelens.bench.runner import BenchConfig, PromptDeviation, print_result, run_bench
+from servelens.bench.summary import PromptDeviation
 from servelens.bench.traces import packaged_trace
 
 MS = 1_000_000

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from servelens.bench.runner import BenchConfig, run_bench
+from servelens.bench import BenchConfig, run_bench
 from servelens.cli.main import main
 from servelens.core.buckets import IslBuckets
 from servelens.core.state import ITL_EDGES_S, TTFT_EDGES_S

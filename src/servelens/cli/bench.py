@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from servelens.bench.runner import BenchConfig, print_result, run_bench_sync
+from servelens.bench import BenchConfig, print_result, run_bench_sync
 from servelens.bench.traces import PACKAGED_TRACES, TRACE_FORMATS, resolve_trace
 from servelens.cli.main import interrupted
 from servelens.core.buckets import DEFAULT_ISL_BOUNDARIES

@@ -1,0 +1,56 @@
+"""Printing a bench result: the per-bucket table (client beside server when the server was scraped)
+and a few summary lines."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+from servelens.bench.summary import BenchResult
+from servelens.formats.table import fit_to, rich_table, side_by_side
+
+
+def print_result(result: BenchResult, console: Console | None = None) -> None:
+    """Print the client table (the client/server table instead when there are server rows; on a
+    terminal too narrow for it, the client's table and then the server's) and a few summary lines to
+    ``console`` (stdout by default)."""
+    if console is None:
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=max(console.width, 150))  # a file or pipe: do not wrap the columns
+    s = result.summary
+    lines = [result.lag.verdict(), result.prompt_deviation.line()]
+    if result.dropped or result.clipped:
+        lines.append(f"over the context ({s['max_context']} tokens): {result.dropped} dropped, "
+                     f"{result.clipped} clipped")
+    if s.get("tokens_per_chunk_from_usage") is False:
+        lines.append("the server sent no continuous usage: ITL counts one token per chunk")
+    title = f"servelens bench: {result.model} ({result.endpoint}), {len(result.records)} requests"
+    if not result.lag.trustworthy:
+        title += " [CLIENT FIGURES NOT TRUSTWORTHY]"
+    both = side_by_side(result.client_rows, result.server_rows, title=title + "\nClient vs server (gateway "
+                        "/metrics)", notes=lines) if result.server_rows else None
+    if both is not None and fit_to(both, console.width):  # one table: the client's figures beside the server's
+        console.print(both)
+    elif both is not None:  # a narrow terminal: the client's table, then the server's
+        client = rich_table(result.client_rows, title=title + "\nClient (exact percentiles)", caption="\n".join(lines))
+        server = rich_table(result.server_rows or [], title="Server (gateway /metrics)")
+        fit_to(client, console.width)
+        fit_to(server, console.width)
+        console.print(client)
+        console.print(server)
+    else:
+        table = rich_table(result.client_rows, title=title, caption="\n".join(lines))
+        fit_to(table, console.width)
+        console.print(table)
+        if s.get("server_error"):
+            console.print(f"server side: none, the final scrape failed: {s['server_error']}")
+        elif result.server_rows is not None:
+            console.print("server side: the /metrics endpoint has no servelens by-ISL histograms "
+                          f"(prefix {s['config']['metrics_prefix']!r})")
+    rps = s.get("requests_per_s")
+    console.print(
+        f"{s['requests']} requests, {s['errors']} errors in {result.elapsed_s:.1f} s"
+        + (f" ({rps:.1f} req/s, {s['chunks_per_s']:.0f} chunks/s)" if rps else "")
+    )
+    if result.results_path is not None:
+        console.print(f"results: {result.results_path}  summary: {result.summary_path}")
