@@ -32,7 +32,8 @@ import aiohttp
 
 from servelens.process import ServerProcess
 from servelens.sim.presets import get_preset
-from servelens.sim.scheduler import Engine, MonotonicClock, SimRequest, StepLoop
+from servelens.sim.scheduler import Engine, SimRequest
+from servelens.sim.steploop import MonotonicClock, StepLoop
 from servelens.sim.tokenizer import make_text
 
 

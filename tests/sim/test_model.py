@@ -5,7 +5,8 @@ import pytest
 from servelens.sim.model import ModelParams, decode_s, idle_ttft_s, prefill_chunk_s, step_s
 from servelens.sim.prefix_cache import block_hashes
 from servelens.sim.presets import PRESETS, get_preset
-from servelens.sim.scheduler import Engine, SimRequest, Step, StepLoop, VirtualClock, simulate
+from servelens.sim.scheduler import Engine, SimRequest, Step, simulate
+from servelens.sim.steploop import StepLoop, VirtualClock
 from servelens.sim.tokenizer import make_text, tokenize
 
 P = get_preset("llama-3.1-8b-h100").params

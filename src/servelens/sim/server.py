@@ -1,5 +1,5 @@
 """The simulated engine's HTTP server (aiohttp): OpenAI-compatible completions and chat
-completions, streaming and not, driven by one :class:`~servelens.sim.scheduler.StepLoop`.
+completions, streaming and not, driven by one :class:`~servelens.sim.steploop.StepLoop`.
 
 Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
 ``GET /health``, ``POST /tokenize``, ``GET /metrics`` (vLLM names, see :mod:`servelens.prometheus.sim_engine`),
@@ -52,7 +52,8 @@ from servelens.sim.faults import FaultInjector, FaultPlan
 from servelens.sim.model import MIN_SPEEDUP, ModelParams
 from servelens.sim.prefix_cache import block_hashes
 from servelens.sim.presets import DEFAULT_PRESET, get_preset
-from servelens.sim.scheduler import Engine, MonotonicClock, SimRequest, StepLoop
+from servelens.sim.scheduler import Engine, SimRequest
+from servelens.sim.steploop import MonotonicClock, StepLoop
 from servelens.sim.tokenizer import (
     chat_prompt_tokens,
     generated_words,

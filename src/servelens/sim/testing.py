@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from servelens.core.sse import SSEBlock, SSEDecoder
-from servelens.sim.scheduler import Engine, StepLoop
+from servelens.sim.scheduler import Engine
 from servelens.sim.server import RunningServer, SimConfig, start_server
+from servelens.sim.steploop import StepLoop
 from servelens.sim.truth import TruthRecord
 
 TEST_SPEEDUP = 10.0
