@@ -8,7 +8,7 @@ import aiohttp
 import pytest
 
 from servelens.core.openai import parse_chunk
-from servelens.sim import server as sim_server
+from servelens.sim import writer as sim_writer
 from servelens.sim.faults import FAULT_MODES, FaultInjector, FaultPlan, parse_modes
 from servelens.sim.testing import capture, run_sim
 
@@ -158,17 +158,17 @@ class _Writes:
 
 async def test_coalesce_and_split_at_the_write_level(monkeypatch: pytest.MonkeyPatch) -> None:
     # the client's reads may merge or cut writes; the writes themselves are exactly as specified
-    monkeypatch.setattr(sim_server, "SPLIT_GAP_S", 0)
+    monkeypatch.setattr(sim_writer, "SPLIT_GAP_S", 0)
     events = [b'{"text":" caf\xc3\xa9"}', b'{"text":" plain"}', b'{"text":" \xe6\x97\xa5\xe6\x9c\xac"}']
     out = _Writes()
-    w = sim_server._Writer(out, FaultPlan(frozenset({"coalesce"})))  # type: ignore[arg-type]
+    w = sim_writer.SSEWriter(out, FaultPlan(frozenset({"coalesce"})))  # type: ignore[arg-type]
     for e in events:
         await w.event(e)
     await w.event(b"[DONE]", last=True)
     await w.flush()
     assert [x.count(b"data: ") for x in out.writes] == [2, 2]  # two events in one write
     out = _Writes()
-    w = sim_server._Writer(out, FaultPlan(frozenset({"split"})))  # type: ignore[arg-type]
+    w = sim_writer.SSEWriter(out, FaultPlan(frozenset({"split"})))  # type: ignore[arg-type]
     for e in events:
         await w.event(e)
     assert len(out.writes) == 2 * len(events)  # each event in two writes

@@ -8,7 +8,7 @@ import logging
 import aiohttp
 import pytest
 
-from servelens.sim import server as sim_server
+from servelens.sim import writer as sim_writer
 from servelens.sim.testing import run_sim
 
 DEEP = b"[" * 200_000 + b"]" * 200_000
@@ -45,17 +45,17 @@ async def test_client_gone_during_a_write_is_cancelled_without_a_traceback(
 ) -> None:
     # a write to a connection the client already closed raises ConnectionResetError before aiohttp
     # cancels the handler (seen under load on the final usage/[DONE] writes)
-    real_event = sim_server._Writer.event
+    real_event = sim_writer.SSEWriter.event
     calls = 0
 
-    async def event(self: sim_server._Writer, payload: bytes, last: bool = False) -> None:
+    async def event(self: sim_writer.SSEWriter, payload: bytes, last: bool = False) -> None:
         nonlocal calls
         calls += 1
         if calls == 3:
             raise aiohttp.ClientConnectionResetError("Cannot write to closing transport")
         await real_event(self, payload, last)
 
-    monkeypatch.setattr(sim_server._Writer, "event", event)
+    monkeypatch.setattr(sim_writer.SSEWriter, "event", event)
     body = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
             "stream": True, "ignore_eos": True}
     caplog.set_level(logging.ERROR, logger="aiohttp.server")

@@ -8,10 +8,11 @@ import sys
 from typing import Any
 
 from servelens.serving import serve_until_signal
+from servelens.sim.config import SimConfig
 from servelens.sim.faults import FAULT_MODES, parse_modes
 from servelens.sim.model import ModelParams
 from servelens.sim.presets import DEFAULT_PRESET, PRESETS
-from servelens.sim.server import SimConfig, start_server
+from servelens.sim.server import start_server
 
 _PARAM_HELP = {
     "step_overhead_s": "fixed cost of every step (s)",

@@ -14,7 +14,7 @@ i.e. what the engine itself would report; with ``--speedup X`` they are the scal
 Observations happen once per finished request (never per token on the hot path).
 
 Lives in ``servelens.prometheus`` (the only package importing ``prometheus_client``); used by
-``servelens.sim.server`` with one registry per sim app.
+``servelens.sim.state`` with one registry per sim app.
 """
 
 from __future__ import annotations

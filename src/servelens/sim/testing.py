@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from servelens.core.sse import SSEBlock, SSEDecoder
+from servelens.sim.config import SimConfig
 from servelens.sim.scheduler import Engine
-from servelens.sim.server import RunningServer, SimConfig, start_server
+from servelens.sim.server import RunningServer, start_server
 from servelens.sim.steploop import StepLoop
 from servelens.sim.truth import TruthRecord
 
@@ -79,7 +80,7 @@ async def run_sim(**overrides: Any) -> AsyncIterator[SimHandle]:
     """Start a sim on a free 127.0.0.1 port; stop it on exit.
 
     Args:
-        overrides: any :class:`~servelens.sim.server.SimConfig` field (``preset``, ``speedup``,
+        overrides: any :class:`~servelens.sim.config.SimConfig` field (``preset``, ``speedup``,
             ``model``, ``seed``, ``fault_rate``, ``fault_modes``, ``debug``, ...) or any
             :class:`~servelens.sim.model.ModelParams` field (``max_num_seqs``, ``block_size``, ...).
             ``speedup`` defaults to :data:`TEST_SPEEDUP`, ``port`` to 0.

@@ -1,0 +1,216 @@
+"""How the sim answers a request the engine has taken: a stream (SSE, token by token as the engine
+steps) or one JSON body at the end, with the fault modes that act on the reply (slow start, stall,
+malformed chunk, error or reset mid-stream, no ``[DONE]``). What became of the request is left in
+an :class:`Outcome` for its truth record."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import struct
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from servelens.core.openai import error_body
+from servelens.sim.chunks import ChunkBuilder, usage_object
+from servelens.sim.faults import FaultPlan
+from servelens.sim.request import Parsed
+from servelens.sim.scheduler import SimRequest
+from servelens.sim.state import SimState
+from servelens.sim.writer import SSEWriter
+
+_enc = msgspec.json.Encoder()
+PING_INTERVAL_S = 0.1
+
+
+def error_response(status: int, message: str, type_: str, rid: str, param: str | None = None) -> web.Response:
+    """An OpenAI error object with HTTP ``status`` and the request's ``x-request-id`` (429 also says
+    ``retry-after: 1``)."""
+    headers = {"x-request-id": rid}
+    if status == 429:
+        headers["retry-after"] = "1"
+    return web.Response(status=status, body=error_body(message, type_, status, param),
+                        content_type="application/json", headers=headers)
+
+
+@dataclass
+class Outcome:
+    """What became of a request, filled in as it is answered: ``outcome`` (one of
+    :data:`servelens.sim.truth.OUTCOMES`), the HTTP status, and the finish reason once it finished."""
+
+    outcome: str = "ok"
+    status: int = 200
+    finish: str | None = None
+
+
+def _submit(st: SimState, sreq: SimRequest) -> None:
+    st.loop.submit(sreq)
+
+
+async def stream_reply(request: web.Request, st: SimState, p: Parsed, plan: FaultPlan, sreq: SimRequest,
+                       ev: asyncio.Event, words: list[str], finish: str, rid: str, out: Outcome) -> web.StreamResponse:
+    """Submit ``sreq`` and stream its ``words`` as SSE chunks as the engine generates them (``ev`` is
+    set after each step that moved it), ending with ``finish``, the usage chunk when asked for, and
+    ``[DONE]``; ``plan``'s faults act on the way. A client that goes away is a cancellation."""
+    resp = web.StreamResponse(headers={"content-type": "text/event-stream; charset=utf-8",
+                                       "cache-control": "no-cache", "x-request-id": rid})
+    try:
+        return await _write_stream(request, resp, st, p, plan, sreq, ev, words, finish, rid, out)
+    except ConnectionResetError:
+        # the client closed its connection and a write noticed before aiohttp cancelled the
+        # handler: a cancellation, not a handler error (aiohttp would log a traceback)
+        if out.outcome == "ok":
+            out.outcome = "cancelled"
+        if request.transport is not None:
+            request.transport.close()
+        return resp
+
+
+async def _write_stream(request: web.Request, resp: web.StreamResponse, st: SimState, p: Parsed, plan: FaultPlan,
+                        sreq: SimRequest, ev: asyncio.Event, words: list[str], finish: str, rid: str,
+                        out: Outcome) -> web.StreamResponse:
+    await resp.prepare(request)
+    w = SSEWriter(resp, plan)
+    ch = ChunkBuilder(p, rid, st.config.model, st.created, plan, st.engine.cache.enabled)
+    if ch.chat:
+        await w.event(ch.role())
+    if "slow_start" in plan:
+        await w.flush()
+        deadline = time.perf_counter_ns() + plan.delay_ms * 1_000_000
+        while True:
+            left = deadline - time.perf_counter_ns()
+            if left <= 0:
+                break
+            await asyncio.sleep(min(PING_INTERVAL_S, left / 1e9))
+            if deadline - time.perf_counter_ns() > 0:
+                await w.comment(b"ping")
+    _submit(st, sreq)
+    osl = sreq.osl_target
+    cut = max(1, osl // 2)
+    stop_mid = "error_mid_stream" in plan or "reset_mid_stream" in plan
+    stall_pending = "stall_mid_stream" in plan
+    malformed_pending = "malformed_chunk" in plan
+    no_done = "no_done" in plan
+    sent = 0
+    times = sreq.token_times_ns
+    while sent < osl:
+        if sreq.generated <= sent:
+            if sreq.finished:  # the engine let go of it (shut down, or a step failed): end with an error
+                out.outcome, out.status = "error", 200
+                await w.event(error_body("Engine dropped the request (servelens sim)", "InternalServerError", 500))
+                await w.flush()
+                await resp.write_eof()
+                return resp
+            await ev.wait()
+            ev.clear()
+            continue
+        n = sreq.generated
+        while sent < n:
+            k = 1
+            t = times[sent]
+            while sent + k < n and times[sent + k] == t and "multi_token" in plan:
+                k += 1
+            text = "".join([" " + x for x in words[sent : sent + k]])
+            last = sent + k >= osl
+            fin = finish if last and not no_done else None
+            await w.event(ch.tokens(text, sent == 0, last, fin, sent + k, sreq.cached_tokens))
+            sent += k
+            if malformed_pending and sent >= cut:
+                malformed_pending = False
+                await w.event(ch.head + b'{"index":0,"delta":{"content":"broken')
+            if stall_pending and sent >= cut and sent < osl:
+                # silence on the wire (the engine generates on); then the rest of the stream
+                stall_pending = False
+                await w.flush()
+                await asyncio.sleep(plan.delay_ms / 1000)
+                n = sreq.generated
+            if stop_mid and sent >= cut and sent < osl:
+                st.loop.cancel(sreq)
+                await w.flush()
+                if "reset_mid_stream" in plan:
+                    out.outcome, out.status = "reset", 200
+                    reset_connection(request)
+                    return resp
+                out.outcome, out.status = "error", 200
+                await w.event(error_body("Engine error mid-stream (servelens sim fault error_mid_stream)",
+                                         "InternalServerError", 500))
+                await w.flush()
+                await resp.write_eof()
+                return resp
+    if no_done:
+        out.outcome = "incomplete"
+        await w.flush()
+        await resp.write_eof()
+        return resp
+    out.finish = finish
+    if p.include_usage:
+        await w.event(ch.usage_chunk(osl, sreq.cached_tokens))
+    await w.event(b"[DONE]", last=True)
+    await w.flush()
+    await resp.write_eof()
+    return resp
+
+
+def reset_connection(request: web.Request) -> None:
+    """Abort the connection with a TCP RST (SO_LINGER 0 then close)."""
+    transport = request.transport
+    if transport is None:
+        return
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
+
+
+async def whole_reply(request: web.Request, st: SimState, p: Parsed, plan: FaultPlan, sreq: SimRequest,
+                      ev: asyncio.Event, words: list[str], finish: str, rid: str, out: Outcome) -> web.StreamResponse:
+    """Submit ``sreq``, wait until the engine has generated all its ``words``, then answer one JSON
+    completion (chat or text; tool calls or reasoning content with those faults) with its usage."""
+    if "slow_start" in plan:
+        await asyncio.sleep(plan.delay_ms / 1000)
+    _submit(st, sreq)
+    osl = sreq.osl_target
+    stop_at = max(1, osl // 2) if ("error_mid_stream" in plan or "reset_mid_stream" in plan) else osl
+    while sreq.generated < min(osl, stop_at) or (stop_at == osl and not sreq.finished):
+        if sreq.finished:  # let go before its tokens were out (shut down, or a step failed)
+            out.outcome, out.status = "error", 500
+            return error_response(500, "Engine dropped the request (servelens sim)", "InternalServerError", rid)
+        await ev.wait()
+        ev.clear()
+    if stop_at < osl:
+        st.loop.cancel(sreq)
+        if "reset_mid_stream" in plan:
+            out.outcome = "reset"
+            reset_connection(request)
+            return web.Response(status=500)
+        out.outcome, out.status = "error", 500
+        return error_response(500, "Engine error (servelens sim fault error_mid_stream)", "InternalServerError", rid)
+    text = "".join([" " + x for x in words])
+    isl = len(p.prompt_ids)
+    cached = sreq.cached_tokens if st.engine.cache.enabled else None
+    nd = "null_details" in plan
+    if p.endpoint == "chat_completions":
+        msg: dict[str, Any] = {"role": "assistant", "content": text}
+        if "tool_calls" in plan:
+            msg = {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_" + rid[-12:], "type": "function",
+                 "function": {"name": "lookup", "arguments": '{"text": "' + text + '"}'}}]}
+        elif "reasoning" in plan:
+            msg = {"role": "assistant", "content": None, "reasoning_content": text}
+        body: dict[str, Any] = {"id": rid, "object": "chat.completion", "created": st.created,
+                                "model": st.config.model,
+                                "choices": [{"index": 0, "message": msg, "logprobs": None, "finish_reason": finish}],
+                                "usage": usage_object(isl, osl, cached, nd)}
+    else:
+        body = {"id": rid, "object": "text_completion", "created": st.created, "model": st.config.model,
+                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
+                             "stop_reason": None}],
+                "usage": usage_object(isl, osl, cached, nd)}
+    out.finish = finish
+    return web.Response(body=_enc.encode(body), content_type="application/json", headers={"x-request-id": rid})
