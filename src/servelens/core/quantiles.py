@@ -71,3 +71,33 @@ def bucket_bounds(value: float, edges: Sequence[float]) -> tuple[float, float]:
             return lower, e
         lower = e
     return lower, math.inf
+
+
+def weighted_quantile(values: Sequence[float] | np.ndarray, weights: Sequence[float] | np.ndarray, q: float) -> float:
+    """Quantile ``q`` in [0, 1] of the discrete distribution that puts ``weights[i]`` on ``values[i]``:
+    the smallest value whose cumulative weight share reaches ``q`` (inverted CDF, Hyndman & Fan
+    type 1; numpy's ``method="inverted_cdf"``). With equal weights it is that method's unweighted
+    quantile, which differs from :func:`percentile` (linear) by at most one gap between adjacent values.
+
+    It is exact for a reweighted sample, and it lies in the same ``le`` bucket as Prometheus'
+    ``histogram_quantile`` of the same weights binned by ``le`` (both cross ``q`` in that bucket).
+    Zero weights are allowed. Returns NaN when the total weight is 0. Raises ValueError for
+    ``q`` outside [0, 1], a negative or non-finite weight, or lengths that differ.
+    """
+    if not 0 <= q <= 1:
+        raise ValueError(f"quantile must be within [0, 1], got {q}")
+    v = np.asarray(values, dtype=float)
+    w = np.asarray(weights, dtype=float)
+    if v.shape != w.shape:
+        raise ValueError(f"values and weights differ in length: {v.size} and {w.size}")
+    if not np.all(np.isfinite(w)) or np.any(w < 0):
+        raise ValueError("weights must be finite and >= 0")
+    keep = w > 0
+    v, w = v[keep], w[keep]
+    if v.size == 0:
+        return math.nan
+    order = np.argsort(v, kind="stable")
+    cum = np.cumsum(w[order])
+    # a relative tolerance so that q * total landing exactly on a cumulative step is not missed by rounding
+    idx = int(np.searchsorted(cum, q * cum[-1] * (1 - 1e-12), side="left"))
+    return float(v[order][min(idx, v.size - 1)])

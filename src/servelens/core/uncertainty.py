@@ -1,0 +1,255 @@
+"""Uncertainty of the shift-share split of a mean latency change (see :mod:`servelens.core.decompose`).
+
+Two methods, by the kind of data:
+
+**Per-request samples (bench results): bootstrap.** Each window is resampled on its own, whole
+requests with replacement, as many as it has (not per bucket: the bucket counts, hence the mix,
+vary between resamples as they would between runs). For ITL a request's tokens travel together.
+Every resample recomputes the split; an interval is the percentile interval of the resamples
+(``confidence``, default 95%). Seeded (``numpy.random.default_rng(seed)``): the same input and
+seed give the same intervals.
+
+**Histogram state (scrapes, Prometheus): normal approximation from counts.** The mean of bucket
+``b`` is exact (``_sum / _count``); its variance is ``s_b**2 / u_b``, where ``u_b`` is the number of
+independent units (the observation count, or the requests for ITL, see
+:class:`~servelens.core.windows.HistogramWindow`) and ``s_b**2`` is estimated from the ``le``
+counts: every observation sits at its ``le`` bucket's midpoint (the first bucket starts at 0, as
+in ``histogram_quantile``; an edge <= 0 holds exactly that value), plus the uniform
+within-bucket variance ``width**2 / 12``; the observations above the last finite edge sit at the
+one value that makes the histogram's mean equal ``_sum / _count`` (at least that edge). The bucket
+shares are multinomial proportions of ``U = sum(u_b)``: ``Cov(w) = (diag(w) - w w^T) / U``. Windows,
+buckets, and shares and means are taken as independent; the effects' variances follow by the delta
+method (first order), and an interval is ``value +- z * sd`` with ``z`` the normal quantile.
+
+Per-bucket intervals are asked for at their own level: explain uses a Bonferroni level
+``1 - (1 - confidence) / K`` over the ``K`` buckets seen in both windows, so that with an
+unchanged engine all buckets read "no significant change" together with probability ``confidence``.
+A bucket with fewer than 2 units has an unknown variance: its intervals are infinite.
+Counts that came from ``rate()`` or ``increase()`` are extrapolated, not counted: give exact
+deltas (two scrapes, or :func:`servelens.report.sources.exact_counts`) for honest intervals.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from statistics import NormalDist
+
+import numpy as np
+
+from servelens.core.summary import CumulativeHistogram
+from servelens.core.windows import HistogramWindow, SampleWindow
+
+Interval = tuple[float, float]
+"""``(low, high)`` in seconds; ``(nan, nan)`` where undefined (a bucket seen in one window only)."""
+
+_CHUNK_CELLS = 2_000_000  # resample indices held at once (16 MB)
+
+
+@dataclass(frozen=True)
+class SplitIntervals:
+    """Intervals for the split, at one confidence level.
+
+    Attributes:
+        mix: the total mix effect (s).
+        latency: the total latency effect (s).
+        bucket_latency: per bucket, its latency effect ``wB * (mB - mA)`` (s).
+        bucket_change: per bucket, the change of its mean ``mB - mA`` (s).
+        method: one line naming the method and its parameters.
+    """
+
+    mix: Interval
+    latency: Interval
+    bucket_latency: tuple[Interval, ...]
+    bucket_change: tuple[Interval, ...]
+    method: str
+
+
+def split_arrays(
+    n_a: np.ndarray, s_a: np.ndarray, n_b: np.ndarray, s_b: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The shift-share terms per bucket from counts ``n`` and sums ``s`` (shape ``(..., buckets)``,
+    earlier ``a``, later ``b``): ``(mix, latency, m_a, m_b)`` with ``mix = (wB - wA) * mA`` and
+    ``latency = wB * (mB - mA)``, ``w = n / n.sum()``, ``m = s / n``.
+
+    A bucket empty in one window gets the other window's mean (no latency change: its latency
+    term is 0 and the split stays exact); ``m_a``/``m_b`` are returned with those fill-ins (0 where
+    both are empty). Every window must have observations.
+    """
+    w_a = n_a / n_a.sum(axis=-1, keepdims=True)
+    w_b = n_b / n_b.sum(axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        m_a = np.where(n_a > 0, s_a / np.where(n_a > 0, n_a, 1), np.nan)
+        m_b = np.where(n_b > 0, s_b / np.where(n_b > 0, n_b, 1), np.nan)
+    m_a = np.where(n_a > 0, m_a, m_b)
+    m_b = np.where(n_b > 0, m_b, m_a)
+    m_a, m_b = np.nan_to_num(m_a), np.nan_to_num(m_b)
+    return (w_b - w_a) * m_a, w_b * (m_b - m_a), m_a, m_b
+
+
+def z_value(confidence: float) -> float:
+    """Two-sided normal quantile for ``confidence`` in (0, 1) (1.96 for 0.95). Raises ValueError."""
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be within (0, 1), got {confidence}")
+    return NormalDist().inv_cdf(0.5 + confidence / 2)
+
+
+# ---------------------------------------------------------------- bootstrap (samples)
+
+
+def _requests(w: SampleWindow) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per request: bucket index, sum of its observations, their number."""
+    ks, sums, sizes = [], [], []
+    for k, b in enumerate(w.buckets):
+        n = b.request_sizes()
+        ks.append(np.full(n.size, k, dtype=np.int64))
+        sums.append(b.request_sums())
+        sizes.append(n.astype(float))
+    return np.concatenate(ks), np.concatenate(sums), np.concatenate(sizes)
+
+
+def resampled_counts_sums(
+    w: SampleWindow, resamples: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Bootstrap resamples of a window's per-bucket observation counts and sums, each of shape
+    ``(resamples, buckets)``: whole requests drawn with replacement, as many as the window has."""
+    k, sums, sizes = _requests(w)
+    n_req, n_k = k.size, len(w.labels)
+    counts = np.zeros((resamples, n_k))
+    totals = np.zeros((resamples, n_k))
+    chunk = max(1, min(resamples, _CHUNK_CELLS // max(n_req, 1)))
+    for start in range(0, resamples, chunk):
+        r = min(chunk, resamples - start)
+        idx = rng.integers(0, n_req, size=(r, n_req))
+        cell = (np.arange(r)[:, None] * n_k + k[idx]).ravel()
+        counts[start:start + r] = np.bincount(cell, sizes[idx].ravel(), r * n_k).reshape(r, n_k)
+        totals[start:start + r] = np.bincount(cell, sums[idx].ravel(), r * n_k).reshape(r, n_k)
+    return counts, totals
+
+
+def _per_bucket(level: float, confidence: float) -> str:
+    return "" if math.isclose(level, confidence) else f" ({level:.2%} per bucket)"
+
+
+def _pct(x: np.ndarray, alpha: float) -> list[Interval]:
+    """Percentile intervals along axis 0, NaN resamples left out; (nan, nan) where all are NaN."""
+    out: list[Interval] = []
+    for col in np.atleast_2d(x.T):
+        col = col[np.isfinite(col)]
+        if col.size == 0:
+            out.append((math.nan, math.nan))
+        else:
+            lo, hi = np.quantile(col, [alpha / 2, 1 - alpha / 2])
+            out.append((float(lo), float(hi)))
+    return out
+
+
+def bootstrap_split(
+    before: SampleWindow,
+    after: SampleWindow,
+    resamples: int = 2000,
+    seed: int = 0,
+    confidence: float = 0.95,
+    bucket_confidence: float | None = None,
+) -> SplitIntervals:
+    """Percentile-bootstrap intervals for the split (module docstring); the per-bucket ones at
+    ``bucket_confidence`` (default ``confidence``). Windows must be non-empty.
+
+    Raises ValueError for ``resamples`` < 1 or a confidence outside (0, 1).
+    """
+    z_value(confidence)
+    bucket_alpha = 1 - (confidence if bucket_confidence is None else bucket_confidence)
+    z_value(1 - bucket_alpha)
+    if resamples < 1:
+        raise ValueError(f"resamples must be >= 1, got {resamples}")
+    rng = np.random.default_rng(seed)
+    n_a, s_a = resampled_counts_sums(before, resamples, rng)
+    n_b, s_b = resampled_counts_sums(after, resamples, rng)
+    mix, lat, m_a, m_b = split_arrays(n_a, s_a, n_b, s_b)
+    change = np.where((n_a > 0) & (n_b > 0), m_b - m_a, np.nan)
+    alpha = 1 - confidence
+    return SplitIntervals(
+        mix=_pct(mix.sum(axis=1), alpha)[0],
+        latency=_pct(lat.sum(axis=1), alpha)[0],
+        bucket_latency=tuple(_pct(lat, bucket_alpha)),
+        bucket_change=tuple(_pct(change, bucket_alpha)),
+        method=f"bootstrap over requests, {resamples} resamples, seed {seed}, {confidence:.0%} percentile intervals"
+        + _per_bucket(1 - bucket_alpha, confidence),
+    )
+
+
+# ---------------------------------------------------------------- normal approximation (histograms)
+
+
+def histogram_variance(h: CumulativeHistogram) -> float:
+    """Estimated variance of the observations behind a histogram (s^2; module docstring for the
+    placement rule), with ``n - 1`` in the denominator. NaN with fewer than 2 observations."""
+    les = [le for le, _ in h.buckets]
+    cum = np.array([c for _, c in h.buckets], dtype=float)
+    counts = np.diff(cum, prepend=0.0)
+    n = float(cum[-1])
+    if n < 2:
+        return math.nan
+    mean = h.sum / n
+    lows = [0.0 if les[0] > 0 else les[0], *les[:-1]]
+    mids = np.array([(lo + hi) / 2 for lo, hi in zip(lows[:-1], les[:-1], strict=True)])
+    widths = np.array([hi - lo for lo, hi in zip(lows[:-1], les[:-1], strict=True)])
+    finite = counts[:-1]
+    top = counts[-1]
+    last = les[-2]
+    rep_top = max(last, (h.sum - float(finite @ mids)) / top) if top > 0 else last
+    ss = float(finite @ ((mids - mean) ** 2 + widths**2 / 12)) + top * (rep_top - mean) ** 2
+    return ss / (n - 1)
+
+
+def normal_split(
+    before: HistogramWindow, after: HistogramWindow, confidence: float = 0.95, bucket_confidence: float | None = None
+) -> SplitIntervals:
+    """Normal-approximation intervals for the split from histogram counts (module docstring); the
+    per-bucket ones at ``bucket_confidence`` (default ``confidence``). Windows must be non-empty.
+    Raises ValueError for a confidence outside (0, 1)."""
+    z = z_value(confidence)
+    zb = z if bucket_confidence is None else z_value(bucket_confidence)
+    n_a, n_b = before.counts(), after.counts()
+    mix_b, lat_b, m_a, m_b = split_arrays(n_a, before.sums(), n_b, after.sums())
+    w_a, w_b = n_a / n_a.sum(), n_b / n_b.sum()
+    u_a, u_b = before.units(), after.units()
+
+    def var_mean(w: HistogramWindow, u: np.ndarray) -> np.ndarray:
+        v = np.array([histogram_variance(h) for h in w.histograms])
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out = np.where(u >= 2, v / np.where(u > 0, u, 1), np.inf)
+        return np.where(w.counts() > 0, out, 0.0)  # an empty bucket's mean is a fill-in (no variance of its own)
+
+    v_a, v_b = var_mean(before, u_a), var_mean(after, u_b)
+    # a bucket seen in one window borrows the other's mean, and with it that mean's variance
+    v_a, v_b = np.where(n_a > 0, v_a, v_b), np.where(n_b > 0, v_b, v_a)
+    both = (n_a > 0) & (n_b > 0)
+    v_change = np.where(both, v_a + v_b, 0.0)
+
+    def cov_quad(w: np.ndarray, units: float, g: np.ndarray) -> float:
+        if units <= 0:
+            return math.inf
+        return float(w @ g**2 - (w @ g) ** 2) / units
+
+    d = m_b - m_a
+    with np.errstate(invalid="ignore"):
+        var_mix = cov_quad(w_a, u_a.sum(), m_a) + cov_quad(w_b, u_b.sum(), m_a) + float(((w_b - w_a) ** 2 * v_a).sum())
+        var_lat = cov_quad(w_b, u_b.sum(), d) + float((w_b**2 * v_change).sum())
+        var_bucket = d**2 * w_b * (1 - w_b) / max(u_b.sum(), 1e-300) + w_b**2 * v_change
+
+    def around(value: float, var: float, z: float = z) -> Interval:
+        sd = math.sqrt(var) if var == var else math.inf
+        return (value - z * sd, value + z * sd) if math.isfinite(sd) else (-math.inf, math.inf)
+
+    return SplitIntervals(
+        mix=around(float(mix_b.sum()), var_mix),
+        latency=around(float(lat_b.sum()), var_lat),
+        bucket_latency=tuple(around(float(x), float(v), zb) for x, v in zip(lat_b, var_bucket, strict=True)),
+        bucket_change=tuple(
+            around(float(x), float(v), zb) if ok else (math.nan, math.nan)
+            for x, v, ok in zip(d, v_change, both, strict=True)
+        ),
+        method=f"normal approximation from histogram counts, {confidence:.0%} intervals"
+        + _per_bucket(confidence if bucket_confidence is None else bucket_confidence, confidence),
+    )
