@@ -292,3 +292,15 @@ def test_histogram_of_one_observation_has_no_variance() -> None:
     a = HistogramWindow("TTFT", ("0-512", "513+"), (h, CumulativeHistogram(((1.0, 10.0), (math.inf, 10.0)), 5.0)))
     e = explain(a, a)
     assert e.buckets[0].latency_effect_ci_s == (-math.inf, math.inf) and e.buckets[0].change == TOO_FEW
+
+
+def test_material_interaction_is_stated() -> None:
+    # 4097-8192 gets 4x slower while its share falls from 30% to 3%: weighed at the later mix the
+    # slowdown is small, at the earlier mix (the counterfactual's) it is large
+    a = sample_window(16, (20, 10, 10, 10, 30, 10, 10), N)
+    b = sample_window(17, (20, 10, 10, 10, 3, 10, 37), N, {4: 4.0})
+    e = explain(a, b)
+    assert e.interaction_s < 0
+    note = [line for line in e.limitations if "also changed share" in line]
+    assert len(note) == 1 and f"{e.latency_effect_s - e.interaction_s:+.3g} s" in note[0]
+    assert e.counterfactual_mean_s - e.mean_before_s == pytest.approx(e.latency_effect_s - e.interaction_s)

@@ -10,7 +10,9 @@ A bucket seen in only one window has no latency change to measure: it gets the o
 mean, so its latency term is 0 (all of its effect is mix) and the split stays exact; the
 explanation lists it in ``limitations``. ``interaction_s = sum_b (wB - wA) * (mB - mA)`` is the
 difference between this latency term (at the later mix) and the one at the earlier mix
-(``counterfactual_mean_s - mean_before_s``).
+(``counterfactual_mean_s - mean_before_s``); when it is material (over ``min_share`` of
+``|mix| + |latency|``: the buckets that changed latency also changed share) ``limitations`` says so,
+since the verdict and the counterfactual then weigh the change differently.
 
 **Counterfactual.** From histograms, each bucket's later histogram scaled to the earlier share
 (``sum_b wA_b * H_b / n_b``, scaled to the later window's count): exact as a histogram, since the
@@ -351,6 +353,12 @@ def explain(
         if n:
             notes.append(f"{n:,.0f} {before.metric} observations in no ISL bucket in the {name} window are left out")
     mean_a, mean_b = float(s_a.sum() / n_a.sum()), float(s_b.sum() / n_b.sum())
+    interaction = float(((w_b - w_a) * (m_b - m_a)).sum())
+    if abs(interaction) > min_share * (abs(mix_s) + abs(lat_s)) and abs(interaction) > 0:
+        notes.append(
+            f"the buckets that changed latency also changed share: at the earlier mix the latency effect would be "
+            f"{lat_s - interaction:+.3g} s, not {lat_s:+.3g} s (interaction {interaction:+.3g} s)"
+        )
     return Explanation(
         metric=before.metric,
         labels=before.labels,
@@ -367,7 +375,7 @@ def explain(
         mix_effect_ci_s=ci.mix,
         latency_effect_s=lat_s,
         latency_effect_ci_s=ci.latency,
-        interaction_s=float(((w_b - w_a) * (m_b - m_a)).sum()),
+        interaction_s=interaction,
         verdict=decide_verdict(mix_s, ci.mix, lat_s, ci.latency, min_share),
         buckets=tuple(buckets),
         confidence=confidence,
