@@ -76,19 +76,23 @@ def linear_quantiles(sorted_values: np.ndarray, weights: np.ndarray, qs: Sequenc
     """numpy's linear quantiles of the sample that holds ``sorted_values[j]`` ``weights[r, j]``
     times (integer weights), for every row ``r``: shape ``(rows, len(qs))``; NaN for an empty row.
     With all weights 1 it is ``np.quantile(sorted_values, qs)``."""
-    cum = np.cumsum(weights, axis=1)
-    total = cum[:, -1]
-    out = np.full((weights.shape[0], len(qs)), np.nan)
-    last = sorted_values.size - 1
-    for k, q in enumerate(qs):
-        h = q * (total - 1)
-        lo = np.floor(h)
-        # the value at 0-based rank r of the expanded sample: the first j whose cumulative count exceeds r
-        i_lo = np.minimum((cum <= lo[:, None]).sum(axis=1), last)
-        i_hi = np.minimum((cum <= lo[:, None] + 1).sum(axis=1), last)
-        v = sorted_values[i_lo] + (h - lo) * (sorted_values[i_hi] - sorted_values[i_lo])
-        out[:, k] = np.where(total > 0, v, np.nan)
-    return out
+    rows, n = weights.shape
+    # one running count over the rows laid end to end: sorted, so one searchsorted serves every row
+    flat = np.cumsum(np.ascontiguousarray(weights, dtype=np.int64).ravel())
+    ends = flat[n - 1::n]
+    total = np.diff(ends, prepend=0)
+    shift = ends - total  # the count before each row
+    h = np.asarray(qs, dtype=float)[None, :] * (total[:, None] - 1)
+    lo = np.floor(h).astype(np.int64)
+
+    def at_rank(rank: np.ndarray) -> np.ndarray:
+        """The value at 0-based rank of the expanded sample: the first j whose cumulative count exceeds it."""
+        j = np.searchsorted(flat, (rank + shift[:, None]).ravel(), side="right").reshape(rank.shape)
+        return sorted_values[np.clip(j - np.arange(rows)[:, None] * n, 0, n - 1)]
+
+    low = at_rank(lo)
+    v = low + (h - lo) * (at_rank(lo + 1) - low)
+    return np.where(total[:, None] > 0, v, np.nan)
 
 
 def _order(b: BucketSamples) -> tuple[np.ndarray, np.ndarray, int]:
@@ -112,7 +116,8 @@ def bootstrap_quantiles(
         r = min(chunk, resamples - start)
         idx = rng.integers(0, n_req, size=(r, n_req))
         drawn = np.bincount((np.arange(r)[:, None] * n_req + idx).ravel(), minlength=r * n_req).reshape(r, n_req)
-        reps[start:start + r] = linear_quantiles(values, drawn[:, owner], qs)
+        # np.take keeps C order (drawn[:, owner] does not, and costs a copy later)
+        reps[start:start + r] = linear_quantiles(values, np.take(drawn, owner, axis=1), qs)
     return point, reps
 
 
