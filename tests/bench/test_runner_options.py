@@ -6,6 +6,7 @@ bar and the not-trustworthy marker."""
 import dataclasses
 import io
 import json
+import re
 from pathlib import Path
 from typing import Any as Upstream  # the fixture type lives in conftest.py
 
@@ -58,6 +59,8 @@ async def test_max_requests_bounds_a_trace(upstream: Upstream, tmp_path: Path) -
 
 
 async def test_duration_bounds_open_and_closed_loops(upstream: Upstream) -> None:
+    # both bounds hold on a busy machine: the open loop stops by the planned due times, not the clock;
+    # the closed loop's upper bound comes from each request's own 20 ms, and load only lowers the count
     # open loop: 100 req/s, constant -> due at 0, 10, ..., 190 ms; 45 ms keeps the first 5
     res = await run_bench(BenchConfig(url=upstream.url, isl="5", osl="1", num_requests=20, rate=100.0,
                                       arrival="constant", duration_s=0.045))
@@ -137,7 +140,7 @@ async def test_progress_bar_shows_done_errors_and_elapsed(
 ) -> None:
     await run_bench(BenchConfig(url=upstream.url, isl="5", osl="1", num_requests=4, progress=True))
     err = capsys.readouterr().err
-    assert "4/4" in err and "errors 0" in err and "0:00:0" in err, err
+    assert "4/4" in err and "errors 0" in err and re.search(r"\b\d+:\d\d:\d\d\b", err), err  # h:mm:ss elapsed
     upstream.fail_status = 503
     await run_bench(BenchConfig(url=upstream.url, isl="5", osl="1", num_requests=3, progress=True,
                                 continuous_usage=True))
