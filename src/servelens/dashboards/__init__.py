@@ -1,5 +1,12 @@
 """Grafana dashboard and Prometheus recording/alert rules, generated from
-:mod:`servelens.prometheus.names`; the PromQL is shared with ``servelens report --prometheus``."""
+:mod:`servelens.prometheus.names`; the PromQL is shared with ``servelens report --prometheus``.
+
+- :mod:`.queries`: the per-bucket PromQL (one query per bucket, in numeric order).
+- :mod:`.grafana`: the dashboard JSON; :mod:`.rules`: recording and alert rules;
+  :mod:`.output`: writing them into a folder (``servelens dashboard``).
+
+May import: :mod:`servelens.core`, :mod:`servelens.prometheus`; nothing above them.
+"""
 
 from servelens.dashboards.grafana import grafana_dashboard, panel_queries, substitute_variables
 from servelens.dashboards.output import DashboardFiles, write_dashboard_files

@@ -1,4 +1,13 @@
-"""Prometheus export: the only package of servelens that imports ``prometheus_client``."""
+"""Prometheus export: the only package of servelens that imports ``prometheus_client``.
+
+- :mod:`.names`: metric names, help texts and the default ``le`` edges (Dynamo's for its prefix).
+- :mod:`.frontend`: :class:`FrontendMetrics`, the library entry point (a registry, models, ``begin``).
+- :mod:`.collector`: the custom Collector exporting :class:`~servelens.core.state.FrontendState`.
+- :mod:`.parse`: Prometheus text exposition read into flat samples.
+- :mod:`.sim_engine`: the simulated engine's vLLM-named engine metrics.
+
+May import: :mod:`servelens.core` (and prometheus_client); nothing else of servelens.
+"""
 
 from servelens.prometheus.collector import FrontendCollector
 from servelens.prometheus.frontend import FrontendMetrics
