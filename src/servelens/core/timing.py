@@ -4,9 +4,10 @@ Definitions (NVIDIA Dynamo frontend; aiperf counts reasoning as output too):
 
 * TTFT: first chunk carrying generated output minus request arrival at the component
   that measures (a role-only chunk is not output).
-* ITL: gap between consecutive output-bearing chunks divided by the tokens in the later
+* ITL: gap between consecutive token-bearing chunks divided by the tokens in the later
   chunk, recorded once per token (a 3-token chunk after a 30 ms gap gives three 10 ms
   values). Tokens beyond the first in the *first* chunk have no predecessor and get no ITL.
+  Which chunks carry how many tokens: :mod:`servelens.core.stream`.
 * Request duration: arrival to the end of the stream (or the error).
 * A request with several choices (``n`` > 1): TTFT and ITL are the first choice's (its sequences
   decode together and their chunks interleave; see :mod:`servelens.gateway.meter`).
