@@ -620,3 +620,16 @@ async def test_upstream_redirect_is_relayed_with_its_location_through_the_gatewa
                 async with http.post(gw.url + path, json=body, allow_redirects=False) as r:
                     assert r.status == 307 and r.headers["Location"] == "/v1/chat/completions?x=1", path
     assert got == [b"/v1/chat/completions/", b"/v1/chat/completions"]  # each sent once, not followed
+
+
+async def test_event_streams_say_no_proxy_buffering_and_keep_the_engines_own(
+    fake: ScriptedUpstream, http: aiohttp.ClientSession
+) -> None:
+    async with run_gateway(fake.url) as gw:
+        _, _, headers = await post(http, gw.url, chat())
+        assert headers.getall("X-Accel-Buffering") == ["no"]  # nginx in front must not hold tokens
+        _, _, headers = await post(http, gw.url, chat(stream=False))
+        assert "X-Accel-Buffering" not in headers  # a whole JSON reply is not an event stream
+        fake.stream_headers = {"X-Accel-Buffering": "yes"}  # the engine's own choice wins
+        _, _, headers = await post(http, gw.url, chat())
+        assert headers.getall("X-Accel-Buffering") == ["yes"]

@@ -173,6 +173,7 @@ class ScriptedUpstream:
     closed_at_ns: list[int] = field(default_factory=list)  # when a stream handler saw its client go
     closed: asyncio.Event = field(default_factory=asyncio.Event)
     models_status: int = 200
+    stream_headers: dict[str, str] = field(default_factory=dict)  # added to a stream's response headers
     url: str = ""
     _runner: web.AppRunner | None = None
 
@@ -264,7 +265,7 @@ class ScriptedUpstream:
                                       "created": 1700000000, "model": body.get("model"), "choices": [choice],
                                       "usage": usage}, headers={"x-request-id": "req-unary"})
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "x-request-id": "req-stream",
-                                           "X-Custom": "kept"})
+                                           "X-Custom": "kept", **self.stream_headers})
         await resp.prepare(request)
         events = self.raw_stream if self.raw_stream is not None else self.events(body, chat)
         try:
