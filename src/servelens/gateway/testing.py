@@ -174,6 +174,7 @@ class ScriptedUpstream:
     closed: asyncio.Event = field(default_factory=asyncio.Event)
     models_status: int = 200
     stream_headers: dict[str, str] = field(default_factory=dict)  # added to a stream's response headers
+    port: int = 0  # 0: a free one
     url: str = ""
     _runner: web.AppRunner | None = None
 
@@ -295,7 +296,7 @@ class ScriptedUpstream:
         app.router.add_route("*", "/tokenize", self._echo)  # an engine's own non-/v1 endpoint (vLLM has it)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self.url = f"http://127.0.0.1:{port}"
