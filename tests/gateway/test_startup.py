@@ -14,10 +14,14 @@ async def test_startup_summary_names_upstream_models_buckets_and_prefix() -> Non
         running = await start_gateway(cfg)
         try:
             line = startup_summary(running)
+            assert running.guard is not None
+            b = running.guard.budget
         finally:
             await running.close()
     assert line == (f"servelens gateway: upstream {sim.url}; models sim-model; ISL buckets 0-512, 513-1024, 1025+; "
-                    "metrics dynamo_frontend_*")
+                    f"metrics dynamo_frontend_*; open files {b.soft} (hard {b.hard}): up to {b.max_connections} "
+                    "streams")
+    assert b.max_connections == (b.soft - b.at_start - 64) // 2
     assert "\n" not in line
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -12,9 +13,11 @@ from aiohttp import web
 
 from servelens.gateway.app import Gateway
 from servelens.gateway.config import GatewayConfig
+from servelens.gateway.connections import ConnectionGuard, GuardedSite, file_budget
 from servelens.gateway.upstream import redacted_url
 from servelens.prometheus import FrontendMetrics
-from servelens.serving import listen_error, serve_until_signal
+from servelens.prometheus.connections import ConnectionsCollector
+from servelens.serving import listen_error, open_files, raise_open_files_limit, serve_until_signal
 
 CUT_S = 0.5
 """After the drain on shutdown, how long aiohttp waits for a handler before cancelling it (twice)."""
@@ -30,6 +33,10 @@ class RunningGateway:
     runner: web.AppRunner
     host: str
     port: int
+    guard: ConnectionGuard | None = None
+    """The connection budget and the accept failures counted (see :mod:`.connections`)."""
+    previous_handler: Any = None
+    """The event loop's exception handler before the gateway set its own (restored by :meth:`close`)."""
 
     @property
     def url(self) -> str:
@@ -58,6 +65,8 @@ class RunningGateway:
         if not await self.gateway.drain(self.gateway.config.shutdown_timeout_s):
             log.warning("stopping with %d request(s) in flight: cut and counted cancelled", self.gateway.active)
         await self.runner.cleanup()
+        if self.guard is not None:
+            asyncio.get_running_loop().set_exception_handler(self.previous_handler)
 
 
 async def start_gateway(config: GatewayConfig, metrics: FrontendMetrics | None = None) -> RunningGateway:
@@ -78,37 +87,49 @@ async def start_gateway(config: GatewayConfig, metrics: FrontendMetrics | None =
         keepalive_timeout=config.client_timeout_s, lingering_time=min(10.0, config.client_timeout_s),
     )
     await runner.setup()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    guard = ConnectionGuard(file_budget(soft, hard, open_files() or 0))
+    gateway.metrics.add_collector(ConnectionsCollector(lambda: guard.failures, guard.budget.max_connections))
+    loop = asyncio.get_running_loop()
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(guard.exception_handler(previous))
     try:
-        site = web.TCPSite(runner, config.host, config.port, backlog=1024)
+        site = GuardedSite(runner, config.host, config.port, guard, backlog=1024)
         await site.start()
     except BaseException as exc:
         await runner.cleanup()
+        loop.set_exception_handler(previous)
         if isinstance(exc, OSError):
             raise listen_error(config.host, config.port, exc) from None
         raise
     server: Any = site._server  # aiohttp exposes the bound socket only here (asyncio or uvloop Server)
     port = server.sockets[0].getsockname()[1]
     host = config.host if config.host not in ("0.0.0.0", "") else "127.0.0.1"
-    return RunningGateway(gateway, runner, host, int(port))
+    return RunningGateway(gateway, runner, host, int(port), guard, previous)
 
 
 async def serve_forever(config: GatewayConfig) -> None:
-    """Run until SIGTERM/SIGINT; print ``servelens gateway listening on URL`` once ready."""
+    """Run until SIGTERM/SIGINT; print ``servelens gateway listening on URL`` once ready. The soft
+    open-files limit is raised to the hard one first (:func:`~servelens.serving.raise_open_files_limit`)."""
+    raise_open_files_limit()
     running = await start_gateway(config)
     print(startup_summary(running), file=sys.stderr, flush=True)
     await serve_until_signal("gateway", running.url, running.close)
 
 
 def startup_summary(running: RunningGateway) -> str:
-    """One line for stderr at start: where requests go, the models known so far, the ISL buckets and
-    the metric prefix (the ready line on stdout stays exactly ``servelens gateway listening on URL``)."""
+    """One line for stderr at start: where requests go, the models known so far, the ISL buckets, the
+    metric prefix and the open-files limit with the streams it allows (the ready line on stdout stays
+    exactly ``servelens gateway listening on URL``)."""
     cfg = running.gateway.config
     models = [m if m.isprintable() else repr(m) for m in sorted(running.gateway.router.routes)]  # one line
     buckets = running.metrics.isl_buckets
+    b = running.guard.budget if running.guard is not None else None
     return (f"servelens gateway: upstream {', '.join(redacted_url(u) for u in cfg.upstreams)}; "
             f"models {', '.join(models) if models else 'none yet (polling /v1/models)'}; "
             f"ISL buckets {', '.join(buckets.labels) if buckets else 'off'}; "
-            f"metrics {cfg.metrics_prefix}_*{' (by-ISL only)' if cfg.by_isl_only else ''}")
+            f"metrics {cfg.metrics_prefix}_*{' (by-ISL only)' if cfg.by_isl_only else ''}"
+            + (f"; open files {b.soft} (hard {b.hard}): up to {b.max_connections} streams" if b else ""))
 
 
 def run(config: GatewayConfig, use_uvloop: bool = True) -> None:

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector
 
 from servelens.core.buckets import IslBuckets
 from servelens.core.state import DEFAULT_MAX_MODELS, FrontendState, LiveRequest, MetricEdges
@@ -66,8 +67,16 @@ class FrontendMetrics:
         self.state = FrontendState(buckets, edges, max_models)
         self.collector = FrontendCollector(self.state, self.names, stock=stock, by_isl=by_isl)
         self.registry = registry
+        self._extra: list[Collector] = []
         if registry is not None:
             registry.register(self.collector)
+
+    def add_collector(self, collector: Collector) -> None:
+        """Export ``collector`` with these metrics (in :meth:`exposition`, and in the registry if any);
+        the gateway adds its connection metrics so. Raises ValueError for a name already exported."""
+        if self.registry is not None:
+            self.registry.register(collector)
+        self._extra.append(collector)
 
     @property
     def isl_buckets(self) -> IslBuckets | None:
@@ -91,7 +100,9 @@ class FrontendMetrics:
         )
 
     def exposition(self) -> bytes:
-        """The Prometheus text exposition of this collector alone."""
+        """The Prometheus text exposition of this collector and those added (:meth:`add_collector`)."""
         reg = CollectorRegistry(auto_describe=False)
         reg.register(self.collector)
+        for extra in self._extra:
+            reg.register(extra)
         return generate_latest(reg)
