@@ -49,17 +49,26 @@ def ready_line(name: str, url: str) -> str:
     return f"servelens {name} listening on {url}"
 
 
+def bad_request_reason(exc: BaseException) -> str:
+    """Why aiohttp refused a malformed request, in a few words and without any of the request's own bytes
+    (aiohttp's messages quote up to 100 bytes of the offending line, which may be an ``Authorization``
+    header or a URL holding an API key): the message up to its first ``:``."""
+    text = str(getattr(exc, "message", "") or "").strip()
+    text = text.splitlines()[0] if text else ""
+    return text.split(":", 1)[0].strip() or type(exc).__name__
+
+
 class OneLineBadRequests(logging.Filter):
     """A malformed client request (bad request line or header, which aiohttp answers with 400) is
     logged by aiohttp's ``aiohttp.server`` logger with a traceback; this keeps it to one line:
-    ``bad HTTP request from <peer>: <reason>``."""
+    ``bad HTTP request from <peer>: <reason>`` (:func:`bad_request_reason`: no request content)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         from aiohttp.http_exceptions import HttpProcessingError
 
         exc = record.exc_info[1] if record.exc_info else None
         if isinstance(exc, HttpProcessingError):
-            reason = (exc.message or type(exc).__name__).strip().splitlines()[0].rstrip(":")
+            reason = bad_request_reason(exc)
             peer = record.args[0] if isinstance(record.args, tuple) and record.args else "a client"
             record.msg, record.args = "bad HTTP request from %s: %s", (peer, reason)
             record.exc_info = record.exc_text = None

@@ -33,8 +33,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMethod, HttpProcessingError, LineTooLong
+from aiohttp.web_protocol import RequestHandler
 
 from servelens.core.openai import error_body
+from servelens.serving import bad_request_reason
 
 log = logging.getLogger("servelens.gateway")
 
@@ -43,6 +46,12 @@ RESERVED_FILES = 64
 polls, idle upstream connections."""
 LOG_EVERY_S = 10.0
 """At most one log line per this many seconds about refused or failed accepts."""
+MAX_REQUEST_LINE_BYTES = 8190
+"""Longest request line (method, target, version) read; longer: 414 (aiohttp's default, nginx's 8 KiB)."""
+MAX_FIELD_BYTES = 16384
+"""Longest header line read; longer: 431 (an ``Authorization`` JWT fits many times over)."""
+MAX_HEADERS = 100
+"""Most header lines read; more: 431 (an SDK sends ~15, proxies add a few)."""
 ACCEPT_FAILURE_REASONS = ("connection_limit", "open_files")
 """Label values of ``reason``: refused by the gateway at its budget; ``accept()`` failed (EMFILE/ENFILE)."""
 
@@ -107,14 +116,17 @@ class ConnectionGuard:
         self._response = _refusal(budget.max_connections)
 
     def protocol_factory(self, server: web.Server) -> Callable[[], asyncio.BaseProtocol]:
-        """``server`` (aiohttp's protocol factory) with the cap in front of it."""
+        """``server`` (aiohttp's protocol factory) with the cap in front of it; the connections it takes
+        get a :class:`GatewayRequestHandler` (malformed requests answered in the OpenAI format)."""
         live: dict[Any, Any] = getattr(server, "_connections", {})  # aiohttp's open connections
+        loop = asyncio.get_running_loop()
+        kwargs: dict[str, Any] = getattr(server, "_kwargs", {})  # what aiohttp's Server passes its handlers
 
         def factory() -> asyncio.BaseProtocol:
             if len(live) >= self.budget.max_connections:
                 self.failed("connection_limit")
                 return _Refused(self._response, self._linger_s)
-            return server()
+            return GatewayRequestHandler(server, loop=loop, **kwargs)
 
         return factory
 
@@ -176,3 +188,43 @@ class GuardedSite(web.TCPSite):
         assert server is not None
         self._server = await asyncio.get_running_loop().create_server(
             self._guard.protocol_factory(server), self._host, self._port, backlog=self._backlog)
+
+
+class GatewayRequestHandler(RequestHandler):
+    """aiohttp's connection handler, with malformed requests (a request line over
+    :data:`MAX_REQUEST_LINE_BYTES`, a header over :data:`MAX_FIELD_BYTES`, more than :data:`MAX_HEADERS`
+    headers, bad framing) answered with an OpenAI error object (414, 431, 400) and logged in one line that
+    quotes none of the request (aiohttp's text reply and log echo part of the offending line: it may be a key).
+    Other errors go aiohttp's way."""
+
+    __slots__ = ()
+
+    def handle_error(
+        self, request: Any, status: int = 500, exc: BaseException | None = None, message: str | None = None,
+    ) -> web.StreamResponse:
+        if not isinstance(exc, HttpProcessingError) or request.writer.output_size > 0:
+            return super().handle_error(request, status, exc, message)
+        status, code, text = bad_request_reply(exc)
+        if isinstance(exc, BadHttpMethod):  # not HTTP at all (TLS to a plain port, a scanner): noise
+            self.logger.debug("bad HTTP request from %s: %s", request.remote, text)
+        else:
+            self.logger.warning("bad HTTP request from %s: %s (%d)", request.remote, text, status)
+        resp = web.Response(status=status, body=error_body(text, "invalid_request_error", code),
+                            content_type="application/json")
+        resp.force_close()
+        return resp
+
+
+def bad_request_reply(exc: HttpProcessingError) -> tuple[int, str, str]:
+    """``(status, code, message)`` for a request aiohttp could not parse: 414 ``uri_too_long``, 431
+    ``header_too_large`` or ``too_many_headers``, else 400 ``bad_request``. The message names the limit,
+    never the request's bytes."""
+    if isinstance(exc, LineTooLong):
+        limit = exc.args[1] if len(exc.args) > 1 else None
+        if limit == MAX_REQUEST_LINE_BYTES:
+            return 414, "uri_too_long", f"the request line is over {MAX_REQUEST_LINE_BYTES} bytes"
+        return 431, "header_too_large", f"a request header is over {MAX_FIELD_BYTES} bytes"
+    reason = bad_request_reason(exc)
+    if reason == "Too many headers received":
+        return 431, "too_many_headers", f"the request has more than {MAX_HEADERS} headers"
+    return 400, "bad_request", f"malformed HTTP request: {reason}"

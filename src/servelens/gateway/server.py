@@ -13,7 +13,14 @@ from aiohttp import web
 
 from servelens.gateway.app import Gateway
 from servelens.gateway.config import GatewayConfig
-from servelens.gateway.connections import ConnectionGuard, GuardedSite, file_budget
+from servelens.gateway.connections import (
+    MAX_FIELD_BYTES,
+    MAX_HEADERS,
+    MAX_REQUEST_LINE_BYTES,
+    ConnectionGuard,
+    GuardedSite,
+    file_budget,
+)
 from servelens.gateway.upstream import redacted_url
 from servelens.prometheus import FrontendMetrics
 from servelens.prometheus.connections import ConnectionsCollector
@@ -85,6 +92,7 @@ async def start_gateway(config: GatewayConfig, metrics: FrontendMetrics | None =
     runner = web.AppRunner(
         gateway.app, handler_cancellation=True, access_log=None, shutdown_timeout=CUT_S,
         keepalive_timeout=config.client_timeout_s, lingering_time=min(10.0, config.client_timeout_s),
+        max_line_size=MAX_REQUEST_LINE_BYTES, max_field_size=MAX_FIELD_BYTES, max_headers=MAX_HEADERS,
     )
     await runner.setup()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
