@@ -465,13 +465,19 @@ def test_the_cut_keeps_a_bom_opening_the_stream_and_an_unfinished_event_unfinish
 # -- tokens per chunk from cumulative usage (design notes: ITL) ------------------------------------
 
 
+def counted(chunks: list[tuple[str, int]]) -> tuple[RequestRecord, tuple[str, str]]:
+    """Content chunks (text, cumulative count) 30 ms apart from 10 ms, the last with finish_reason."""
+    _, mt = meter()
+    for i, (text, ct) in enumerate(chunks):
+        body = fin(content=text) if i == len(chunks) - 1 else delta(content=text)
+        mt.feed((10 + 30 * i) * MS, ev({**body, "usage": usage(5, ct)}))
+    mt.feed(len(chunks) * 30 * MS, b"data: [DONE]\n\n")
+    return finish(mt, len(chunks) * 30 * MS)
+
+
 def test_a_chunk_whose_count_did_not_move_carries_no_token() -> None:
     """Content a, b, c, d with cumulative counts 1, 1, 2, 3: two token gaps, not three; b's gap joins c's."""
-    _, mt = meter()
-    for i, (text, ct) in enumerate([("a", 1), ("b", 1), ("c", 2)]):
-        mt.feed((10 + 30 * i) * MS, ev({**delta(content=text), "usage": usage(5, ct)}))
-    mt.feed(100 * MS, ev({**fin(content="d"), "usage": usage(5, 3)}) + b"data: [DONE]\n\n")
-    rec, outcome = finish(mt, 101 * MS)
+    rec, outcome = counted([("a", 1), ("b", 1), ("c", 2), ("d", 3)])
     assert outcome == ("success", "")
     assert rec.ttft_s == pytest.approx(0.010)
     assert rec.itl.count == 2 and rec.itl.sum == pytest.approx(0.090)  # c - a = 60 ms, d - c = 30 ms
@@ -480,11 +486,7 @@ def test_a_chunk_whose_count_did_not_move_carries_no_token() -> None:
 
 def test_a_token_in_an_empty_text_chunk_is_counted() -> None:
     """Chunks a (1), "" (2), c (3), d (4), 30 ms apart: three 30 ms ITL values."""
-    _, mt = meter()
-    for i, (text, ct) in enumerate([("a", 1), ("", 2), ("c", 3)]):
-        mt.feed((10 + 30 * i) * MS, ev({**delta(content=text), "usage": usage(5, ct)}))
-    mt.feed(100 * MS, ev({**fin(content="d"), "usage": usage(5, 4)}) + b"data: [DONE]\n\n")
-    rec, _ = finish(mt, 101 * MS)
+    rec, _ = counted([("a", 1), ("", 2), ("c", 3), ("d", 4)])
     assert rec.itl.count == 3 and rec.itl.sum == pytest.approx(0.090)
     assert rec.ttft_s == pytest.approx(0.010) and rec.osl == 4
 
