@@ -18,8 +18,8 @@ import pytest
 from aiohttp import web
 
 from servelens.bench.client import RequestSpec, send_request
-from servelens.bench.results import BenchRecord
 from servelens.core.clumping import ClumpingReport, detect_clumping
+from servelens.formats.results import BenchRecord
 from servelens.gateway.testing import run_gateway, serve_app
 from servelens.testing.nginx import PROXY_PASS_ONLY, nginx_binary, run_nginx
 
