@@ -85,3 +85,26 @@ async def test_nginx_defaults_in_front_of_the_gateway_do_not_buffer_its_streams(
         with run_nginx(gw.url, PROXY_PASS_ONLY) as ngx:
             report = await bench(ngx.url)
     assert not report.clumped, report
+
+
+async def test_the_bench_prints_the_warning_and_records_the_verdict(engine: str) -> None:
+    import io
+
+    from rich.console import Console
+
+    from servelens.bench import BenchConfig, print_result, run_bench
+
+    def printed(res: object) -> str:
+        buf = io.StringIO()
+        print_result(res, Console(file=buf, width=200, color_system=None))  # type: ignore[arg-type]
+        return buf.getvalue()
+
+    cfg = dict(isl="20", osl=str(CHUNKS), num_requests=STREAMS, concurrency=STREAMS, seed=1)
+    with run_nginx(engine, PROXY_PASS_ONLY) as ngx:
+        behind = await run_bench(BenchConfig(url=ngx.url, **cfg))  # type: ignore[arg-type]
+    assert behind.errors == 0 and behind.summary["token_clumping"]["clumped"] is True
+    out = printed(behind)
+    assert "WARNING: tokens arrive in clumps" in out and "A PROXY BUFFERS THE STREAM" in out
+    direct = await run_bench(BenchConfig(url=engine, **cfg))  # type: ignore[arg-type]
+    assert direct.summary["token_clumping"]["clumped"] is False
+    assert "clumps" not in printed(direct)

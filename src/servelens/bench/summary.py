@@ -10,6 +10,7 @@ from typing import Any
 
 from servelens.bench.config import BenchConfig
 from servelens.bench.lag import LagReport
+from servelens.core.clumping import detect_clumping
 from servelens.core.summary import BucketRow
 from servelens.formats.results import BenchRecord
 
@@ -139,6 +140,7 @@ def build_summary(
         "tokens_per_chunk_from_usage": all(r.tokens_from_usage for r in ok) if ok else None,
         "prompt_tokens_vs_target": asdict(deviation),
         "event_loop_lag": asdict(lag) | {"trustworthy": lag.trustworthy},
+        "token_clumping": asdict(detect_clumping(r.chunk_offsets_ns for r in ok)),
         "client_rows": [asdict(r) for r in client_rows],
         "server_rows": [asdict(r) for r in server_rows] if server_rows is not None else None,
     }
