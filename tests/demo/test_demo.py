@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from servelens.cli.main import main
+from servelens.core.edges import ITL_EDGES_S, TTFT_EDGES_S  # compared at Dynamo's (coarser) le resolution
 from servelens.core.quantiles import bucket_bounds
-from servelens.core.state import ITL_EDGES_S, TTFT_EDGES_S
 from servelens.process import ServerStartError
 
 

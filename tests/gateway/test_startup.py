@@ -19,10 +19,18 @@ async def test_startup_summary_names_upstream_models_buckets_and_prefix() -> Non
         finally:
             await running.close()
     assert line == (f"servelens gateway: upstream {sim.url}; models sim-model; ISL buckets 0-512, 513-1024, 1025+; "
-                    f"metrics dynamo_frontend_*; open files {b.soft} (hard {b.hard}): up to {b.max_connections} "
-                    "streams")
+                    "metrics dynamo_frontend_*, 18 TTFT and 20 ITL le edges, 361 series per model, at most 64 models; "
+                    f"open files {b.soft} (hard {b.hard}): up to {b.max_connections} streams")
     assert b.max_connections == (b.soft - b.at_start - 64) // 2
     assert "\n" not in line
+    # servelens' names: the fine edges, and the model cap the series budget leaves (7 ISL buckets)
+    async with run_sim() as sim:
+        running = await start_gateway(GatewayConfig(upstream=sim.url))
+        try:
+            line = startup_summary(running)
+        finally:
+            await running.close()
+    assert "metrics servelens_*, 140 TTFT and 134 ITL le edges, 2,589 series per model, at most 19 models; " in line
 
 
 async def test_startup_summary_before_the_upstream_answers() -> None:

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import msgspec
 
-from servelens.core.state import ITL_EDGES_S
+from servelens.core.edges import ITL_EDGES_S
 from servelens.core.summary import RequestSample
 from servelens.core.timing import NS_PER_S, RequestTimer
 

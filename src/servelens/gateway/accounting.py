@@ -154,6 +154,12 @@ class Accounting:
     def _log_request(self, live: LiveRequest, out: Outcome, rec: RequestRecord) -> None:
         assert self.request_log is not None
         src = live.isl_source
+        offsets: tuple[int, ...] | None = None
+        tokens: tuple[int, ...] | None = None
+        if self.request_log.chunks:
+            timer = live.timer
+            offsets = tuple(t - rec.arrival_ns for t in timer.times_ns)
+            tokens = tuple(timer.chunk_tokens.get(i, 1) for i in range(len(offsets)))
         try:
             self.request_log.write(RequestLogEntry(
                 upstream_request_id=out.upstream_request_id,
@@ -174,6 +180,8 @@ class Accounting:
                 http_status=out.http_status,
                 arrival_ns=rec.arrival_ns,
                 first_output_ns=rec.first_output_ns,
+                chunk_offsets_ns=offsets,
+                chunk_tokens=tokens,
             ))
         except OSError as exc:  # a full disk must not fail requests: stop logging, say so once
             log.warning("request log %s disabled: %s", self.request_log.path, exc)

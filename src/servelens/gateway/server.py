@@ -127,16 +127,21 @@ async def serve_forever(config: GatewayConfig) -> None:
 
 def startup_summary(running: RunningGateway) -> str:
     """One line for stderr at start: where requests go, the models known so far, the ISL buckets, the
-    metric prefix and the open-files limit with the streams it allows (the ready line on stdout stays
+    metric prefix, the histograms' edges with the series per model and the models they allow, and the
+    open-files limit with the streams it allows (the ready line on stdout stays
     exactly ``servelens gateway listening on URL``)."""
     cfg = running.gateway.config
     models = [m if m.isprintable() else repr(m) for m in sorted(running.gateway.router.routes)]  # one line
-    buckets = running.metrics.isl_buckets
+    metrics = running.metrics
+    buckets = metrics.isl_buckets
+    edges = metrics.state.edges
     b = running.guard.budget if running.guard is not None else None
     return (f"servelens gateway: upstream {', '.join(redacted_url(u) for u in cfg.upstreams)}; "
             f"models {', '.join(models) if models else 'none yet (polling /v1/models)'}; "
             f"ISL buckets {', '.join(buckets.labels) if buckets else 'off'}; "
-            f"metrics {cfg.metrics_prefix}_*{' (by-ISL only)' if cfg.by_isl_only else ''}"
+            f"metrics {cfg.metrics_prefix}_*{' (by-ISL only)' if cfg.by_isl_only else ''}, "
+            f"{len(edges.ttft_s)} TTFT and {len(edges.itl_s)} ITL le edges, {metrics.series_per_model:,} series "
+            f"per model, at most {metrics.max_models} models"
             + (f"; open files {b.soft} (hard {b.hard}): up to {b.max_connections} streams" if b else ""))
 
 
