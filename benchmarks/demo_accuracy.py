@@ -31,11 +31,11 @@ from typing import Any
 
 import numpy as np
 
-from servelens.bench.results import load_results
 from servelens.core.buckets import IslBuckets
 from servelens.core.edges import ITL_EDGES_S, TTFT_EDGES_S
 from servelens.core.histogram import HistogramState
 from servelens.core.quantiles import histogram_quantile
+from servelens.formats.results import load_results
 from servelens.gateway.requestlog import read_request_log
 
 QUANTILES = (50, 95, 99)

@@ -47,12 +47,12 @@ import numpy as np
 
 from servelens.bench.client import RequestSpec, build_body, send_request
 from servelens.bench.prompts import PromptBuilder, SimTokenizer
-from servelens.bench.results import BenchRecord
 from servelens.core.buckets import IslBuckets
 from servelens.core.edges import ITL_EDGES_S, TTFT_EDGES_S
 from servelens.core.histogram import HistogramState
 from servelens.core.quantiles import histogram_quantile
 from servelens.core.timing import NS_PER_S, itl_histogram
+from servelens.formats.results import BenchRecord
 from servelens.gateway.requestlog import read_request_log
 from servelens.process import ServerProcess
 from servelens.prometheus.names import MetricNames

@@ -15,8 +15,9 @@ sim's) resident memory and open file descriptors are read from ``/proc``. At the
   growth between the last two thirds of the run (a leak grows with the requests served);
 * one more request after the load is served normally.
 
-The open-files soft limit of this process is raised to its hard limit first (the children inherit it):
-500 streams hold ~1,000 descriptors in the gateway (client and upstream sockets).
+The open-files soft limit of this process is raised to its hard limit first: its 500 client sockets need
+it, and the children inherit it (500 streams hold ~1,000 descriptors in the gateway: client and upstream
+sockets; the gateway also raises its own limit at start and says the streams it allows).
 
 Usage: ``python benchmarks/soak.py [--duration-s 600] [--streams 500] [--json soak.json]``; exit status
 1 when a count differs or inflight is not back to 0 (speeds are reported, never judged).
@@ -284,8 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     r = run(args.duration_s, args.streams, args.seed, args.sample_s)
     if args.json:
         args.json.write_text(json.dumps(r, indent=1))
-    print(f"{r['streams']} streams for {r['duration_s']:g} s (open files limit {r['nofile'][0]}): {r['sent']} requests, "
-          f"{r['requests_per_s']} req/s")
+    print(f"{r['streams']} streams for {r['duration_s']:g} s (open files limit {r['nofile'][0]}): "
+          f"{r['sent']} requests, {r['requests_per_s']} req/s")
     print(f"  client  {dict(sorted(r['client'].items()))}")
     print(f"  gateway {dict(sorted(r['gateway'].items()))}")
     print(f"  sim     {dict(sorted(r['sim'].items()))}")
