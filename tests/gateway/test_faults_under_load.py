@@ -4,7 +4,7 @@ that stalls mid-stream for many requests at once; a storm of client disconnects.
 Each test drives a bounded number of concurrent streams through an in-process gateway and asserts what
 must hold whatever the machine's speed: every request counted once in ``requests_total`` with the outcome
 the client saw (success, a cut stream, the gateway's 502 or 504), inflight back to 0, no request still being
-answered, no upstream connection left in use, no task and no file descriptor left over once the clients are
+answered, no upstream connection left in use, no task and no socket left over once the clients are
 gone, and the gateway serving normally afterwards. Waits are on the gateway's own counts and the sim's
 truth records (events), each with a bound for a hung test, never a timed sleep.
 """
@@ -12,10 +12,12 @@ truth records (events), each with a bound for a hung test, never a timed sleep.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import os
 import signal
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -75,32 +77,44 @@ def gateway_outcomes(gw: GatewayHandle) -> Counter[str]:
     return out
 
 
-def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+def open_sockets() -> int:
+    """Sockets open in this process (a child's pipe, such as the restarted engine's output, is not one)."""
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # closed meanwhile
+            n += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+    return n
 
 
-async def until(cond: Callable[[], bool], timeout_s: float = HUNG_S) -> None:
+def left_over(before: set[asyncio.Task[Any]]) -> set[asyncio.Task[Any]]:
+    return asyncio.all_tasks() - before - {asyncio.current_task()}  # type: ignore[operator]
+
+
+async def until(cond: Callable[[], bool], what: str, left_over: Callable[[], object] | None = None,
+                timeout_s: float = HUNG_S) -> None:
     """Wait until ``cond()`` holds (a count of this process: tasks, descriptors, connections), checked
-    every 10 ms; bounded by ``timeout_s``."""
-    async with asyncio.timeout(timeout_s):
-        while not cond():
-            await asyncio.sleep(0.01)  # polling a condition with a deadline, not a timed wait
+    every 10 ms; bounded by ``timeout_s`` (then fail saying ``what``, and what ``left_over()`` shows)."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"{what}: {left_over() if left_over else ''}"
+        await asyncio.sleep(0.01)  # polling a condition with a deadline, not a timed wait
 
 
 @asynccontextmanager
 async def clean_gateway(upstream: str, **config: Any) -> AsyncIterator[GatewayHandle]:
     """A gateway, and afterwards: nothing in flight, no upstream connection in use, no task and (once its
-    idle keep-alive connections expired) no file descriptor more than before it started."""
-    fds0 = open_fds()
+    idle keep-alive connections expired) no socket more than before it started."""
+    sockets0 = open_sockets()
     async with run_gateway(upstream, **config) as gw:
         tasks0 = asyncio.all_tasks()  # the gateway's own (model refresher, server) included
         yield gw
-        await until(lambda: gw.gateway.accounting.active == 0)
+        await until(lambda: gw.gateway.accounting.active == 0, "requests still being answered")
         assert inflight(gw.metrics) == 0
-        await until(lambda: gw.gateway.upstream.connections[0] == 0)  # the relay lets go as a request ends
+        # the relay lets go of its upstream connection as a request ends
+        await until(lambda: gw.gateway.upstream.connections[0] == 0, "upstream connections in use")
         # what the clients' connections leave on the server side ends when they are gone
-        await until(lambda: not (asyncio.all_tasks() - tasks0 - {asyncio.current_task()}))
-    await until(lambda: open_fds() <= fds0)
+        await until(lambda: not left_over(tasks0), "tasks left over", left_over=lambda: left_over(tasks0))
+    await until(lambda: open_sockets() <= sockets0, f"sockets over the {sockets0} before", left_over=open_sockets)
 
 
 async def wait_counted(gw: GatewayHandle, n: int) -> None:
@@ -168,7 +182,7 @@ async def test_engine_sigkilled_and_restarted_mid_load(tmp_path: Path) -> None:
 @pytest.mark.parametrize("read_timeout_s", [None, 1.0])
 async def test_engine_stalls_mid_stream_for_many_requests(read_timeout_s: float | None) -> None:
     """32 streams at once go silent half-way (the sim's ``stall_mid_stream``). A stall shorter than the
-    gateway's read timeout: every stream resumes and succeeds, and the stall is in its ITL. A stall longer
+    gateway's read timeout: every stream resumes and succeeds, and the stall is in its ITL sum. A stall longer
     than it: every stream is cut by the gateway, counted ``response_timeout``, and its engine request closed
     (the engine's truth says the client left)."""
     n = 32
@@ -183,17 +197,16 @@ async def test_engine_stalls_mid_stream_for_many_requests(read_timeout_s: float 
             if read_timeout_s is None:
                 assert got == ["success"] * n
                 assert gateway_outcomes(gw) == {"success": n}
-                got_s, names = samples(gw.metrics), gw.metrics.names
-                # each stream has one gap of the stall (1.5 s): n ITL values above the edge below it
-                slow = value(got_s, names.itl + "_count", model="sim-model") - value(
-                    got_s, names.itl + "_bucket", model="sim-model", le="1.41")
-                assert slow >= n
+                # each stream's ITL values add up to its last chunk's time minus its first's, which holds the
+                # stall (how it is shared out depends on how the tokens after it were read)
+                itl_sum = value(samples(gw.metrics), gw.metrics.names.itl + "_sum", model="sim-model")
+                assert itl_sum >= n * stall_ms / 1000
             else:
                 assert got == ["cut"] * n
                 assert gateway_outcomes(gw) == {"response_timeout": n}
                 for i in range(n):  # the gateway closed each engine request: the sim sees it at its next write
                     truth = await sim.wait_truth(f"stall-{i}", timeout=HUNG_S)
-                    assert truth.outcome == "cancelled" and truth.cancel_ns is not None
+                    assert truth.outcome == "cancelled"
             assert await stream(s, gw.url, 4) == "success"  # served normally afterwards
         assert gateway_outcomes(gw)["success"] == (n + 1 if read_timeout_s is None else 1)
 

@@ -7,6 +7,8 @@ Definitions (NVIDIA Dynamo frontend; aiperf counts reasoning as output too):
 * ITL: gap between consecutive token-bearing chunks divided by the tokens in the later
   chunk, recorded once per token (a 3-token chunk after a 30 ms gap gives three 10 ms
   values). Tokens beyond the first in the *first* chunk have no predecessor and get no ITL.
+  Chunks with one timestamp were read together (one read, one clock reading) and count as one chunk
+  holding all their tokens (see :func:`itl_histogram`).
   Which chunks carry how many tokens: :mod:`servelens.core.stream`.
 * Request duration: arrival to the end of the stream (or the error).
 * A request with several choices (``n`` > 1): TTFT and ITL are the first choice's (its sequences
