@@ -211,11 +211,17 @@ def itl_histogram(
     t_arr = np.asarray(times_ns, dtype=np.int64)
     steps = np.diff(t_arr)
     gaps = np.maximum(steps, 0).astype(np.float64)
+    read_start = steps != 0
+    if not chunk_tokens and read_start.all():  # the common case: one token per chunk, one chunk per read
+        per = gaps / NS_PER_S
+        idx = np.searchsorted(np.asarray(edges), per, side="left")
+        hist.counts = np.bincount(idx, minlength=len(edges) + 1).tolist()
+        hist.sum = float(per.sum())
+        return hist, (tuple(per.tolist()) if keep_values else ())
     weights = np.ones(n - 1, dtype=np.int64)
     for i, k in chunk_tokens.items():
         if i >= 1:
             weights[i - 1] = k
-    read_start = steps != 0
     if read_start.all():  # every chunk read on its own: one gap per chunk
         per = gaps / (weights * NS_PER_S)
     else:
