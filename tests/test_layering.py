@@ -34,7 +34,7 @@ ALLOWED: dict[str, set[str]] = {
     "engines": {"process"},
     # coming: quality comparison; sends with the bench's client, tables and files via formats
     "eval": BASE | {"formats", "serving", "bench", "report"},
-    "testing": BASE | {"process", "report"},
+    "testing": BASE | {"process", "formats", "report", "sim"},  # sim, formats: runs whose truth is known
     "demo": BASE | {"process", "bench", "report", "sim", "engines"},
     # the top: thin commands over everything
     "cli": {
