@@ -10,10 +10,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from servelens.core.decompose import DEFAULT_QUANTILES, Counterfactual, Explanation, counterfactual, explain
-from servelens.core.slo import Attainment, AttainmentBounds, Slo, attainment, histogram_attainment, threshold_note
+from servelens.core.slo import Attainment, AttainmentBounds, Slo, attainment, histogram_attainment
 from servelens.core.verdict import verdict_line
 from servelens.core.windows import ExplainError, HistogramWindow, Mix, Window, aligned_mix
 from servelens.report.explain_windows import METRICS, WindowPairs
+from servelens.report.slo_report import histogram_notes
 
 
 @dataclass(frozen=True)
@@ -151,7 +152,7 @@ def _slo(pairs: WindowPairs, slo: Slo) -> SloResult:
     if buckets is None:
         raise ExplainError(f"SLOs need standard ISL bucket labels, got {', '.join(pairs.labels)}")
     if pairs.requests is not None:
-        rows = [attainment(reqs, buckets, slo, length or 0.0) for reqs, length in
+        rows = [attainment(reqs, buckets, slo, max(length or 0.0, 1e-9)) for reqs, length in
                 zip(pairs.requests, (pairs.before_s, pairs.after_s), strict=True)]
         return SloResult(slo, True, rows[0], rows[1], ())
     got = []
@@ -159,23 +160,7 @@ def _slo(pairs: WindowPairs, slo: Slo) -> SloResult:
         ttft, itl = pairs.windows["TTFT"][k], pairs.windows["ITL"][k]
         assert isinstance(ttft, HistogramWindow) and isinstance(itl, HistogramWindow)
         got.append(histogram_attainment(ttft.histograms, itl.histograms, buckets, slo, length))
-    return SloResult(slo, False, got[0], got[1], histogram_slo_notes(pairs, slo))
-
-
-def histogram_slo_notes(pairs: WindowPairs, slo: Slo) -> tuple[str, ...]:
-    """The lines that say which histogram SLO figures are bounds, and why."""
-    buckets = pairs.buckets
-    assert buckets is not None
-    notes = []
-    for metric, th in (("TTFT", slo.ttft), ("ITL", slo.itl)):
-        w = pairs.windows[metric][0]
-        if th is not None and isinstance(w, HistogramWindow):
-            note = threshold_note(metric, th, w.edges, buckets)
-            if note:
-                notes.append(note)
-    if slo.itl is not None:
-        notes.append("ITL attainment from histograms is the share of tokens (the histogram counts tokens), not "
-                     "of requests whose mean ITL met it; goodput with an ITL SLO needs per-request data")
-    elif pairs.before_s is None:
-        notes.append("goodput needs the windows' length, which saved scrapes do not carry: see the counts")
-    return tuple(notes)
+    ttft, itl = pairs.windows["TTFT"][0], pairs.windows["ITL"][0]
+    assert isinstance(ttft, HistogramWindow) and isinstance(itl, HistogramWindow)
+    notes = histogram_notes(slo, ttft.edges, itl.edges, buckets, pairs.before_s is not None)
+    return SloResult(slo, False, got[0], got[1], notes)

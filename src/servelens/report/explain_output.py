@@ -50,8 +50,11 @@ SHORT = {SLOWER: "slower", FASTER: "faster", UNCHANGED: "no change", TOO_FEW: "t
 
 
 def _num(x: float) -> str:
-    """Three significant digits, never in exponent form."""
-    return np.format_float_positional(x, precision=3, unique=False, fractional=False, trim="-")
+    """Three significant digits (at least), at most three decimals, never in exponent form:
+    ``1390``, ``41.2``, ``6.55``, ``0.011``."""
+    a = abs(x)
+    decimals = 0 if a >= 100 else 1 if a >= 10 else 2 if a >= 1 else 3
+    return f"{x:.{decimals}f}"
 
 
 class Unit:
@@ -86,7 +89,8 @@ class Unit:
         return f"{self.signed(ci[0])}…{self.signed(ci[1])}"
 
 
-def _table(title: str, caption: str | None = None) -> Table:
+def compact_table(title: str, caption: str | None = None) -> Table:
+    """A table in this output's compact style: no outer border, one rule under the header."""
     t = Table(title=title, caption=caption, caption_justify="left")
     _restyle(t)
     return t
@@ -110,7 +114,7 @@ def overview_table(r: MetricResult) -> Table:
     e = r.explanation
     assert e is not None
     u = _unit(e)
-    t = _table(f"{e.metric}, all requests ({u.name})")
+    t = compact_table(f"{e.metric}, all requests ({u.name})")
     for h in ("", "earlier", "later", "at earlier mix", "change"):
         t.add_column(h, justify="left" if not h else "right", no_wrap=True)
     t.add_row("mean", u.fmt(e.mean_before_s), u.fmt(e.mean_after_s), u.fmt(e.counterfactual_mean_s),
@@ -124,7 +128,7 @@ def overview_table(r: MetricResult) -> Table:
 def split_table(e: Explanation) -> Table:
     """The mean's change split into the mix and the latency effect, with intervals and the verdict."""
     u = Unit([e.mix_effect_s, e.latency_effect_s, e.mean_after_s - e.mean_before_s])
-    t = _table(f"{e.metric} mean change, split ({u.name})",
+    t = compact_table(f"{e.metric} mean change, split ({u.name})",
                caption=f"verdict: {e.verdict}; {e.confidence:.0%} intervals")
     for h, j in (("", "left"), ("effect", "right"), ("interval", "right")):
         t.add_column(h, justify=j, no_wrap=True)  # type: ignore[arg-type]
@@ -151,7 +155,7 @@ def bucket_table(e: Explanation, q: float) -> Table:
         vals += [b.mean_before_s, b.mean_after_s, b.quantiles_before_s[qi], b.quantiles_after_s[qi]]
     u = Unit(vals)
     what = "tokens" if e.metric == "ITL" else "requests"
-    t = _table(f"{e.metric} by ISL bucket, earlier→later ({u.name})")
+    t = compact_table(f"{e.metric} by ISL bucket, earlier→later ({u.name})")
     for h, j in (("bucket", "left"), (what, "right"), ("share", "right"), ("mean", "right"),
                  (f"p{q * 100:g}", "right"), ("latency", "left")):
         t.add_column(h, justify=j, no_wrap=True)  # type: ignore[arg-type]
@@ -169,7 +173,7 @@ def ranked_table(e: Explanation) -> Table | None:
     if not ranked:
         return None
     u = Unit([x for b in ranked for x in (b.latency_effect_s, *(b.mean_change_ci_s or ()))])
-    t = _table(f"{e.metric}: buckets whose latency changed, largest contribution first ({u.name})",
+    t = compact_table(f"{e.metric}: buckets whose latency changed, largest contribution first ({u.name})",
                caption="latency effect: the later share x the bucket's mean change")
     for h, j in (("#", "right"), ("bucket", "left"), ("latency effect", "right"), ("interval", "right"),
                  ("mean change", "right"), ("interval", "right")):
@@ -193,7 +197,7 @@ def reference_table(r: MetricResult) -> Table | None:
     if ref is None or e is None:
         return None
     u = _unit(e)
-    t = _table(f"{e.metric} at the reference mix ({u.name})")
+    t = compact_table(f"{e.metric} at the reference mix ({u.name})")
     for h in ("", "earlier", "later", "change"):
         t.add_column(h, justify="left" if not h else "right", no_wrap=True)
     t.add_row("mean", u.fmt(ref.before.mean_s), u.fmt(ref.after.mean_s), u.signed(ref.after.mean_s - ref.before.mean_s))

@@ -66,17 +66,10 @@ class WindowPairs:
     @property
     def buckets(self) -> IslBuckets | None:
         """The buckets as :class:`IslBuckets` (None if the labels are not a standard set)."""
-        uppers = []
-        for label in self.labels[:-1]:
-            _, _, high = label.partition("-")
-            if not high.isdigit():
-                return None
-            uppers.append(int(high))
         try:
-            got = IslBuckets(tuple(uppers))
+            return IslBuckets.from_labels(self.labels)
         except ValueError:
             return None
-        return got if got.labels == self.labels else None
 
 
 # ---------------------------------------------------------------- bench results (exact)
@@ -92,7 +85,7 @@ def _records(path: str) -> list[BenchRecord]:
     return records
 
 
-def _run_buckets(before: str, after: str, buckets: IslBuckets | None) -> IslBuckets:
+def run_buckets(before: str, after: str, buckets: IslBuckets | None) -> IslBuckets:
     """``buckets``, else the bench runs' own (from their summary.json), which must agree."""
     if buckets is not None:
         return buckets
@@ -127,7 +120,7 @@ def from_results(before: str, after: str, buckets: IslBuckets | None = None) -> 
     Raises ExplainError or ValueError (one line) for a missing, empty or malformed file, or runs
     bucketed differently.
     """
-    chosen = _run_buckets(before, after, buckets)
+    chosen = run_buckets(before, after, buckets)
     runs = [_records(before), _records(after)]
     windows: dict[str, tuple[Window, Window]] = {}
     for metric in METRICS:
@@ -263,9 +256,11 @@ def _duration_text(seconds: float) -> str:
     return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
 
 
-def _prometheus_window(
+def prometheus_window(
     client: PromClient, names: MetricNames, model: str, start_s: float, end_s: float, labels: tuple[str, ...],
 ) -> dict[str, Window]:
+    """TTFT, ITL and duration windows of ``(start_s, end_s]`` from exact counter deltas of every
+    by-ISL ``le`` series and ``_sum`` (``model``: a ready matcher). Raises ExplainError, PromApiError."""
     window = _duration_text(end_s - start_s)
     where = f"{client.url} from {_stamp(start_s)} to {_stamp(end_s)}"
     per_bucket: dict[str, dict[str, CumulativeHistogram]] = {label: {} for label in labels}
@@ -322,7 +317,7 @@ def from_prometheus(
         )
     labels = _labels(found, buckets)
     m = model_matcher(model)
-    windows = [_prometheus_window(client, names, m, s, e, labels) for s, e in ((b_start, b_end), (a_start, a_end))]
+    windows = [prometheus_window(client, names, m, s, e, labels) for s, e in ((b_start, b_end), (a_start, a_end))]
     descs = tuple(f"Prometheus {url} {_stamp(s)} to {_stamp(e)}" for s, e in ((b_start, b_end), (a_start, a_end)))
     return _pairs(windows[0], windows[1], labels, (descs[0], descs[1]), (b_end - b_start, a_end - a_start))
 
