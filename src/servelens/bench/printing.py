@@ -7,6 +7,7 @@ from rich.console import Console
 
 from servelens.bench.summary import BenchResult
 from servelens.core.clumping import detect_clumping
+from servelens.formats.slo_table import attainment_table
 from servelens.formats.table import fit_to, rich_table, side_by_side
 
 
@@ -53,6 +54,10 @@ def print_result(result: BenchResult, console: Console | None = None) -> None:
         elif result.server_rows is not None:
             console.print("server side: the /metrics endpoint has no servelens by-ISL histograms "
                           f"(prefix {s['config']['metrics_prefix']!r})")
+    if result.attainment is not None and result.slo is not None:
+        table = attainment_table(result.attainment, result.slo, "SLO attainment (client, exact)")
+        fit_to(table, console.width)
+        console.print(table)
     rps = s.get("requests_per_s")
     console.print(
         f"{s['requests']} requests, {s['errors']} errors in {result.elapsed_s:.1f} s"

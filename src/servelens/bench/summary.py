@@ -11,6 +11,7 @@ from typing import Any
 from servelens.bench.config import BenchConfig
 from servelens.bench.lag import LagReport
 from servelens.core.clumping import detect_clumping
+from servelens.core.slo import Attainment, Slo
 from servelens.core.summary import BucketRow
 from servelens.formats.results import BenchRecord
 
@@ -74,6 +75,8 @@ class BenchResult:
         elapsed_s: wall time from the first send to the last end.
         prompt_deviation: server ``prompt_tokens`` vs targets.
         continuous_usage: whether continuous usage was requested.
+        slo: the SLOs judged (None: none given); attainment: per bucket, then "all" (exact, from
+            the records), None without an SLO.
     """
 
     records: tuple[BenchRecord, ...]
@@ -90,6 +93,8 @@ class BenchResult:
     elapsed_s: float
     prompt_deviation: PromptDeviation
     continuous_usage: bool
+    slo: Slo | None = None
+    attainment: tuple[Attainment, ...] | None = None
 
     @property
     def errors(self) -> int:
