@@ -36,10 +36,11 @@ ALLOWED: dict[str, set[str]] = {
     "eval": BASE | {"formats", "serving", "bench", "report"},
     "testing": BASE | {"process", "formats", "report", "sim"},  # sim, formats: runs whose truth is known
     "demo": BASE | {"process", "bench", "report", "sim", "engines"},
+    "demo_story": BASE | {"bench", "report", "sim", "demo"},  # the two-phase story; demo: its launcher
     # the top: thin commands over everything
     "cli": {
         ROOT, "core", "prometheus", "serving", "process", "formats", "dashboards", "gateway", "asgi", "sim",
-        "bench", "report", "engines", "eval", "testing", "demo",
+        "bench", "report", "engines", "eval", "testing", "demo", "demo_story",
     },
     "__main__": {"cli"},
 }

@@ -32,7 +32,8 @@ def le_index(x: float, edges: tuple[float, ...] = TTFT_EDGES_S) -> int:
 def test_demo_short_run(tmp_path: Path) -> None:
     out = tmp_path / "demo"
     proc = subprocess.run(
-        [sys.executable, "-m", "servelens", "demo", "--duration", "8", "--output-dir", str(out)],
+        [sys.executable, "-m", "servelens", "demo", "--trace", "mooncake_conversation_400.jsonl", "--duration", "8",
+         "--output-dir", str(out)],
         capture_output=True, text=True, timeout=240, check=False,
         # os.environ as Python sees it: a COLUMNS put into the C environment behind its back (it is
         # there under pytest) would narrow the piped tables, which honour $COLUMNS

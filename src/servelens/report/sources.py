@@ -22,6 +22,7 @@ from servelens.core.summary import ALL_LABEL, BucketRow, rows_from_histograms, r
 from servelens.dashboards.queries import FIGURE_BY_KEY, model_matcher
 from servelens.formats.metrics_text import Scrape, bucket_histograms, parse_scrape
 from servelens.prometheus.names import MetricNames
+from servelens.report.over_time import time_bins
 from servelens.report.promapi import PromClient, parse_duration_s
 from servelens.report.results import TimedSample, load_timed_samples
 
@@ -64,10 +65,7 @@ def p95_over_time(
     timed = [s for s in samples if s.send_time_s is not None and s.sample.isl is not None]
     if not timed:
         return ()
-    t0 = min(s.send_time_s for s in timed if s.send_time_s is not None)
-    t1 = max(s.send_time_s for s in timed if s.send_time_s is not None)
-    width = max((t1 - t0) / bins, min_bin_s)
-    n = int((t1 - t0) // width) + 1
+    t0, width, n = time_bins(timed, bins, min_bin_s)
     per: dict[str, list[list[float]]] = {label: [[] for _ in range(n)] for label in buckets.labels}
     for s in timed:
         assert s.send_time_s is not None and s.sample.isl is not None
