@@ -16,8 +16,9 @@ Three phases on the embedded simulated engine, each a bench run through the gate
 After each phase the per-bucket table (client beside gateway); after phases 2 and 3, ``servelens
 explain``'s verdict against phase 1 and its per-bucket table; then ``report.html`` with the
 "without and with" charts over the three phases: the single TTFT p95 line beside the same at phase
-1's mix, then the per-bucket lines. The traces, results, summaries and explanations stay in the
-output folder, with the commands that read them again. Outputs are capped at ``osl`` tokens to keep
+1's mix, then the per-bucket lines. The traces, results, summaries, the gateway's ``/metrics``
+before and after each phase, and the explanations stay in the output folder, with the commands
+that read them again. Outputs are capped at ``osl`` tokens to keep
 the run to about a minute and a half on two cores.
 """
 
@@ -45,12 +46,14 @@ from servelens.report.explain_windows import from_results
 from servelens.report.html import write_html
 from servelens.report.over_time import all_requests_over_time
 from servelens.report.results import load_timed_samples
-from servelens.report.sources import p95_over_time
+from servelens.report.sources import p95_over_time, read_metrics_text
 from servelens.sim.model import MIN_SPEEDUP
 from servelens.sim.presets import get_preset
 
 CHAT_TRACE = "azure_conv_2023_500.csv"
 LONG_TRACE = "mooncake_conversation_400.jsonl"
+SCRAPES = ("metrics-before.txt", "metrics-after.txt")
+"""The gateway's /metrics before and after each phase, saved in the phase's folder."""
 PHASES = (("baseline", "phase 1: baseline"),
           ("shift", "phase 2: traffic shifted toward long prompts"),
           ("slow", "phase 3: phase 1's traffic, engine slowed on long prompts"))
@@ -178,11 +181,15 @@ def _phase(config: StoryConfig, url: str, name: str, title: str, trace: Path, se
     share = config.chat_share[1 if name == "shift" else 0]
     console.print(f"[bold]bench[/]   {title}: {share:.0%} chat-length prompts, {phase_rate(config, share):.1f} "
                   f"requests/s for {config.phase_s:g} s, trace {trace}")
+    # the gateway's view of the phase, for servelens explain --metrics (the bench's one probe request is in it)
+    (out / name).mkdir(parents=True, exist_ok=True)
+    (out / name / SCRAPES[0]).write_text(read_metrics_text(f"{url}/metrics"))
     bench = run_bench_sync(BenchConfig(
         url=url, trace=str(trace), seed=seed, max_context=config.max_context, long_requests="clip",
         isl_buckets=config.isl_buckets, metrics_url=f"{url}/metrics", output_dir=str(out / name),
         progress=console.is_terminal,
     ))
+    (out / name / SCRAPES[1]).write_text(read_metrics_text(f"{url}/metrics"))
     print_result(bench, console)
     return bench
 
@@ -197,8 +204,9 @@ def _explain(out: Path, name: str, console: Console) -> ExplainReport:
     ttft = report.metrics[0].explanation
     if ttft is not None:
         console.print(bucket_table(ttft, 0.95))
-    console.print(f"the whole explanation: servelens explain --results {out / 'baseline'} {out / name}",
-                  soft_wrap=True, highlight=False)
+    scrapes = " ".join(str(out / phase / f) for phase in ("baseline", name) for f in SCRAPES)
+    console.print(f"the whole explanation: servelens explain --results {out / 'baseline'} {out / name}\n"
+                  f"the gateway's view: servelens explain --metrics {scrapes}", soft_wrap=True, highlight=False)
     return report
 
 

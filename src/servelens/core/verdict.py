@@ -82,7 +82,8 @@ def shifted_toward(e: Explanation, cover: float = 0.8) -> str:
 def _moved(a: float | None, b: float | None) -> str:
     if a is None or b is None:
         return f"{format_s(a)} -> {format_s(b)}"
-    word = "rose" if b > a else "fell" if b < a else "stayed at"
+    # figures that read the same at the line's precision stayed, whatever their last digits
+    word = "stayed at" if format_s(a) == format_s(b) else "rose" if b > a else "fell"
     return f"{word} {format_s(a)}" if word == "stayed at" else f"{word} {format_s(a)} -> {format_s(b)}"
 
 
