@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 
-from servelens import demo
+import servelens.demo as demo
 from servelens.bench import BenchConfig, BenchResult, print_result, run_bench_sync
 from servelens.bench.traces import packaged_trace, read_trace
 from servelens.core.buckets import DEFAULT_ISL_BOUNDARIES, IslBuckets

@@ -13,7 +13,7 @@ import pytest
 
 from servelens.cli.main import main
 from servelens.core.buckets import IslBuckets
-from servelens.core.state import MetricEdges
+from servelens.core.edges import MetricEdges
 from servelens.formats.results import write_results
 from servelens.prometheus.frontend import FrontendMetrics
 from servelens.testing.latency_windows import EARLY_MIX

@@ -24,8 +24,8 @@ import pytest
 from servelens.cli.main import main
 from servelens.core.buckets import IslBuckets
 from servelens.core.decompose import counterfactual
+from servelens.core.edges import MetricEdges
 from servelens.core.slo import Slo, Threshold
-from servelens.core.state import MetricEdges
 from servelens.core.windows import HistogramWindow, Mix, window_mix
 from servelens.dashboards.grafana import grafana_dashboard, substitute_variables
 from servelens.dashboards.mix import MixReference

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servelens.core.buckets import IslBuckets
+from servelens.core.edges import MetricEdges
 from servelens.core.slo import Slo
-from servelens.core.state import MetricEdges
 from servelens.core.windows import aligned_mix
 from servelens.dashboards.grafana import grafana_dashboard
 from servelens.dashboards.mix import DEFAULT_REFERENCE, MixReference
@@ -43,7 +43,7 @@ def write_dashboard_files(
     """Write ``grafana-dashboard.json``, ``recording-rules.yml`` and ``alert-rules.yml`` into
     ``output_dir`` (created if missing): the mix-adjusted figures at ``reference``; with ``slo``,
     attainment rules and alerts below ``target`` (``edges``: the ``le`` edges the server exports,
-    default the exporter's). Raises OSError when it cannot be written and ValueError for an SLO
+    default the prefix's). Raises OSError when it cannot be written and ValueError for an SLO
     that is not a finite number > 0 or below every edge, or a target outside (0, 1]; nothing is
     written then."""
     if reference.mix is not None:

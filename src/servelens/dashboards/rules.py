@@ -20,8 +20,8 @@ from typing import Any
 import yaml
 
 from servelens.core.buckets import IslBuckets
+from servelens.core.edges import MetricEdges
 from servelens.core.slo import Slo
-from servelens.core.state import MetricEdges
 from servelens.dashboards.mix import (
     DEFAULT_REFERENCE,
     MixReference,
@@ -31,7 +31,7 @@ from servelens.dashboards.mix import (
 )
 from servelens.dashboards.slo import AttainmentRule, attainment_rules
 from servelens.prometheus.collector import format_le
-from servelens.prometheus.names import MetricNames
+from servelens.prometheus.names import MetricNames, default_edges
 
 LEVEL = "model_isl_bucket"
 DEFAULT_TARGET = 0.95
@@ -101,9 +101,11 @@ def _slo_pairs(names: MetricNames, slo: Slo, buckets: IslBuckets, edges: MetricE
 def slo_rules(names: MetricNames, slo: Slo, buckets: IslBuckets, edges: MetricEdges | None = None,
               window: str = "5m") -> list[dict[str, Any]]:
     """Per bucket and SLO, the attainment at an ``le`` edge (:mod:`servelens.dashboards.slo`); the
-    edge used is the rule's ``slo_le`` label. Raises ValueError for a threshold below every edge."""
+    edge used is the rule's ``slo_le`` label. ``edges``: those the server exports (default: the
+    prefix's, :func:`~servelens.prometheus.names.default_edges`). Raises ValueError for a threshold
+    below every edge."""
     rules = []
-    for _, h, per_bucket in _slo_pairs(names, slo, buckets, edges or MetricEdges(), window):
+    for _, h, per_bucket in _slo_pairs(names, slo, buckets, edges or default_edges(names.prefix), window):
         for r in per_bucket:
             rules.append({"record": attainment_record_name(h, window), "expr": r.expr,
                           # isl_bucket repeats the expression's, so that the rules' label sets differ
@@ -198,7 +200,7 @@ def alert_rules(
             raise ValueError(f"attainment target must be within (0, 1], got {target}")
         if buckets is None:
             raise ValueError("SLO alerts need the ISL buckets")
-        for metric, h, _ in _slo_pairs(names, slo, buckets, edges or MetricEdges(), window):
+        for metric, h, _ in _slo_pairs(names, slo, buckets, edges or default_edges(names.prefix), window):
             what = "TTFTs" if metric == "TTFT" else "tokens"
             rules.append({
                 "alert": f"{metric}SLOAttainmentBelowTargetByInputLength",

@@ -13,8 +13,9 @@ of each rule names the edge it used) for an exact figure. An exact server-side f
 threshold, or for TTFT and ITL together, needs a per-request counter at the source (not part of this).
 ITL histograms count tokens: their figure is the share of tokens, not of requests whose mean ITL met it.
 
-The edges are the exporter's defaults (:class:`servelens.core.state.MetricEdges`) unless given:
-pass the edges your server really exports when they differ.
+The edges are the prefix's defaults (:func:`servelens.prometheus.names.default_edges`: the fine
+edges for servelens' names, Dynamo's for ``dynamo_frontend``) unless given: pass the edges your
+server really exports when they differ (a gateway started with ``--ttft-edges``).
 """
 
 from __future__ import annotations
