@@ -63,3 +63,27 @@ def test_demo_tells_the_story(tmp_path: Path) -> None:
         assert title in html, title
     for name in ("baseline", "shift", "slow"):
         assert json.loads((out / name / "summary.json").read_text())["errors"] == 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--time-scale", "2"], "--time-scale applies to a trace replay (--trace), not to the story"),
+    (["--max-requests", "5"], "--max-requests applies to a trace replay"),
+    (["--keep-running"], "--keep-running applies to a trace replay"),
+    (["--duration", "-1"], "duration must be a finite number"),
+])
+def test_story_bad_flags_are_one_line_before_anything_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, argv: list[str], message: str
+) -> None:
+    import io
+    from contextlib import redirect_stderr, redirect_stdout
+
+    from servelens.cli.main import main
+
+    def no_servers(*_a: object, **_k: object) -> None:
+        raise AssertionError("a server was started for bad flags")
+
+    monkeypatch.setattr("servelens.demo.ServerProcess", no_servers)
+    err = io.StringIO()
+    with redirect_stderr(err), redirect_stdout(io.StringIO()):
+        rc = main(["demo", "--output-dir", str(tmp_path / "o"), *argv])
+    assert rc == 2 and err.getvalue().count("\n") == 1 and message in err.getvalue(), err.getvalue()

@@ -75,7 +75,9 @@ class WindowPairs:
 # ---------------------------------------------------------------- bench results (exact)
 
 
-def _records(path: str) -> list[BenchRecord]:
+def read_records(path: str) -> list[BenchRecord]:
+    """The records of a bench results file or folder. Raises ValueError (one line) for a missing,
+    unreadable, malformed or empty file."""
     try:
         records = load_results(path)
     except OSError as exc:
@@ -108,7 +110,7 @@ def _duration_window(records: Sequence[BenchRecord], buckets: IslBuckets) -> Sam
     return SampleWindow("duration", buckets.labels, tuple(BucketSamples(tuple(v)) for v in values))
 
 
-def _span_s(records: Sequence[BenchRecord]) -> float:
+def span_s(records: Sequence[BenchRecord]) -> float:
     """First send to last end (s), as the bench's elapsed time."""
     return (max(r.end_ns for r in records) - min(r.send_ns for r in records)) / NS_PER_S
 
@@ -121,7 +123,7 @@ def from_results(before: str, after: str, buckets: IslBuckets | None = None) -> 
     bucketed differently.
     """
     chosen = run_buckets(before, after, buckets)
-    runs = [_records(before), _records(after)]
+    runs = [read_records(before), read_records(after)]
     windows: dict[str, tuple[Window, Window]] = {}
     for metric in METRICS:
         pair = [
@@ -131,7 +133,7 @@ def from_results(before: str, after: str, buckets: IslBuckets | None = None) -> 
         ]
         windows[metric] = (pair[0], pair[1])
     return WindowPairs(
-        chosen.labels, windows, f"results {before}", f"results {after}", _span_s(runs[0]), _span_s(runs[1]),
+        chosen.labels, windows, f"results {before}", f"results {after}", span_s(runs[0]), span_s(runs[1]),
         (tuple(map(to_slo_request, runs[0])), tuple(map(to_slo_request, runs[1]))),
     )
 

@@ -10,13 +10,12 @@ from dataclasses import dataclass
 from servelens.core.buckets import IslBuckets
 from servelens.core.slo import Attainment, AttainmentBounds, Slo, attainment, histogram_attainment, threshold_note
 from servelens.core.summary import CumulativeHistogram
-from servelens.core.timing import NS_PER_S
 from servelens.core.windows import ExplainError, HistogramWindow
 from servelens.dashboards.queries import model_matcher
 from servelens.formats.metrics_text import bucket_histograms
-from servelens.formats.results import load_results, to_slo_request
+from servelens.formats.results import to_slo_request
 from servelens.prometheus.names import MetricNames
-from servelens.report.explain_windows import prometheus_window
+from servelens.report.explain_windows import prometheus_window, read_records, span_s
 from servelens.report.promapi import PromClient, parse_duration_s
 from servelens.report.sources import scrape
 
@@ -34,13 +33,8 @@ class SloReport:
 def slo_from_results(path: str, buckets: IslBuckets, slo: Slo) -> SloReport:
     """Exact attainment and goodput of a bench run (goodput over first send to last end).
     Raises ValueError for a missing, empty or malformed file."""
-    try:
-        records = load_results(path)
-    except OSError as exc:
-        raise ValueError(f"cannot read results file {path}: {exc.strerror or exc}") from None
-    if not records:
-        raise ValueError(f"{path}: no requests in it (an empty results file)")
-    span = (max(r.end_ns for r in records) - min(r.send_ns for r in records)) / NS_PER_S
+    records = read_records(path)
+    span = span_s(records)
     rows = attainment([to_slo_request(r) for r in records], buckets, slo, span if span > 0 else 1e-9)
     return SloReport(slo, rows, None, ())
 
