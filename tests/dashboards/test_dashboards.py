@@ -222,3 +222,17 @@ def test_cli_bad_mix_and_slo_input_is_one_line_and_writes_nothing(tmp_path: Path
         rc = main(["dashboard", "--output-dir", str(tmp_path / "o"), *[str(mix) if a == "MIX" else a for a in argv]])
     assert rc == 2 and err.getvalue().count("\n") == 1 and message in err.getvalue(), err.getvalue()
     assert not (tmp_path / "o").exists()
+
+
+def test_cli_attainment_counts_at_the_edges_given(tmp_path: Path) -> None:
+    for extra, edge in (([], None), (["--ttft-edges", "dynamo"], 0.47), (["--ttft-edges", "0.3,0.6,0.9"], 0.3)):
+        out = tmp_path / f"d{len(extra)}{edge}"
+        with redirect_stdout(io.StringIO()):
+            assert main(["dashboard", "--output-dir", str(out), "--slo-ttft", "0.5", *extra]) == 0
+        rules = yaml.safe_load((out / "recording-rules.yml").read_text())["groups"][-1]["rules"]
+        want = edge if edge is not None else max(e for e in MetricEdges().ttft_s if e <= 0.5)  # the prefix's
+        assert {float(r["labels"]["slo_le"]) for r in rules} == {want}
+    err = io.StringIO()
+    with redirect_stderr(err), redirect_stdout(io.StringIO()):
+        assert main(["dashboard", "--output-dir", str(tmp_path / "x"), "--ttft-edges", "1,0.5"]) == 2
+    assert "ttft edges" in err.getvalue() and err.getvalue().count("\n") == 1

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from typing import Any
 
 from servelens.core.buckets import DEFAULT_ISL_BOUNDARIES, IslBuckets
+from servelens.core.edges import parse_edges
 from servelens.core.slo import Slo, parse_threshold
 from servelens.dashboards.mix import MixReference
 from servelens.dashboards.output import write_dashboard_files
 from servelens.dashboards.rules import DEFAULT_TARGET
 from servelens.formats.mix_file import read_mix
-from servelens.prometheus.names import DEFAULT_PREFIX, MetricNames
+from servelens.prometheus.names import DEFAULT_PREFIX, MetricNames, default_edges
 from servelens.report.promapi import parse_duration_s
 
 
@@ -44,6 +46,10 @@ def add_parser(subparsers: Any) -> None:
                    help="TTFT SLO (2.0 | 0.5+0.0002*isl | 0-512=0.5,...): per-bucket attainment rules and alerts, "
                    "counted at the largest le edge at or below the threshold (a lower bound unless it is an edge)")
     p.add_argument("--slo-itl", metavar="SPEC", help="ITL SLO, as --slo-ttft (the share of tokens within it)")
+    p.add_argument("--ttft-edges", metavar="EDGES",
+                   help="the TTFT le edges the server exports, for the attainment rules: fine, dynamo or "
+                   "S1,S2,... as the gateway's flag (default: the prefix's, fine for servelens' names)")
+    p.add_argument("--itl-edges", metavar="EDGES", help="the ITL le edges the server exports, as --ttft-edges")
     p.add_argument("--attainment-target", type=float, default=DEFAULT_TARGET, metavar="SHARE",
                    help=f"alert when a bucket's attainment over 5m is below this (default: {DEFAULT_TARGET})")
     p.set_defaults(func=run)
@@ -62,8 +68,12 @@ def run(args: argparse.Namespace) -> int:
     if args.slo_ttft or args.slo_itl:
         slo = Slo(parse_threshold(args.slo_ttft, buckets) if args.slo_ttft else None,
                   parse_threshold(args.slo_itl, buckets) if args.slo_itl else None)
+    edges = default_edges(names.prefix)
+    if args.ttft_edges or args.itl_edges:
+        edges = replace(edges, **({"ttft_s": parse_edges(args.ttft_edges, "ttft")} if args.ttft_edges else {}),
+                        **({"itl_s": parse_edges(args.itl_edges, "itl")} if args.itl_edges else {}))
     files = write_dashboard_files(args.output_dir, names, buckets, args.ttft_p95_slo, reference=reference, slo=slo,
-                                  target=args.attainment_target)
+                                  target=args.attainment_target, edges=edges)
     for path in (files.dashboard, files.recording_rules, files.alert_rules):
         print(path)
     return 0

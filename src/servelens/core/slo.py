@@ -14,8 +14,10 @@ From a histogram (server side) the share at or below ``t`` is exact only when ``
 edge; otherwise it lies between the counts at the edges either side of ``t``, and this module
 returns those bounds (never an interpolated point). ``a + b * ISL`` varies inside a bucket, so a
 bucket's bounds span its ISL range (an open top bucket has no upper ISL: its upper bound is 1).
-Separate TTFT and ITL histograms cannot say which requests met both: all-SLO goodput from them is
-only bounded (Frechet: ``max(0, p + q - 1) <= both <= min(p, q)``); an exact server-side figure
+Separate TTFT and ITL histograms cannot say which requests met both. Two request shares would
+bound it (Frechet, :func:`both_bounds`: ``max(0, p + q - 1) <= both <= min(p, q)``), but an ITL
+histogram counts tokens, so its share is one of tokens, not of requests: from histograms,
+:func:`histogram_attainment` gives goodput only for a TTFT SLO alone. An exact server-side figure
 needs a per-request counter at the source.
 """
 
