@@ -131,7 +131,8 @@ async def test_engine_sigkilled_and_restarted_mid_load(tmp_path: Path) -> None:
     """24 streams in a loop of 150 requests; after 30 are counted the engine is SIGKILLed; 3 requests
     are sent while it is down; then it is restarted on the same port and the loop goes on. Streams cut by
     the kill are ``truncated_stream``, requests meanwhile ``unavailable``, every other one ``success``:
-    the same counts at the client and in ``requests_total``, and the engines' truth has every success."""
+    the same counts at the client and in ``requests_total``, and the engines' truth has every success (but
+    those that ended as the engine was killed)."""
     port = free_port()
     truths = [tmp_path / "truth1.jsonl", tmp_path / "truth2.jsonl"]
     total, workers, while_down = 150, 24, 3
@@ -174,9 +175,11 @@ async def test_engine_sigkilled_and_restarted_mid_load(tmp_path: Path) -> None:
     finally:
         sim.stop()
         restarted.stop()
-    # every success was an engine's: truth1 has the ones before the kill, truth2 the ones after
+    # every success was an engine's: truth1 has the ones before the kill, truth2 the ones after. The sim
+    # writes a request's truth just after its last byte, so a stream that ended at the very moment of the
+    # kill reached the client without its truth line: at most one per worker
     engines = truth_outcomes(truths[0]) + truth_outcomes(truths[1])
-    assert engines["ok"] == tally["success"]
+    assert tally["success"] - workers <= engines["ok"] <= tally["success"], (engines, tally)
 
 
 @pytest.mark.parametrize("read_timeout_s", [None, 1.0])
