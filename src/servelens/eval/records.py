@@ -91,7 +91,8 @@ def headline_name(suite: str) -> str:
     return HEADLINE_NAMES.get(suite, "accuracy")
 
 
-def _sd(values: Sequence[float]) -> float | None:
+def run_sd(values: Sequence[float]) -> float | None:
+    """The sample SD (ddof 1) of per-run values; None for fewer than two runs."""
     if len(values) < 2:
         return None
     m = sum(values) / len(values)
@@ -107,7 +108,7 @@ def run_figures(suite: str, records: Sequence[EvalRecord]) -> dict[str, Any]:
         "headline": headline_name(suite),
         "per_run": per_run,
         "mean": sum(values) / len(values) if values else None,
-        "sd_over_runs": _sd(values),
+        "sd_over_runs": run_sd(values),
         "records": len(records),
         "scored": sum(1 for r in records if r.score is not None),
         "failed": sum(1 for r in records if r.error is not None and not r.cut),

@@ -23,11 +23,12 @@ import io
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from servelens.eval.scoring import LETTERS, extract_letter, extract_number, numbers_equal
+from servelens.eval.scoring import LETTERS, extract_letter, extract_number, normalize_number, numbers_equal
 
 SUITE_NAMES = ("gsm8k", "mgsm", "mmlu", "bfcl")
 DEFAULT_MAX_TOKENS = {"gsm8k": 512, "mgsm": 512, "mmlu": 32, "bfcl": 256}
@@ -218,3 +219,19 @@ def read_text_suite(suite: str, data: Path | None, shots: int = 0) -> list[TextI
     if suite == "mmlu":
         return read_mmlu(path, shots)
     raise ValueError(f"unknown text suite {suite!r}")
+
+
+def answer_key(suite: str, items: Sequence[TextItem]) -> list[dict[str, str]]:
+    """Answer-key lines for :mod:`servelens.sim.answers`: per item its id, the text of its last user
+    message, a reply this suite scores right (``#### <gold>``, ``Answer: <gold>``) and one it scores
+    wrong (gold + 1; the next letter)."""
+    out = []
+    for it in items:
+        if suite == "mmlu":
+            right, wrong = f"Answer: {it.gold}", f"Answer: {LETTERS[(LETTERS.index(it.gold) + 1) % 4]}"
+        else:
+            gold = normalize_number(it.gold)
+            assert gold is not None  # the readers refuse items without a numeric answer
+            right, wrong = f"The answer is\n#### {gold}", f"The answer is\n#### {Decimal(gold) + 1}"
+        out.append({"item": it.id, "prompt": it.messages[-1]["content"], "correct": right, "wrong": wrong})
+    return out
