@@ -58,7 +58,7 @@ def test_wrong_formats_one_line(tmp_path: Path) -> None:
     (tmp_path / "test" / "x_test.csv").write_text("q,a,b\n1,2,3\n")
     with pytest.raises(ValueError, match="not MMLU CSV format"):
         read_text_suite("mmlu", tmp_path)
-    with pytest.raises(ValueError, match="no test/<subject>_test.csv"):
+    with pytest.raises(ValueError, match=r"no test/<subject>_test\.csv"):
         read_text_suite("mmlu", tmp_path / "test")
     with pytest.raises(ValueError, match="BFCL v3 multi-turn base layout"):
         bfcl.read_bfcl(tmp_path)
@@ -136,7 +136,7 @@ def test_stand_in_results() -> None:
     assert "missing required" in s.call(MadeCall("cd", "{}"))
 
 
-@pytest.mark.skipif(not bfcl.bfcl_available(), reason="bfcl-eval not installed (pip install --no-deps bfcl-eval mpmath)")
+@pytest.mark.skipif(not bfcl.bfcl_available(), reason="needs bfcl-eval (pip install --no-deps bfcl-eval mpmath)")
 def test_bfcl_executor_runs_the_reference() -> None:
     conv = bfcl.read_bfcl(packaged_data("bfcl"))[0][0]
     s = bfcl.BfclExecutor().session(conv, 1)

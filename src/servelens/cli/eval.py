@@ -15,6 +15,7 @@ from servelens.eval.compare import compare_dirs
 from servelens.eval.report import rich_table, to_json, write_html
 from servelens.eval.runner import DEFAULT_OUTPUT_DIR, EvalConfig, print_summary, run_eval_sync
 from servelens.eval.suites import DEFAULT_MAX_TOKENS, SUITE_NAMES
+from servelens.report.table import WIDE_WIDTH, fit_to, output_width
 
 RUN_EPILOG = """\
 examples:
@@ -113,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"servelens: interrupted{which}; the answers so far are cached in {cache}: run the same command "
               "again to send only the missing items", file=sys.stderr)
         return status
-    print_summary(result)
+    print_summary(result, Console(width=output_width() or WIDE_WIDTH))
     s = result.summary
     return 1 if s["records"] and s["failed"] == s["records"] else 0
 
@@ -125,8 +126,10 @@ def compare(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(to_json(result))
     else:
-        console = Console()
-        console.print(rich_table(result))
+        width = output_width() or WIDE_WIDTH
+        table = rich_table(result)
+        fit_to(table, width)
+        Console(width=width).print(table)
     if html_path is not None:
         print(f"plots: {html_path}", file=sys.stderr)
     return 0

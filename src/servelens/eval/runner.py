@@ -35,6 +35,7 @@ from servelens.eval.suites import (
     score_text,
     select,
 )
+from servelens.report.table import fit_to
 from servelens.serving import client_error_reason
 
 DEFAULT_OUTPUT_DIR = "eval-results"
@@ -367,5 +368,6 @@ def print_summary(result: EvalResult, console: Console | None = None) -> None:
         lines.append(f"output tokens/s during this eval run (not a load test): "
                      f"{s['output_tokens_per_s_during_eval']:.1f}")
     t.caption = "\n".join(lines)
+    fit_to(t, console.width)
     console.print(t)
     console.print(f"records: {result.folder / RECORDS_FILE}  summary: {result.folder / SUMMARY_FILE}")

@@ -111,7 +111,8 @@ _PREFIXES = (
     r"|正确答案是|答案是|答案|答え|回答|正解|정답|답|jibu|উত্তর|సమాధానం|คำตอบ|الإجابة|उत्तर"
 )
 _LENIENT = (
-    re.compile(r"(?i:" + _PREFIXES + r")\s*(?:は|是|为|為|:|-)?\s*(?i:is\s+)?[*_]*\s*(?i:option\s+)?[(\[]?([ABCD])(?![A-Za-z])"),
+    re.compile(r"(?i:" + _PREFIXES + r")\s*(?:は|是|为|為|:|-)?\s*(?i:is\s+)?[*_]*\s*(?i:option\s+)?"
+               r"[(\[]?([ABCD])(?![A-Za-z])"),
     re.compile(r"\*\*\s*\(?([ABCD])\)?[.:]?\s*\*\*"),
     re.compile(r"\(([ABCD])\)"),
     re.compile(r"(?i:option|choice)\s+([ABCD])(?![A-Za-z])"),
