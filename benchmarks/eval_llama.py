@@ -1,0 +1,89 @@
+"""``servelens eval`` on a real model and a real engine: llama.cpp's llama-server with SmolLM2-135M-Instruct,
+two deployments that differ only in weight precision (Q4_1 as shipped, and a lower quantization),
+plus a rerun of Q4_1 (the self-comparison).
+
+Needs the llama.cpp harness (:mod:`servelens.engines.llama_cpp`; it builds llama.cpp once per machine).
+Each deployment is served alone (one llama-server at a time, 4 slots), every suite at temperature 0:
+
+    python benchmarks/eval_llama.py --out .scratch/eval-llama
+
+Writes ``OUT/<deployment>/<suite>/`` (records, summary, cache: a second invocation costs nothing),
+``OUT/compare-*.json`` and ``.html``, and prints the compare tables and the timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from servelens.eval.compare import compare_dirs
+from servelens.eval.report import rich_table, to_json, write_html
+from servelens.eval.runner import EvalConfig, run_eval_sync
+
+
+def suites(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The cuts run on every deployment."""
+    groups = tuple(args.mgsm_groups.split(","))
+    return [
+        {"suite": "mgsm", "groups": groups, "limit": args.mgsm_limit, "max_tokens": args.math_tokens},
+        {"suite": "mmlu", "limit": args.mmlu_limit, "shots": args.shots, "max_tokens": 16},
+        {"suite": "gsm8k", "limit": args.gsm8k_limit, "max_tokens": args.math_tokens},
+    ]
+
+
+def run_deployment(variant: str, out: Path, args: argparse.Namespace, fresh: bool) -> dict[str, Any]:
+    """Serve ``variant``, run every suite into ``out``; timings per suite."""
+    from servelens.engines.llama_cpp import LlamaServer
+
+    timings: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    with LlamaServer(variant=variant) as srv:
+        timings["start_s"] = time.perf_counter() - t0
+        for spec in suites(args):
+            t1 = time.perf_counter()
+            res = run_eval_sync(EvalConfig(url=srv.url, model=srv.model, output_dir=str(out), temperature=0.0,
+                                           concurrency=4, use_cache=not fresh, progress=True, **spec))
+            s = res.summary
+            timings[spec["suite"]] = {
+                "wall_s": time.perf_counter() - t1, "items": s["items"], "mean": s["mean"],
+                "requests_sent": s["requests_sent"], "extraction_failures": s["extraction_failures"],
+                "completion_tokens": s["fresh_completion_tokens"],
+                "output_tokens_per_s": s["output_tokens_per_s_during_eval"],
+            }
+            print(f"{variant} {spec['suite']}: {json.dumps(timings[spec['suite']])}", flush=True)
+    return timings
+
+
+def main() -> None:
+    from servelens.engines.llama_cpp import LOW_VARIANT, SOURCE_VARIANT
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path(".scratch/eval-llama"))
+    ap.add_argument("--low", default=LOW_VARIANT, help=f"the lower quantization (default {LOW_VARIANT})")
+    ap.add_argument("--mgsm-groups", default="en,de,fr,es,zh")
+    ap.add_argument("--mgsm-limit", type=int, default=20)
+    ap.add_argument("--mmlu-limit", type=int, default=20)
+    ap.add_argument("--gsm8k-limit", type=int, default=50)
+    ap.add_argument("--shots", type=int, default=3)
+    ap.add_argument("--math-tokens", type=int, default=200)
+    args = ap.parse_args()
+    plan = [(SOURCE_VARIANT, "a", False), (SOURCE_VARIANT, "a-rerun", True), (args.low, "b", False)]
+    timings = {}
+    for variant, name, fresh in plan:
+        timings[name] = {"variant": variant, **run_deployment(variant, args.out / name, args, fresh)}
+    (args.out / "timings.json").write_text(json.dumps(timings, indent=2))
+    console = Console(width=160)
+    for other, label in (("a-rerun", "self"), ("b", "quant")):
+        c = compare_dirs(args.out / "a", args.out / other)
+        (args.out / f"compare-{label}.json").write_text(to_json(c))
+        write_html(args.out / f"compare-{label}.html", c)
+        console.print(rich_table(c))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""Peer check: our GSM8K answer extraction against lm-evaluation-harness's ``flexible-extract`` filter,
+on the same replies.
+
+lm-eval runs in a side virtualenv (it is no dependency of servelens): its own ``RegexFilter`` with the
+``flexible-extract`` settings of its ``gsm8k.yaml`` (pattern ``(-?[$0-9.,]{2,})|(-?[0-9]+)``,
+``group_select -1``, then ``take_first``) and its ``exact_match`` metric with that file's settings
+(``regexes_to_ignore`` ``,`` ``$`` ``(?s).*#### `` ``\\.$``, ``ignore_case``), read from the installed
+package. Replies come from eval records (``records.jsonl`` of ``servelens eval run`` on GSM8K or MGSM:
+a real model's replies) and a built-in list of hand-written edge cases.
+
+    python3 -m venv .scratch/lmeval-venv
+    .scratch/lmeval-venv/bin/pip install --no-deps lm-eval==0.4.13 && .scratch/lmeval-venv/bin/pip install numpy pyyaml sacrebleu
+    python benchmarks/eval_lmeval_peer.py --lm-eval-python .scratch/lmeval-venv/bin/python \\
+        --records .scratch/eval-llama/a/gsm8k/records.jsonl --records .scratch/eval-llama/a/mgsm/records.jsonl
+
+Prints the agreement rate where both define an answer, and every disagreement with its reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+from servelens.eval.scoring import extract_number, normalize_number, numbers_equal
+from servelens.eval.suites import read_text_suite
+
+HAND = [  # (reply, gold)
+    ("#### 18", "18"), ("The answer is 18.", "18"), ("#### 1,234", "1234"), ("#### $18.00", "18"),
+    ("#### -7", "-7"), ("16 - 3 - 4 = 9 eggs. #### 9", "9"), ("#### 13 #### 14", "14"),
+    ("#### 13\nThat is 13 dollars for 2 days.", "13"), ("So 18.", "18"), ("It costs $5.", "5"),
+    ("#### 18.0", "18"), ("She sold 3,000 eggs", "3000"), ("I don't know", "5"), ("16-3-4=9", "9"),
+    ("5\u202f600 euros", "5600"), ("#### 0.5", "0.5"), ("About 12,34", "1234"),
+]
+
+LM_EVAL_SIDE = r"""
+import json, re, sys
+from pathlib import Path
+
+import yaml
+import lm_eval
+from lm_eval.api.metrics import exact_match_hf_evaluate
+from lm_eval.filters.extraction import RegexFilter
+from lm_eval.filters.selection import TakeFirstFilter
+
+cfg = yaml.safe_load((Path(lm_eval.__file__).parent / "tasks" / "gsm8k" / "gsm8k.yaml").read_text())
+flex = next(f for f in cfg["filter_list"] if f["name"] == "flexible-extract")["filter"]
+regex = next(f for f in flex if f["function"] == "regex")
+metric = next(m for m in cfg["metric_list"] if m["metric"] == "exact_match")
+rows = json.load(sys.stdin)
+filt = RegexFilter(regex_pattern=regex["regex_pattern"], group_select=regex["group_select"])
+extracted = list(TakeFirstFilter().apply(filt.apply([[r["reply"]] for r in rows], rows), rows))
+out = []
+for r, e in zip(rows, extracted):
+    em = exact_match_hf_evaluate([e], [r["target"]], regexes_to_ignore=metric["regexes_to_ignore"],
+                                 ignore_case=metric["ignore_case"], ignore_punctuation=metric["ignore_punctuation"])
+    out.append({"extracted": e, "correct": bool(em["exact_match"])})
+print(json.dumps({"version": lm_eval.__version__ if hasattr(lm_eval, "__version__") else "?", "rows": out}))
+"""
+
+
+def reason(reply: str, ours: str | None, method: str | None, theirs_raw: str, theirs_num: str | None) -> str:
+    """Why the two disagree, in a few words (the rules that differ)."""
+    if ours is not None and theirs_num is not None and ours == theirs_num:
+        return "same number; lm-eval compares strings after its regexes (e.g. '18.00' or '5.' vs '18'/'5')"
+    if method == "####" and theirs_num is not None:
+        return "ours: the number after the last ####; lm-eval: the last number-like text in the whole reply"
+    if theirs_raw.startswith("-") and ours is not None and not ours.startswith("-"):
+        return "lm-eval reads a hyphen between numbers as a minus sign"
+    if "\u202f" in reply or "\u00a0" in reply:
+        return "thousands separated by a (thin) no-break space: ours joins them, lm-eval splits"
+    if "," in theirs_raw and theirs_num != ours:
+        return "a comma not followed by three digits: lm-eval drops it ('12,34' -> 1234), ours ends the number"
+    return f"other: ours {ours!r}, lm-eval {theirs_raw!r}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lm-eval-python", required=True, help="python of the side venv with lm-eval")
+    ap.add_argument("--records", action="append", type=Path, default=[], help="records.jsonl of a GSM8K/MGSM run")
+    args = ap.parse_args()
+    rows = [{"source": "hand", "reply": r, "gold": g, "target": f"#### {g}"} for r, g in HAND]
+    gsm_answers = {}
+    for f in args.records:
+        for line in f.read_text(encoding="utf-8").splitlines():
+            rec = json.loads(line)
+            if rec["reply"] is None:
+                continue
+            if rec["item"].startswith("gsm8k/"):
+                if not gsm_answers:  # lm-eval's target is the whole GSM8K answer (its regexes cut to the number)
+                    gsm_answers = {i.id: i.gold for i in read_text_suite("gsm8k", None)}
+                gold = gsm_answers.get(rec["item"]) or rec["requests"][0]["messages"][-1]["content"]
+            else:
+                gold = None
+            rows.append({"source": f.parent.name, "item": rec["item"], "reply": rec["reply"], "gold": gold,
+                         "target": None})
+    # MGSM gold answers are in the records' summary-free form: read them from the packaged files
+    mgsm = {i.id: i.gold for i in read_text_suite("mgsm", None)}
+    for r in rows:
+        if r["gold"] is None:
+            r["gold"] = mgsm.get(r["item"], "")
+        if r["target"] is None:
+            r["target"] = f"#### {r['gold']}"
+    proc = subprocess.run([args.lm_eval_python, "-c", LM_EVAL_SIDE], input=json.dumps(rows), capture_output=True,
+                          text=True, check=True)
+    side = json.loads(proc.stdout)
+    both = agree = 0
+    reasons: Counter[str] = Counter()
+    lines = []
+    only_ours = only_theirs = 0
+    for r, t in zip(rows, side["rows"], strict=True):
+        ours = extract_number(r["reply"])
+        theirs_defined = t["extracted"] != "[invalid]"
+        if ours is None or not theirs_defined:
+            only_ours += ours is not None and not theirs_defined
+            only_theirs += ours is None and theirs_defined
+            continue
+        both += 1
+        our_correct = numbers_equal(ours.value, r["gold"])
+        if our_correct == t["correct"]:
+            agree += 1
+            continue
+        why = reason(r["reply"], ours.value, ours.method, t["extracted"], normalize_number(t["extracted"]))
+        reasons[why] += 1
+        tail = r["reply"][-90:].replace("\n", "\\n")
+        lines.append(f"- {r['source']} {r.get('item', '')}: gold {r['gold']}; ours {ours.value} ({ours.method}, "
+                     f"{'right' if our_correct else 'wrong'}); lm-eval {t['extracted']!r} "
+                     f"({'right' if t['correct'] else 'wrong'}); {why}; reply ends ...{tail!r}")
+    print(f"replies: {len(rows)} ({len(HAND)} hand-written); both define an answer: {both}; "
+          f"agree on right/wrong: {agree} ({agree / both:.1%}); only ours defines one: {only_ours}; "
+          f"only lm-eval: {only_theirs}")
+    print("disagreements by reason:")
+    for why, n in reasons.most_common():
+        print(f"  {n:4d}  {why}")
+    print("every disagreement:")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
