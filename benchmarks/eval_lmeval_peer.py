@@ -9,7 +9,8 @@ package. Replies come from eval records (``records.jsonl`` of ``servelens eval r
 a real model's replies) and a built-in list of hand-written edge cases.
 
     python3 -m venv .scratch/lmeval-venv
-    .scratch/lmeval-venv/bin/pip install --no-deps lm-eval==0.4.13 && .scratch/lmeval-venv/bin/pip install numpy pyyaml sacrebleu
+    .scratch/lmeval-venv/bin/pip install --no-deps lm-eval==0.4.13
+    .scratch/lmeval-venv/bin/pip install numpy pyyaml sacrebleu
     python benchmarks/eval_lmeval_peer.py --lm-eval-python .scratch/lmeval-venv/bin/python \\
         --records .scratch/eval-llama/a/gsm8k/records.jsonl --records .scratch/eval-llama/a/mgsm/records.jsonl
 

@@ -62,7 +62,9 @@ def scenario(items: list[str], acc_a: float, acc_b: float, independence: float, 
     return {"rate": rate, "se": se, "discordant": float(np.mean(disc)), "gap": float(np.mean(gaps))}
 
 
-async def http_pairs(gsm8k: Path, n_items: int, pairs: int, independence: float, alpha: float) -> list[tuple[bool, bool]]:
+async def http_pairs(
+    gsm8k: Path, n_items: int, pairs: int, independence: float, alpha: float
+) -> list[tuple[bool, bool]]:
     """(verdict via HTTP + compare_dirs, verdict computed directly) for ``pairs`` 0.80/0.78 pairs."""
     items = read_text_suite("gsm8k", gsm8k)[:n_items]
     ids = [i.id for i in items]
