@@ -22,7 +22,7 @@ from typing import Any
 from rich.console import Console
 
 from servelens.eval.compare import compare_dirs
-from servelens.eval.report import rich_table, to_json, write_html
+from servelens.eval.report import notes, rich_table, to_json, write_html
 from servelens.eval.runner import EvalConfig, run_eval_sync
 
 
@@ -83,6 +83,8 @@ def main() -> None:
         (args.out / f"compare-{label}.json").write_text(to_json(c))
         write_html(args.out / f"compare-{label}.html", c)
         console.print(rich_table(c))
+        for line in notes(c):
+            console.print(line, highlight=False)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from rich.console import Console
 from servelens.cli.main import interrupted
 from servelens.eval.cache import CACHE_FILE
 from servelens.eval.compare import compare_dirs
-from servelens.eval.report import rich_table, to_json, write_html
+from servelens.eval.report import notes, rich_table, to_json, write_html
 from servelens.eval.runner import DEFAULT_OUTPUT_DIR, EvalConfig, print_summary, run_eval_sync
 from servelens.eval.suites import DEFAULT_MAX_TOKENS, SUITE_NAMES
 from servelens.report.table import WIDE_WIDTH, fit_to, output_width
@@ -129,7 +129,10 @@ def compare(args: argparse.Namespace) -> int:
         width = output_width() or WIDE_WIDTH
         table = rich_table(result)
         fit_to(table, width)
-        Console(width=width).print(table)
+        console = Console(width=width)
+        console.print(table)
+        for line in notes(result):
+            console.print(line, highlight=False)
     if html_path is not None:
         print(f"plots: {html_path}", file=sys.stderr)
     return 0

@@ -47,12 +47,17 @@ HEADERS = ("Eval", "A", "B", "only A", "only B", "p", "Real difference?")
 
 
 def rich_table(c: Comparison) -> Table:
-    """The comparison as a rich table with the notes as caption."""
+    """The comparison as a rich table (:func:`notes` go under it)."""
     t = Table(title=f"servelens eval compare: A = {c.dir_a}, B = {c.dir_b} (alpha {c.alpha:g})")
     for h in HEADERS:
         t.add_column(h, justify="left" if h in ("Eval", "Real difference?") else "right")
     for r in c.rows:
         t.add_row(*cells(r), style="bold" if r.group is None else None)
+    return t
+
+
+def notes(c: Comparison) -> list[str]:
+    """The lines printed under the table: the deployments, the tests, intervals and exclusions."""
     lines = list(c.notes)
     lines.append("p: McNemar exact (one run per side) or paired permutation test on per-item means (repeated runs); "
                  f"with runs, 'yes' also needs the gap > {SPREAD_FACTOR:g} x the larger run-to-run SD")
@@ -62,8 +67,7 @@ def rich_table(c: Comparison) -> Table:
                          f"({r.test}); {r.excluded} item(s) without a score on a side left out")
     if any(r.p_holm is not None for r in c.rows):
         lines.append("group rows: Holm-adjusted over the groups of their eval (many groups tested at once)")
-    t.caption = "\n".join(lines)
-    return t
+    return lines
 
 
 def _json_row(r: CompareRow) -> dict[str, Any]:

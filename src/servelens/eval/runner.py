@@ -367,7 +367,8 @@ def print_summary(result: EvalResult, console: Console | None = None) -> None:
     if s["output_tokens_per_s_during_eval"] is not None and s["fresh_completion_tokens"]:
         lines.append(f"output tokens/s during this eval run (not a load test): "
                      f"{s['output_tokens_per_s_during_eval']:.1f}")
-    t.caption = "\n".join(lines)
     fit_to(t, console.width)
     console.print(t)
+    for line in lines:
+        console.print(line, highlight=False)
     console.print(f"records: {result.folder / RECORDS_FILE}  summary: {result.folder / SUMMARY_FILE}")
