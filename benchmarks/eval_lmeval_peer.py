@@ -81,29 +81,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lm-eval-python", required=True, help="python of the side venv with lm-eval")
     ap.add_argument("--records", action="append", type=Path, default=[], help="records.jsonl of a GSM8K/MGSM run")
+    ap.add_argument("--gsm8k", type=Path, help="the GSM8K file the records were run on (default: the packaged cut)")
+    ap.add_argument("--mgsm", type=Path, help="the MGSM folder the records were run on (default: the packaged cut)")
     args = ap.parse_args()
-    rows = [{"source": "hand", "reply": r, "gold": g, "target": f"#### {g}"} for r, g in HAND]
-    gsm_answers = {}
+    # lm-eval's target is GSM8K's whole answer, which its regexes cut to the text after "#### "
+    rows = [{"source": "hand", "item": "", "reply": r, "gold": g, "target": f"#### {g}"} for r, g in HAND]
+    golds = {i.id: i.gold for s, d in (("gsm8k", args.gsm8k), ("mgsm", args.mgsm)) for i in read_text_suite(s, d)}
     for f in args.records:
         for line in f.read_text(encoding="utf-8").splitlines():
             rec = json.loads(line)
-            if rec["reply"] is None:
-                continue
-            if rec["item"].startswith("gsm8k/"):
-                if not gsm_answers:  # lm-eval's target is the whole GSM8K answer (its regexes cut to the number)
-                    gsm_answers = {i.id: i.gold for i in read_text_suite("gsm8k", None)}
-                gold = gsm_answers.get(rec["item"]) or rec["requests"][0]["messages"][-1]["content"]
-            else:
-                gold = None
-            rows.append({"source": f.parent.name, "item": rec["item"], "reply": rec["reply"], "gold": gold,
-                         "target": None})
-    # MGSM gold answers are in the records' summary-free form: read them from the packaged files
-    mgsm = {i.id: i.gold for i in read_text_suite("mgsm", None)}
-    for r in rows:
-        if r["gold"] is None:
-            r["gold"] = mgsm.get(r["item"], "")
-        if r["target"] is None:
-            r["target"] = f"#### {r['gold']}"
+            if rec["reply"] is not None:
+                gold = golds[rec["item"]]
+                rows.append({"source": f.parent.name, "item": rec["item"], "reply": rec["reply"], "gold": gold,
+                             "target": f"#### {gold}"})
     proc = subprocess.run([args.lm_eval_python, "-c", LM_EVAL_SIDE], input=json.dumps(rows), capture_output=True,
                           text=True, check=True)
     side = json.loads(proc.stdout)
@@ -126,7 +116,7 @@ def main() -> None:
         why = reason(r["reply"], ours.value, ours.method, t["extracted"], normalize_number(t["extracted"]))
         reasons[why] += 1
         tail = r["reply"][-90:].replace("\n", "\\n")
-        lines.append(f"- {r['source']} {r.get('item', '')}: gold {r['gold']}; ours {ours.value} ({ours.method}, "
+        lines.append(f"- {r['source']} {r['item']}: gold {r['gold']}; ours {ours.value} ({ours.method}, "
                      f"{'right' if our_correct else 'wrong'}); lm-eval {t['extracted']!r} "
                      f"({'right' if t['correct'] else 'wrong'}); {why}; reply ends ...{tail!r}")
     print(f"replies: {len(rows)} ({len(HAND)} hand-written); both define an answer: {both}; "

@@ -34,15 +34,16 @@ async def test_two_deployments_single_run(endpoint: Endpoint, tmp_path: Path) ->
     c = sum(answers_right(i, B) and not answers_right(i, A) for i in items)
     result = compare_dirs(tmp_path / "a", tmp_path / "b")
     top = result.rows[0]
-    assert (top.eval, top.n, top.only_a, top.only_b, top.test) == ("mgsm", 275, b, c, "mcnemar-exact")
-    assert top.p_value == pytest.approx(mcnemar_exact(b, c))
+    p = top.paired
+    assert (top.eval, p.n, p.only_a, p.only_b, p.test) == ("mgsm", 275, b, c, "mcnemar-exact")
+    assert p.p_value == pytest.approx(mcnemar_exact(b, c))
     assert top.accuracy_a == pytest.approx(sum(answers_right(i, A) for i in items) / 275)
-    assert top.real_difference is (top.p_value < 0.05)
+    assert top.real_difference is (p.p_value < 0.05)
     groups = result.rows[1:]
     assert [g.group for g in groups] == ["bn", "de", "en", "es", "fr", "ja", "ru", "sw", "te", "th", "zh"]
-    assert [g.p_holm for g in groups] == pytest.approx(holm([g.p_value for g in groups]))
+    assert [g.p_holm for g in groups] == pytest.approx(holm([g.paired.p_value for g in groups]))
     assert all(g.real_difference is ((g.p_holm or 1) < 0.05) for g in groups)
-    assert sum(g.only_a for g in groups) == b
+    assert sum(g.paired.only_a for g in groups) == b
     data = json.loads(to_json(result))
     (ev,) = data["evals"]
     assert all(k in ev for k in JSON_FIELDS) and len(ev["groups"]) == 11
@@ -59,7 +60,7 @@ async def test_self_comparison_says_no(endpoint: Endpoint, tmp_path: Path) -> No
     await deployment(endpoint, tmp_path / "a2", A, suite="gsm8k", use_cache=False)  # a rerun of A
     result = compare_dirs(tmp_path / "a", tmp_path / "a2")
     top = result.rows[0]
-    assert (top.only_a, top.only_b, top.p_value, top.real_difference) == (0, 0, 1.0, False)
+    assert (top.paired.only_a, top.paired.only_b, top.paired.p_value, top.real_difference) == (0, 0, 1.0, False)
     assert any("self-comparison" in n for n in result.notes)
 
 
@@ -67,7 +68,7 @@ async def test_repeated_runs_use_item_means_and_spread(endpoint: Endpoint, tmp_p
     await deployment(endpoint, tmp_path / "a", A, suite="gsm8k", runs=3)
     await deployment(endpoint, tmp_path / "b", B, suite="gsm8k", runs=2)
     top = compare_dirs(tmp_path / "a", tmp_path / "b").rows[0]
-    assert top.test == "paired-permutation"
+    assert top.paired.test == "paired-permutation"
     assert len(top.runs_a_values) == 3 and len(top.runs_b_values) == 2
     assert top.sd_a == 0.0  # the fake answers alike in every run
 
@@ -85,7 +86,7 @@ async def test_failed_items_left_out_and_counted(endpoint: Endpoint, tmp_path: P
     endpoint.fail_prompts = {read_text_suite("gsm8k", None)[3].messages[-1]["content"]}
     await deployment(endpoint, tmp_path / "b", A, suite="gsm8k", limit=10, retries=0)
     top = compare_dirs(tmp_path / "a", tmp_path / "b").rows[0]
-    assert (top.n, top.excluded) == (9, 1)
+    assert (top.paired.n, top.excluded) == (9, 1)
 
 
 def test_not_run_folders(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servelens.eval.records import RunDir, headline, headline_name, read_run, run_sd, suite_dirs
-from servelens.eval.stats import compare_scores, holm, real_difference
+from servelens.eval.stats import Paired, compare_scores, holm, real_difference
 
 
 @dataclass(frozen=True)
@@ -29,8 +29,8 @@ class CompareRow:
         accuracy_a, accuracy_b: the headline per side (mean over runs; paired items only).
         sd_a, sd_b: its SD over runs (None with one run).
         runs_a, runs_a_values, runs_b, runs_b_values: run counts and the per-run headlines.
-        n: paired items; excluded: items left out (no score on a side).
-        only_a, only_b, difference, ci_low, ci_high, p_value, test: see :class:`~servelens.eval.stats.Paired`.
+        excluded: items left out (no score on a side).
+        paired: the paired figures (items, only A, only B, difference and its interval, p, test).
         p_holm: the Holm-adjusted p-value among the suite's groups (None for the suite row, or one group).
         real_difference: the verdict (on ``p_holm`` for group rows when it is set).
     """
@@ -45,15 +45,8 @@ class CompareRow:
     sd_b: float | None
     runs_a_values: tuple[float, ...]
     runs_b_values: tuple[float, ...]
-    n: int
     excluded: int
-    only_a: int
-    only_b: int
-    difference: float
-    ci_low: float
-    ci_high: float
-    p_value: float
-    test: str
+    paired: Paired
     p_holm: float | None
     real_difference: bool
 
@@ -95,8 +88,7 @@ def _row(a: RunDir, b: RunDir, items: list[str], excluded: int, group: str | Non
     return CompareRow(
         eval=a.suite if group is None else f"{a.suite}/{group}", suite=a.suite, group=group,
         headline=headline_name(a.suite), accuracy_a=acc_a, accuracy_b=acc_b, sd_a=sd_a, sd_b=sd_b,
-        runs_a_values=runs_a, runs_b_values=runs_b, n=p.n, excluded=excluded, only_a=p.only_a, only_b=p.only_b,
-        difference=p.difference, ci_low=p.ci_low, ci_high=p.ci_high, p_value=p.p_value, test=p.test, p_holm=None,
+        runs_a_values=runs_a, runs_b_values=runs_b, excluded=excluded, paired=p, p_holm=None,
         real_difference=real_difference(p.p_value, alpha, acc_b - acc_a, sd_a, sd_b),
     )
 
@@ -125,7 +117,7 @@ def compare_runs(a: RunDir, b: RunDir, alpha: float = 0.05) -> list[CompareRow]:
             group_rows.append(_row(a, b, members, sum(1 for i in sa if groups[i] == g) - len(members), g, alpha,
                                    sa, sb))
     if len(group_rows) > 1:
-        adjusted = holm([r.p_value for r in group_rows])
+        adjusted = holm([r.paired.p_value for r in group_rows])
         group_rows = [
             CompareRow(**{**r.__dict__, "p_holm": q, "real_difference": real_difference(
                 q, alpha, r.accuracy_b - r.accuracy_a, r.sd_a, r.sd_b)})

@@ -38,9 +38,10 @@ def _verdict(r: CompareRow) -> str:
 
 def cells(r: CompareRow) -> list[str]:
     """The table cells of one row."""
-    name = f"  {r.group}" if r.group is not None else f"{r.suite} ({r.headline}, n={r.n})"
-    return [name, _value(r.accuracy_a, r.sd_a), _value(r.accuracy_b, r.sd_b), str(r.only_a), str(r.only_b),
-            _p(r.p_value), _verdict(r)]
+    p = r.paired
+    name = f"  {r.group}" if r.group is not None else f"{r.suite} ({r.headline}, n={p.n})"
+    return [name, _value(r.accuracy_a, r.sd_a), _value(r.accuracy_b, r.sd_b), str(p.only_a), str(p.only_b),
+            _p(p.p_value), _verdict(r)]
 
 
 HEADERS = ("Eval", "A", "B", "only A", "only B", "p", "Real difference?")
@@ -63,8 +64,9 @@ def notes(c: Comparison) -> list[str]:
                  f"with runs, 'yes' also needs the gap > {SPREAD_FACTOR:g} x the larger run-to-run SD")
     for r in c.rows:
         if r.group is None:
-            lines.append(f"{r.suite}: B - A {r.difference:+.3f}, 95 % CI [{r.ci_low:+.3f}, {r.ci_high:+.3f}] "
-                         f"({r.test}); {r.excluded} item(s) without a score on a side left out")
+            p = r.paired
+            lines.append(f"{r.suite}: B - A {p.difference:+.3f}, 95 % CI [{p.ci_low:+.3f}, {p.ci_high:+.3f}] "
+                         f"({p.test}); {r.excluded} item(s) without a score on a side left out")
     if any(r.p_holm is not None for r in c.rows):
         lines.append("group rows: Holm-adjusted over the groups of their eval (many groups tested at once)")
     return lines
@@ -72,6 +74,7 @@ def notes(c: Comparison) -> list[str]:
 
 def _json_row(r: CompareRow) -> dict[str, Any]:
     d = asdict(r)
+    d |= d.pop("paired")  # one flat object per row: accuracy_a, ..., only_a, only_b, p_value, real_difference
     d["runs_a_values"], d["runs_b_values"] = list(r.runs_a_values), list(r.runs_b_values)
     return d
 
