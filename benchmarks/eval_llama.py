@@ -18,6 +18,7 @@ import json
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from rich.console import Console
 
@@ -26,25 +27,39 @@ from servelens.eval.report import notes, rich_table, to_json, write_html
 from servelens.eval.runner import EvalConfig, run_eval_sync
 
 
-def suites(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """The cuts run on every deployment."""
+def suites(args: argparse.Namespace, first: bool) -> list[dict[str, Any]]:
+    """The cuts run on a deployment: MGSM and MMLU on every one; GSM8K (replies for the lm-eval peer
+    check, benchmarks/eval_lmeval_peer.py) on the first only."""
     groups = tuple(args.mgsm_groups.split(","))
-    return [
+    out: list[dict[str, Any]] = [
         {"suite": "mgsm", "groups": groups, "limit": args.mgsm_limit, "max_tokens": args.math_tokens},
         {"suite": "mmlu", "limit": args.mmlu_limit, "shots": args.shots, "max_tokens": 16},
-        {"suite": "gsm8k", "limit": args.gsm8k_limit, "max_tokens": args.math_tokens},
     ]
+    if first:
+        out.append({"suite": "gsm8k", "limit": args.gsm8k_limit, "max_tokens": args.math_tokens})
+    return out
 
 
-def run_deployment(variant: str, out: Path, args: argparse.Namespace, fresh: bool) -> dict[str, Any]:
-    """Serve ``variant``, run every suite into ``out``; timings per suite."""
+def previous_port(out: Path) -> int:
+    """The port a deployment was served on before (from its summaries), else 0 (a free one): the
+    response cache is keyed by the endpoint URL, so the same deployment must come back at the same
+    address for a second invocation to be answered from the cache."""
+    for summary in sorted(out.glob("*/summary.json")):
+        port = urlsplit(json.loads(summary.read_text())["url"]).port
+        if port:
+            return port
+    return 0
+
+
+def run_deployment(variant: str, out: Path, args: argparse.Namespace, fresh: bool, first: bool) -> dict[str, Any]:
+    """Serve ``variant``, run the suites into ``out``; timings per suite."""
     from servelens.engines.llama_cpp import LlamaServer
 
     timings: dict[str, Any] = {}
     t0 = time.perf_counter()
-    with LlamaServer(variant=variant) as srv:
+    with LlamaServer(variant=variant, port=previous_port(out)) as srv:
         timings["start_s"] = time.perf_counter() - t0
-        for spec in suites(args):
+        for spec in suites(args, first):
             t1 = time.perf_counter()
             res = run_eval_sync(EvalConfig(url=srv.url, model=srv.model, output_dir=str(out), temperature=0.0,
                                            concurrency=4, use_cache=not fresh, progress=True, **spec))
@@ -75,7 +90,8 @@ def main() -> None:
     plan = [(SOURCE_VARIANT, "a", False), (SOURCE_VARIANT, "a-rerun", True), (args.low, "b", False)]
     timings = {}
     for variant, name, fresh in plan:
-        timings[name] = {"variant": variant, **run_deployment(variant, args.out / name, args, fresh)}
+        timings[name] = {"variant": variant,
+                         **run_deployment(variant, args.out / name, args, fresh, first=name == "a")}
     (args.out / "timings.json").write_text(json.dumps(timings, indent=2))
     console = Console(width=160)
     for other, label in (("a-rerun", "self"), ("b", "quant")):

@@ -24,6 +24,7 @@ import json
 import subprocess
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from servelens.eval.scoring import extract_number, normalize_number, numbers_equal
 from servelens.eval.suites import read_text_suite
@@ -39,6 +40,7 @@ HAND = [  # (reply, gold)
 LM_EVAL_SIDE = r"""
 import json, re, sys
 from pathlib import Path
+from typing import Any
 
 import yaml
 import lm_eval
@@ -74,6 +76,8 @@ def reason(reply: str, ours: str | None, method: str | None, theirs_raw: str, th
         return "thousands separated by a (thin) no-break space: ours joins them, lm-eval splits"
     if "," in theirs_raw and theirs_num != ours:
         return "a comma not followed by three digits: lm-eval drops it ('12,34' -> 1234), ours ends the number"
+    if theirs_raw.count(".") > 1:
+        return "a run of dotted numbers ('1.1.1...'): lm-eval keeps the whole run as one token, ours the last number"
     return f"other: ours {ours!r}, lm-eval {theirs_raw!r}"
 
 
@@ -96,37 +100,55 @@ def main() -> None:
                              "target": f"#### {gold}"})
     proc = subprocess.run([args.lm_eval_python, "-c", LM_EVAL_SIDE], input=json.dumps(rows), capture_output=True,
                           text=True, check=True)
-    side = json.loads(proc.stdout)
-    both = agree = 0
+    side = json.loads(proc.stdout)["rows"]
+    pairs = list(zip(rows, side, strict=True))
+    report("hand-written replies", [(r, t) for r, t in pairs if r["source"] == "hand"])
+    report("model replies (records)", [(r, t) for r, t in pairs if r["source"] != "hand"])
+
+
+def report(title: str, pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> None:
+    """Agreement of one set of replies: on right/wrong and on the extracted number, and every
+    disagreement with its reason."""
+    both = agree = same = only_ours = only_theirs = 0
+    verdict: list[str] = []
+    value: list[str] = []
     reasons: Counter[str] = Counter()
-    lines = []
-    only_ours = only_theirs = 0
-    for r, t in zip(rows, side["rows"], strict=True):
+    value_reasons: Counter[str] = Counter()
+    for r, t in pairs:
         ours = extract_number(r["reply"])
-        theirs_defined = t["extracted"] != "[invalid]"
-        if ours is None or not theirs_defined:
-            only_ours += ours is not None and not theirs_defined
-            only_theirs += ours is None and theirs_defined
+        if ours is None or t["extracted"] == "[invalid]":
+            only_ours += ours is not None
+            only_theirs += ours is None and t["extracted"] != "[invalid]"
             continue
         both += 1
-        our_correct = numbers_equal(ours.value, r["gold"])
-        if our_correct == t["correct"]:
+        theirs = normalize_number(t["extracted"].replace(",", ""))  # lm-eval's metric drops every comma
+        tail = r["reply"][-90:].replace("\n", "\\n")
+        why = reason(r["reply"], ours.value, ours.method, t["extracted"], theirs)
+        if theirs == ours.value:
+            same += 1
+        else:
+            value_reasons[why] += 1
+            value.append(f"- {r['item'] or 'hand'}: ours {ours.value} ({ours.method}); lm-eval "
+                         f"{t['extracted'][:40]!r}; {why}; reply ends ...{tail!r}")
+        right = numbers_equal(ours.value, r["gold"])
+        if right == t["correct"]:
             agree += 1
             continue
-        why = reason(r["reply"], ours.value, ours.method, t["extracted"], normalize_number(t["extracted"]))
         reasons[why] += 1
-        tail = r["reply"][-90:].replace("\n", "\\n")
-        lines.append(f"- {r['source']} {r['item']}: gold {r['gold']}; ours {ours.value} ({ours.method}, "
-                     f"{'right' if our_correct else 'wrong'}); lm-eval {t['extracted']!r} "
-                     f"({'right' if t['correct'] else 'wrong'}); {why}; reply ends ...{tail!r}")
-    print(f"replies: {len(rows)} ({len(HAND)} hand-written); both define an answer: {both}; "
-          f"agree on right/wrong: {agree} ({agree / both:.1%}); only ours defines one: {only_ours}; "
-          f"only lm-eval: {only_theirs}")
-    print("disagreements by reason:")
-    for why, n in reasons.most_common():
-        print(f"  {n:4d}  {why}")
-    print("every disagreement:")
-    print("\n".join(lines))
+        verdict.append(f"- {r['item'] or 'hand'}: gold {r['gold']}; ours {ours.value} ({ours.method}, "
+                       f"{'right' if right else 'wrong'}); lm-eval {t['extracted'][:40]!r} "
+                       f"({'right' if t['correct'] else 'wrong'}); {why}; reply ends ...{tail!r}")
+    print(f"== {title}: {len(pairs)}; both define an answer: {both}; only ours: {only_ours}; only lm-eval: "
+          f"{only_theirs}")
+    if not both:
+        return
+    print(f"agree on right/wrong: {agree} of {both} ({agree / both:.1%}); same extracted number: {same} of {both} "
+          f"({same / both:.1%})")
+    for name, counts, lines in (("right/wrong", reasons, verdict), ("extracted-number", value_reasons, value)):
+        print(f"{name} disagreements by reason:")
+        for why, n in counts.most_common():
+            print(f"  {n:4d}  {why}")
+        print("\n".join(lines))
 
 
 if __name__ == "__main__":
