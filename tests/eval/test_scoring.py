@@ -24,6 +24,8 @@ from servelens.eval.scoring import (
     ("The temperature fell to −3 degrees.", "-3", "last_number"),  # U+2212 minus
     ("a loss of -12.5 dollars", "-12.5", "last_number"),
     ("16-3-4=9", "9", "last_number"),  # hyphens between numbers are not signs
+    ("so 16-3-4", "4", "last_number"),
+    ("she pays $-5", "-5", "last_number"),
     ("#### 1,234,567", "1234567", "####"),
     ("#### $1,000.00", "1000", "####"),
     ("#### 18.0", "18", "####"),

@@ -20,11 +20,12 @@ from typing import Any
 # --- numbers (GSM8K, MGSM) ---------------------------------------------------------------------------
 
 # A number: an optional minus (ASCII or U+2212) that does not follow a word character (so "16-3" is
-# 16 and 3, not 16 and -3), an optional currency sign, digits with thousands groups (",", or the
-# no-break and thin spaces French writes) or plain digits, an optional decimal part after ".".
+# 16 and 3, not 16 and -3), an optional currency sign (a minus may follow it: "$-5"), digits with
+# thousands groups (",", or the no-break and thin spaces French writes) or plain digits, an optional
+# decimal part after ".".
 # A comma not followed by exactly three digits ends the number: "." is the only decimal point.
 _NUMBER = re.compile(
-    r"(?:(?<![\w.])(?P<sign>[-\u2212]))?\s?(?:[$€£¥₹]\s?)?(?P<sign2>[-\u2212])?"
+    r"(?:(?<![\w.])(?P<sign>[-\u2212]))?\s?(?:[$€£¥₹]\s?(?P<sign2>[-\u2212])?)?"
     r"(?P<int>\d{1,3}(?:[,\u00a0\u202f\u2009]\d{3})+(?!\d)|\d+)(?:\.(?P<frac>\d+))?"
 )
 ANSWER_MARK = "####"
