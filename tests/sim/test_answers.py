@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from servelens.sim.answers import AnswerEntry, AnswerKey, AnswerPolicy, answers_right, uniform
+from servelens.sim.answers import AnswerEntry, AnswerKey, AnswerPolicy, answered, answers_right, uniform
 
 ITEMS = [f"gsm8k/{i}" for i in range(10_000)]
 
@@ -62,3 +62,13 @@ def test_key_lookup_by_last_user_message(tmp_path: Path) -> None:
     path.write_text('{"item": "a"}\n')
     with pytest.raises(ValueError, match="line 1: not an answer-key line"):
         AnswerKey.read(path)
+
+
+def test_answered_words_for_the_server() -> None:
+    key = AnswerKey([AnswerEntry("gsm8k/0", "What is 2+2?", "The answer is\n#### 4", "#### 5")])
+    msgs = [{"role": "user", "content": "What is 2+2?"}]
+    assert answered(key, AnswerPolicy(1.0), msgs, 100) == (["The", "answer", "is", "####", "4"], "stop")
+    assert answered(key, AnswerPolicy(1.0), msgs, 2) == (["The", "answer"], "length")
+    assert answered(key, AnswerPolicy(1.0), [{"role": "user", "content": "other"}], 100) is None
+    assert answered(None, AnswerPolicy(1.0), msgs, 100) is None
+    assert answered(key, AnswerPolicy(1.0), "not a list", 100) is None

@@ -131,3 +131,21 @@ class AnswerKey:
         if entry is None:
             return None
         return entry.correct if answers_right(entry.item, policy) else entry.wrong
+
+
+def answered(
+    key: AnswerKey | None, policy: AnswerPolicy, messages: Any, max_tokens: int
+) -> tuple[list[str], str] | None:
+    """What the simulated engine sends for a chat request that is an eval item: the reply's words (one
+    token each, sent as ``" " + word`` as the sim's generated words are) and the finish reason
+    (``"stop"``, or ``"length"`` when ``max_tokens`` cuts the reply). None when there is no key, the
+    messages are not a list, or their last user message is not in the key (the sim generates as usual)."""
+    if key is None or not isinstance(messages, list):
+        return None
+    reply = key.reply(messages, policy)
+    if reply is None:
+        return None
+    words = reply.split()
+    if len(words) > max_tokens:
+        return words[:max_tokens], "length"
+    return words, "stop"
