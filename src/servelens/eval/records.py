@@ -30,7 +30,8 @@ class EvalRecord:
         run: the run index (0-based).
         requests: the request bodies as sent (one; for function calling one per model reply).
         reply: the reply text (function calling: the last reply's text).
-        extracted: the answer read from the reply (None: extraction failed, or no reply).
+        extracted: the answer read from the reply (None: extraction failed, or no reply); function
+            calling: the names of the functions called in the turn, comma-separated.
         method: how it was read (:class:`~servelens.eval.suites.Scored`).
         correct: right or wrong (None when there is no score: a failed request or a cut turn).
         score: the value the paired tests use: 1.0/0.0 for right/wrong; function calling: 1.0 when the
