@@ -51,8 +51,9 @@ def previous_port(out: Path) -> int:
     return 0
 
 
-def run_deployment(variant: str, out: Path, args: argparse.Namespace, first: bool) -> dict[str, Any]:
-    """Serve ``variant``, run the suites into ``out``; timings per suite."""
+def run_deployment(variant: str, out: Path, args: argparse.Namespace, first: bool,
+                   only: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """Serve ``variant``, run the suites (``only`` these, when given) into ``out``; timings per suite."""
     from servelens.engines.llama_cpp import LlamaServer
 
     timings: dict[str, Any] = {}
@@ -60,6 +61,8 @@ def run_deployment(variant: str, out: Path, args: argparse.Namespace, first: boo
     with LlamaServer(variant=variant, port=previous_port(out)) as srv:
         timings["start_s"] = time.perf_counter() - t0
         for spec in suites(args, first):
+            if only is not None and spec["suite"] not in only:
+                continue
             t1 = time.perf_counter()
             res = run_eval_sync(EvalConfig(url=srv.url, model=srv.model, output_dir=str(out), temperature=0.0,
                                            concurrency=4, progress=True, **spec))
@@ -86,12 +89,15 @@ def main() -> None:
     ap.add_argument("--gsm8k-limit", type=int, default=50)
     ap.add_argument("--shots", type=int, default=3)
     ap.add_argument("--math-tokens", type=int, default=200)
+    ap.add_argument("--rerun-suites", default="mgsm,mmlu", help="the suites of the self-comparison rerun")
     args = ap.parse_args()
     # the rerun of A has its own folder, so its own cache: its first invocation asks the engine afresh
     plan = [(SOURCE_VARIANT, "a"), (SOURCE_VARIANT, "a-rerun"), (args.low, "b")]
     timings = {}
     for variant, name in plan:
-        timings[name] = {"variant": variant, **run_deployment(variant, args.out / name, args, first=name == "a")}
+        only = tuple(args.rerun_suites.split(",")) if name == "a-rerun" else None
+        timings[name] = {"variant": variant,
+                         **run_deployment(variant, args.out / name, args, first=name == "a", only=only)}
     (args.out / "timings.json").write_text(json.dumps(timings, indent=2))
     console = Console(width=160)
     for other, label in (("a-rerun", "self"), ("b", "quant")):
