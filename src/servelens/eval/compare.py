@@ -153,8 +153,14 @@ def _notes(a: RunDir, b: RunDir) -> list[str]:
         s = run.summary
         temp = f"temperature {s.get('temperature')}" if s.get("temperature_sent") else "model's default temperature"
         out.append(f"{run.suite} {side}: {s.get('model')} at {s.get('url')}, {s.get('runs')} run(s), {temp}")
-    if a.summary.get("model") == b.summary.get("model") and a.summary.get("url") == b.summary.get("url"):
-        out.append(f"{a.suite}: A and B are the same deployment (a self-comparison: what differs flipped by itself)")
+    if a.summary.get("model") == b.summary.get("model"):
+        out.append(f"{a.suite}: A and B serve the same model name (if it is the same deployment, a self-comparison: "
+                   "what differs flipped by itself)")
+    replies_a = {(r.item, r.run): r.reply for r in a.records if r.reply is not None}
+    shared = [(replies_a[(r.item, r.run)], r.reply) for r in b.records
+              if r.reply is not None and (r.item, r.run) in replies_a]
+    differ = sum(1 for x, y in shared if x != y)
+    out.append(f"{a.suite}: {differ} of {len(shared)} replies differ in text between A and B (same item and run index)")
     return out
 
 
