@@ -62,7 +62,7 @@ async def test_self_comparison_says_no(endpoint: Endpoint, tmp_path: Path) -> No
     top = result.rows[0]
     assert (top.paired.only_a, top.paired.only_b, top.paired.p_value, top.real_difference) == (0, 0, 1.0, False)
     assert any("self-comparison" in n for n in result.notes)
-    assert "gsm8k: 0 of 20 replies differ in text between A and B (same item and run index)" in result.notes
+    assert "gsm8k: 0 of 100 replies differ in text between A and B (same item and run index)" in result.notes
 
 
 async def test_repeated_runs_use_item_means_and_spread(endpoint: Endpoint, tmp_path: Path) -> None:
