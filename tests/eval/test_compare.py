@@ -65,6 +65,16 @@ async def test_self_comparison_says_no(endpoint: Endpoint, tmp_path: Path) -> No
     assert "gsm8k: 0 of 100 replies differ in text between A and B (same item and run index)" in result.notes
 
 
+async def test_format_failures_compared(endpoint: Endpoint, tmp_path: Path) -> None:
+    await deployment(endpoint, tmp_path / "a", A, suite="gsm8k", limit=10)
+    endpoint.key = key_of([])  # every reply is "no idea": no number at all
+    endpoint.policy = A
+    await run_eval(EvalConfig(url=endpoint.url, suite="gsm8k", output_dir=str(tmp_path / "b"), limit=10))
+    notes = compare_dirs(tmp_path / "a", tmp_path / "b").notes
+    assert ("gsm8k: extraction failures A 0, B 10 of 10 (only A 0, only B 10, McNemar exact p 0.00195; "
+            "first run of each)") in notes
+
+
 async def test_repeated_runs_use_item_means_and_spread(endpoint: Endpoint, tmp_path: Path) -> None:
     await deployment(endpoint, tmp_path / "a", A, suite="gsm8k", runs=3)
     await deployment(endpoint, tmp_path / "b", B, suite="gsm8k", runs=2)

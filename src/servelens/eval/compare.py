@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servelens.eval.records import RunDir, headline, headline_name, read_run, run_sd, suite_dirs
-from servelens.eval.stats import Paired, compare_scores, holm, real_difference
+from servelens.eval.stats import Paired, compare_scores, holm, mcnemar_exact, real_difference
 
 
 @dataclass(frozen=True)
@@ -161,7 +161,26 @@ def _notes(a: RunDir, b: RunDir) -> list[str]:
               if r.reply is not None and (r.item, r.run) in replies_a]
     differ = sum(1 for x, y in shared if x != y)
     out.append(f"{a.suite}: {differ} of {len(shared)} replies differ in text between A and B (same item and run index)")
+    if a.suite != "bfcl":
+        out.append(_format_failures(a, b))
     return out
+
+
+def _format_failures(a: RunDir, b: RunDir) -> str:
+    """Extraction (format) failures per side, paired: items that failed only in A / only in B over the
+    first run of each, and McNemar's exact p on them (a model can break its answer format while its
+    accuracy, already at the floor, cannot drop)."""
+    def failed(run: RunDir) -> dict[str, bool]:
+        first = min(r.run for r in run.records)
+        return {r.item: r.error is None and r.extracted is None for r in run.records if r.run == first}
+
+    fa, fb = failed(a), failed(b)
+    items = [i for i in fa if i in fb]
+    only_a = sum(1 for i in items if fa[i] and not fb[i])
+    only_b = sum(1 for i in items if fb[i] and not fa[i])
+    return (f"{a.suite}: extraction failures A {sum(fa[i] for i in items)}, B {sum(fb[i] for i in items)} of "
+            f"{len(items)} (only A {only_a}, only B {only_b}, McNemar exact p {mcnemar_exact(only_a, only_b):.3g}; "
+            "first run of each)")
 
 
 def group_rows(rows: Sequence[CompareRow], suite: str) -> list[CompareRow]:
