@@ -32,8 +32,8 @@ ALLOWED: dict[str, set[str]] = {
     "bench": BASE | {"formats", "serving", "sim"},  # sim: its tokenizer, the default one
     "report": BASE | {"formats", "dashboards"},  # dashboards: the PromQL it shares
     "engines": {"process"},
-    # coming: quality comparison; sends with the bench's client, tables and files via formats
-    "eval": BASE | {"formats", "serving", "bench", "report"},
+    # quality comparison: tables and files via formats; sim: its answers from a key, for eval.testing
+    "eval": BASE | {"formats", "serving", "bench", "report", "sim"},
     "testing": BASE | {"process", "formats", "report", "sim"},  # sim, formats: runs whose truth is known
     "demo": BASE | {"process", "bench", "report", "sim", "engines"},
     "demo_story": BASE | {"bench", "report", "sim", "demo"},  # the two-phase story; demo: its launcher

@@ -1,8 +1,10 @@
-"""``servelens eval``: ``run`` an eval suite against an endpoint; ``compare`` two deployments' runs."""
+"""``servelens eval``: ``run`` an eval suite against an endpoint; ``compare`` two deployments' runs; ``key``
+writes a suite's answer key for the simulated engine."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -14,8 +16,8 @@ from servelens.eval.cache import CACHE_FILE
 from servelens.eval.compare import compare_dirs
 from servelens.eval.report import notes, rich_table, to_json, write_html
 from servelens.eval.runner import DEFAULT_OUTPUT_DIR, EvalConfig, print_summary, run_eval_sync
-from servelens.eval.suites import DEFAULT_MAX_TOKENS, SUITE_NAMES
-from servelens.report.table import WIDE_WIDTH, fit_to, output_width
+from servelens.eval.suites import DEFAULT_MAX_TOKENS, SUITE_NAMES, answer_key, read_text_suite
+from servelens.formats.table import WIDE_WIDTH, fit_to, output_width
 
 RUN_EPILOG = """\
 examples:
@@ -96,6 +98,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     c.add_argument("--no-html", action="store_true", help="write no HTML page")
     c.set_defaults(func=compare)
 
+    k = sub.add_parser("key", help="write a suite's answer key for the simulated engine (method checks)",
+                       description="Write the answer key of a text suite (gsm8k, mgsm, mmlu) as JSON Lines: per "
+                       "item its id, its last user message, a reply the suite scores right and one it scores wrong. "
+                       "`servelens sim --answer-key FILE --answer-accuracy P` then answers those items right with "
+                       "probability P, so `eval compare` can be checked against a known truth.")
+    k.add_argument("--suite", required=True, choices=tuple(s for s in SUITE_NAMES if s != "bfcl"))
+    k.add_argument("--data", help="the suite's data file or folder (default: the cut shipped in the package)")
+    k.add_argument("--output", required=True, metavar="PATH", help="the answer key to write (JSONL)")
+    k.set_defaults(func=write_key)
+
 
 def run(args: argparse.Namespace) -> int:
     """``eval run``: exit 0, 1 when every item failed."""
@@ -117,6 +129,17 @@ def run(args: argparse.Namespace) -> int:
     print_summary(result, Console(width=output_width() or WIDE_WIDTH))
     s = result.summary
     return 1 if s["records"] and s["failed"] == s["records"] else 0
+
+
+def write_key(args: argparse.Namespace) -> int:
+    """``eval key``: exit 0."""
+    lines = answer_key(args.suite, read_text_suite(args.suite, Path(args.data) if args.data else None))
+    out = Path(args.output)
+    if not out.parent.is_dir():
+        raise ValueError(f"cannot write {out}: folder {out.parent} does not exist")
+    out.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines), encoding="utf-8")
+    print(f"{len(lines)} items of {args.suite} -> {out}", file=sys.stderr)
+    return 0
 
 
 def compare(args: argparse.Namespace) -> int:

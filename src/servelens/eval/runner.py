@@ -35,7 +35,7 @@ from servelens.eval.suites import (
     score_text,
     select,
 )
-from servelens.report.table import fit_to
+from servelens.formats.table import fit_to
 from servelens.serving import client_error_reason
 
 DEFAULT_OUTPUT_DIR = "eval-results"
