@@ -1,0 +1,186 @@
+"""Test helpers for conformance runs against real engines: a recording tap between the gateway and
+an engine (:func:`recording_tap`), ``/metrics`` scrapes and their differences, SSE payloads.
+
+The tap is a pass-through HTTP proxy on a free loopback port that keeps every chat/completions
+response body exactly as the engine sent it, so a test can hold what the client got against what
+the engine said (its ``usage`` and, for llama.cpp, its ``timings``). Optionally it tags each
+response with its own ``x-request-id`` (the gateway logs it as ``upstream_request_id`` and relays it;
+the bench records it as ``request_id``: one key joins all three), and it can play an engine that
+ignores ``stream_options`` (llama-cpp-python's own server) by removing them from requests. Example::
+
+    async with recording_tap(srv.url, tag_requests=True) as tap:
+        ...  # point the gateway at tap.url
+        tap.exchanges[0].final_event()["timings"]["prompt_ms"]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from servelens.core.sse import SSEDecoder
+from servelens.gateway.testing import serve_app
+from servelens.report.metrics_text import Scrape, parse_scrape
+
+
+def scrape(url: str, timeout_s: float = 10.0) -> Scrape:
+    """GET ``url/metrics`` and parse it. Raises urllib's errors, ValueError for non-exposition text."""
+    with urllib.request.urlopen(url + "/metrics", timeout=timeout_s) as resp:
+        return parse_scrape(resp.read().decode())
+
+
+async def ascrape(session: aiohttp.ClientSession, url: str) -> Scrape:
+    """:func:`scrape` with an aiohttp session."""
+    async with session.get(url + "/metrics") as resp:
+        return parse_scrape(await resp.text())
+
+
+def delta(after: Scrape, before: Scrape, name: str, match: dict[str, str] | None = None) -> float:
+    """``after - before`` of one sample (summed over the series ``match`` selects)."""
+    return after.value(name, match) - before.value(name, match)
+
+
+def sse_events(raw: bytes) -> list[str]:
+    """The ``data`` payloads of an SSE body (core decoder), in order."""
+    dec = SSEDecoder()
+    blocks = dec.decode(raw) + dec.flush()
+    return [b.data for b in blocks if b.data is not None]
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One chat/completions request through the tap: the request body as forwarded, the response's
+    status, the tap's own request id (``tap-N``, or None without ``tag_requests``) and the
+    response body exactly as the engine sent it."""
+
+    request_id: str | None
+    request: bytes
+    status: int
+    body: bytes
+
+    def events(self) -> list[dict[str, Any]]:
+        """The JSON events of a streamed body (``[DONE]`` left out); a unary body as one event."""
+        if not self.body.lstrip().startswith(b"data:"):
+            return [json.loads(self.body)] if self.body.strip() else []
+        return [json.loads(e) for e in sse_events(self.body) if e != "[DONE]"]
+
+    def final_event(self) -> dict[str, Any]:
+        """The last JSON event (where llama-server puts ``usage`` and ``timings``); {} if none."""
+        ev = self.events()
+        return ev[-1] if ev else {}
+
+
+@dataclass
+class Tap:
+    """A running tap: ``url`` to send to; ``bodies`` (raw response bodies of chat requests, in
+    order, as in the vLLM tests) and ``exchanges`` (chat and completions requests, in order)."""
+
+    url: str
+    bodies: list[bytes] = field(default_factory=list)
+    exchanges: list[Exchange] = field(default_factory=list)
+
+    def by_id(self) -> dict[str, Exchange]:
+        """Exchanges by their tap request id (``tag_requests`` only)."""
+        return {e.request_id: e for e in self.exchanges if e.request_id is not None}
+
+
+def _without_stream_options(body: bytes) -> bytes:
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return body
+    if not isinstance(obj, dict) or "stream_options" not in obj:
+        return body
+    del obj["stream_options"]
+    return json.dumps(obj).encode()
+
+
+@asynccontextmanager
+async def recording_tap(
+    upstream: str, *, tag_requests: bool = False, drop_stream_options: bool = False
+) -> AsyncIterator[Tap]:
+    """A pass-through HTTP proxy to ``upstream`` on a free loopback port (see the module docstring);
+    only for tests. Request headers kept: ``Content-Type`` and ``Accept``; response headers:
+    ``Content-Type`` (and the tap's ``x-request-id`` with ``tag_requests``)."""
+    tap = Tap("")
+    session = aiohttp.ClientSession(auto_decompress=False)
+    n = 0
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        nonlocal n
+        body = await request.read()
+        measured = request.path.startswith(("/v1/chat", "/v1/completions"))
+        if measured and drop_stream_options:
+            body = _without_stream_options(body)
+        headers = {k: v for k, v in request.headers.items() if k.lower() in ("content-type", "accept")}
+        async with session.request(request.method, upstream + request.path_qs, data=body, headers=headers) as up:
+            rid = None
+            resp = web.StreamResponse(status=up.status)
+            if measured and tag_requests:
+                n += 1
+                rid = f"tap-{n}"
+                resp.headers["x-request-id"] = rid
+            if "Content-Type" in up.headers:
+                resp.content_type = up.headers["Content-Type"].split(";")[0]
+            await resp.prepare(request)
+            raw = bytearray()
+            async for data in up.content.iter_any():
+                raw += data
+                await resp.write(data)
+            if request.path.startswith("/v1/chat"):
+                tap.bodies.append(bytes(raw))
+            if measured:
+                tap.exchanges.append(Exchange(rid, body, up.status, bytes(raw)))
+            await resp.write_eof()
+            return resp
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    try:
+        async with serve_app(app) as url:
+            tap.url = url
+            yield tap
+    finally:
+        await session.close()
+
+
+@contextmanager
+def tap_in_thread(upstream: str, **options: bool) -> Iterator[Tap]:
+    """:func:`recording_tap` run by its own event loop in a daemon thread, for synchronous tests that
+    block (a bench run as a subprocess) while the tap relays. ``options``: as for
+    :func:`recording_tap`. Read ``tap.exchanges`` after the requests ended (appended by that thread)."""
+    started = threading.Event()
+    box: dict[str, Any] = {}
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        box["stop"], box["loop"] = stop, asyncio.get_running_loop()
+        try:
+            async with recording_tap(upstream, **options) as tap:
+                box["tap"] = tap
+                started.set()
+                await stop.wait()
+        except BaseException as exc:
+            box["error"] = exc
+            started.set()
+            raise
+
+    thread = threading.Thread(target=asyncio.run, args=(run(),), name="recording-tap", daemon=True)
+    thread.start()
+    started.wait(30)
+    if "tap" not in box:
+        raise RuntimeError(f"the recording tap did not start: {box.get('error')!r}")
+    try:
+        yield box["tap"]
+    finally:
+        box["loop"].call_soon_threadsafe(box["stop"].set)
+        thread.join(30)
