@@ -189,6 +189,7 @@ def _demo_in_process(*argv: str) -> tuple[int, str]:
     (["--speedup", "nan"], "speedup must be a finite number"),
     (["--speedup", "1e-300"], "speedup must be a finite number >= 0.001"),  # was the sim's refusal, once started
     (["--engine", "vllm", "--speedup", "2"], "--speedup applies to --engine sim only"),  # was ignored
+    (["--engine", "llama.cpp", "--speedup", "2"], "--speedup applies to --engine sim only (llama.cpp runs"),
     (["--trace", "/nonexistent/trace.jsonl"], "trace file not found"),
     (["--trace", "/"], "--trace / is a folder"),  # was "[Errno 21] Is a directory", once both were up
     (["--output-dir", "/proc/version/o"], "cannot write to --output-dir /proc/version/o"),  # was "[Errno 20] ..."
@@ -217,3 +218,25 @@ def test_demo_engine_that_fails_to_start_is_one_line(tmp_path: Path, monkeypatch
     monkeypatch.setattr("servelens.demo.ServerProcess", Failing)
     rc, err = _demo_in_process("--output-dir", str(tmp_path / "o"))
     assert rc == 2 and err == "servelens: error: servelens sim exited with status 1: address in use\n"
+
+
+def test_demo_real_engine_that_fails_to_build_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real engine's harness error (a failed build step; its message has the log's tail on
+    further lines) is one line naming the step and the log, before the gateway starts."""
+    from servelens.engines import llama_cpp
+
+    class Failing:
+        def __init__(self, *_a: Any, **_k: Any) -> None: ...
+
+        def __enter__(self) -> None:
+            raise llama_cpp.LlamaHarnessError("cmake configure: exit status 1 (log: /x/build.log):\nCMake Error")
+
+        def __exit__(self, *_a: Any) -> None: ...
+
+    def no_gateway(*_a: Any, **_k: Any) -> None:
+        raise AssertionError("the gateway was started without an engine")
+
+    monkeypatch.setattr(llama_cpp, "LlamaServer", Failing)
+    monkeypatch.setattr("servelens.demo.ServerProcess", no_gateway)
+    rc, err = _demo_in_process("--engine", "llama.cpp", "--output-dir", str(tmp_path / "o"))
+    assert (rc, err) == (2, "servelens: error: cmake configure: exit status 1 (log: /x/build.log):\n")

@@ -6,9 +6,16 @@ from __future__ import annotations
 import argparse
 
 from servelens.cli.main import CliError
-from servelens.demo import DEMO_TRACE, ENGINES, DemoConfig, run_demo
+from servelens.demo import DEMO_TRACE, DEMO_TRACE_SMALL, ENGINES, DemoConfig, run_demo
 from servelens.demo_story import StoryConfig, run_story
+from servelens.engines.harness import HarnessError
 from servelens.process import ServerStartError
+
+# per engine: the defaults of --trace, --time-scale and --max-requests (the real engines on 2 cores are
+# slower; a real 135M model on a CPU prefills ~100-250 tokens/s, so llama.cpp gets the shorter Azure prompts)
+_DEFAULTS: dict[str, tuple[str, float, int | None]] = {
+    "sim": (DEMO_TRACE, 0.5, None), "vllm": (DEMO_TRACE, 4.0, 30), "llama.cpp": (DEMO_TRACE_SMALL, 4.0, 20),
+}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -21,20 +28,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "long prompts; the baseline's traffic on an engine slowed on long prompts. After each phase the "
         "per-bucket table (client beside gateway), then servelens explain's verdict against the baseline "
         "(mix or latency, and where), and report.html with the single TTFT p95 line beside the same at the "
-        "baseline's mix and the per-bucket lines over time. About 90 s. With --trace (or --engine vllm): "
+        "baseline's mix and the per-bucket lines over time. About 90 s. With --trace (or a real --engine): "
         "one replay of that trace instead.",
     )
     p.add_argument("--engine", choices=ENGINES, default="sim",
-                   help="sim (default) or vllm (vLLM CPU build with a tiny local model; installs on first use)")
+                   help="sim (default), vllm (vLLM CPU build with a tiny local model; installs on first use) or "
+                   "llama.cpp (llama-server with SmolLM2-135M-Instruct; builds on first use, cached per machine)")
     p.add_argument("--trace", default=None,
-                   help=f"replay this trace (path or packaged name, e.g. {DEMO_TRACE}) instead of the story")
+                   help=f"replay this trace (path or packaged name, e.g. {DEMO_TRACE}) instead of the story "
+                   f"(the real engines replay one always: default {DEMO_TRACE}, {DEMO_TRACE_SMALL} for llama.cpp)")
     p.add_argument("--time-scale", type=float, default=None,
-                   help="multiply trace timestamps by F (default 0.5 for sim; 4 for vllm, whose "
-                   "2-core engine is slower)")
+                   help="multiply trace timestamps by F (default 0.5 for sim; 4 for vllm and llama.cpp, "
+                   "whose 2-core engines are slower)")
     p.add_argument("--duration", type=float, default=None, metavar="SECONDS",
                    help="the story: each phase's length (default 20); a replay: stop starting requests after "
                    "SECONDS (default: the whole cut, ~70 s)")
-    p.add_argument("--max-requests", type=int, default=None, help="send at most N requests")
+    p.add_argument("--max-requests", type=int, default=None,
+                   help="a replay: send at most N requests (default: all for sim, 30 for vllm, 20 for llama.cpp)")
     p.add_argument("--output-dir", default="servelens-demo", metavar="DIR",
                    help="where report.html, results.jsonl, summary.json and logs go (default servelens-demo)")
     p.add_argument("--keep-running", action="store_true",
@@ -46,25 +56,27 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def _run(args: argparse.Namespace) -> int:
-    vllm = args.engine == "vllm"
-    if vllm and args.speedup is not None:  # it was ignored in silence
-        raise CliError("--speedup applies to --engine sim only (vLLM runs in real time)")
+    if args.engine != "sim" and args.speedup is not None:  # it was ignored in silence
+        raise CliError(f"--speedup applies to --engine sim only ({args.engine} runs in real time)")
+    trace, time_scale, max_requests = _DEFAULTS[args.engine]
     config = DemoConfig(  # checks the flags, story or replay, before anything starts
         engine=args.engine,
-        trace=args.trace or DEMO_TRACE,
-        time_scale=args.time_scale if args.time_scale is not None else (4.0 if vllm else 0.5),
+        trace=args.trace if args.trace is not None else trace,
+        time_scale=args.time_scale if args.time_scale is not None else time_scale,
         duration_s=args.duration,
-        max_requests=args.max_requests if args.max_requests is not None else (30 if vllm else None),
+        max_requests=args.max_requests if args.max_requests is not None else max_requests,
         output_dir=args.output_dir,
         keep_running=args.keep_running,
         **({"sim_speedup": args.speedup} if args.speedup is not None else {}),
     )
     try:
-        if args.trace is None and not vllm:
+        if args.trace is None and args.engine == "sim":
             return _story(args, config)
         result = run_demo(config)
     except ServerStartError as exc:  # the child's own one-line reason is in the message
         raise CliError(str(exc)) from None
+    except HarnessError as exc:  # a real engine's build or start failed: its first line names the step and log
+        raise CliError(str(exc).splitlines()[0]) from None
     return 0 if result.bench.records else 1
 
 
