@@ -43,7 +43,7 @@ import pytest
 from servelens.bench.results import BenchRecord, load_results
 from servelens.core.buckets import IslBuckets
 from servelens.engines.llama_cpp import LOW_VARIANT, LlamaServer
-from servelens.engines.testing import Exchange, Tap, delta, recording_tap, scrape, tap_in_thread
+from servelens.engines.testing import Exchange, Tap, delta, recording_tap, scrape, tap_in_thread, wait_until
 from servelens.gateway.requestlog import read_request_log
 from servelens.gateway.testing import run_gateway
 from servelens.process import ServerProcess
@@ -78,15 +78,6 @@ def engine_prompt_tokens(ex: Exchange) -> int:
 def log_by_id(path: Path) -> dict[str, dict[str, Any]]:
     """The gateway's request log by ``upstream_request_id`` (the tap's id)."""
     return {str(e["upstream_request_id"]): cast(dict[str, Any], e) for e in read_request_log(path)}
-
-
-def wait_until(cond: Any, timeout_s: float, what: str) -> None:
-    """Poll ``cond()`` until true, at most ``timeout_s`` (a bounded condition wait)."""
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")

@@ -26,24 +26,22 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from servelens.core.buckets import IslBuckets
 from servelens.core.sse import SSEDecoder
+from servelens.engines.testing import ascrape, delta, recording_tap, scrape, sse_events, wait_until
 from servelens.engines.vllm_cpu import BENCH_MAX_CONTEXT, VllmServer
 from servelens.formats.metrics_text import Scrape, parse_scrape
 from servelens.formats.results import BenchRecord, load_results
 from servelens.gateway.requestlog import read_request_log
-from servelens.gateway.testing import run_gateway, serve_app
+from servelens.gateway.testing import run_gateway
 from servelens.process import ServerProcess
 
 pytestmark = pytest.mark.vllm
@@ -63,30 +61,6 @@ VLLM_PROMPT = "vllm:request_prompt_tokens"
 VLLM_CACHED = "vllm:prompt_tokens_cached_total"
 VLLM_RUNNING = "vllm:num_requests_running"
 VLLM_SUCCESS = "vllm:request_success_total"
-
-
-def scrape(url: str) -> Scrape:
-    """GET ``url/metrics`` and parse it."""
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
-        return parse_scrape(resp.read().decode())
-
-
-async def ascrape(session: aiohttp.ClientSession, url: str) -> Scrape:
-    async with session.get(url + "/metrics") as resp:
-        return parse_scrape(await resp.text())
-
-
-def delta(after: Scrape, before: Scrape, name: str, match: dict[str, str] | None = None) -> float:
-    return after.value(name, match) - before.value(name, match)
-
-
-def wait_until(cond: Any, timeout_s: float, what: str) -> None:
-    """Poll ``cond()`` until true, at most ``timeout_s`` (a bounded condition wait)."""
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
@@ -403,52 +377,6 @@ def test_ttft_between_engine_and_client(bench_run: BenchRun) -> None:
 
 
 # ---------------------------------------------------------------- exact relay (recording tap)
-
-
-@dataclass
-class Tap:
-    url: str
-    bodies: list[bytes]
-
-
-@asynccontextmanager
-async def recording_tap(upstream: str) -> AsyncIterator[Tap]:
-    """A pass-through HTTP proxy on a free loopback port that keeps every response body exactly as
-    the upstream sent it (``bodies``, in order). Only for tests; no header rewriting beyond hop ones."""
-    bodies: list[bytes] = []
-    session = aiohttp.ClientSession(auto_decompress=False)
-
-    async def handle(request: web.Request) -> web.StreamResponse:
-        body = await request.read()
-        headers = {k: v for k, v in request.headers.items() if k.lower() in ("content-type", "accept")}
-        async with session.request(request.method, upstream + request.path_qs, data=body, headers=headers) as up:
-            resp = web.StreamResponse(status=up.status)
-            if "Content-Type" in up.headers:
-                resp.content_type = up.headers["Content-Type"].split(";")[0]
-            await resp.prepare(request)
-            raw = bytearray()
-            async for data in up.content.iter_any():
-                raw += data
-                await resp.write(data)
-            if request.path.startswith("/v1/chat"):
-                bodies.append(bytes(raw))
-            await resp.write_eof()
-            return resp
-
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", handle)
-    try:
-        async with serve_app(app) as url:
-            yield Tap(url, bodies)
-    finally:
-        await session.close()
-
-
-def sse_events(raw: bytes) -> list[str]:
-    """The ``data`` payloads of an SSE body (core decoder), in order."""
-    dec = SSEDecoder()
-    blocks = dec.decode(raw) + dec.flush()
-    return [b.data for b in blocks if b.data is not None]
 
 
 def expected_events(upstream: list[str], client_usage: bool, client_continuous: bool) -> list[str]:

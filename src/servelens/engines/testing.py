@@ -18,8 +18,9 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +48,16 @@ async def ascrape(session: aiohttp.ClientSession, url: str) -> Scrape:
 def delta(after: Scrape, before: Scrape, name: str, match: dict[str, str] | None = None) -> float:
     """``after - before`` of one sample (summed over the series ``match`` selects)."""
     return after.value(name, match) - before.value(name, match)
+
+
+def wait_until(cond: Callable[[], object], timeout_s: float, what: str) -> None:
+    """Poll ``cond()`` until true, at most ``timeout_s`` (a bounded condition wait, for counts that
+    another process updates). Raises AssertionError naming ``what`` on timeout."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.05)
 
 
 def sse_events(raw: bytes) -> list[str]:
