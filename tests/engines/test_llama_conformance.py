@@ -22,6 +22,7 @@ What is checked:
 - An engine that sends no usage at all (the tap drops ``stream_options``, as llama-cpp-python's own
   server ignores them): the gateway with ``--tokenizer`` (the GGUF's) still buckets every request.
 - A prompt over the slot's context comes back as llama-server's own 400, counted once as an error.
+- (xfail, a gateway change) Streamed requests back to back straight to llama-server all succeed.
 - A lower quantization (Q3_K_S) serves next to Q4_1 under its own name and still talks.
 """
 
@@ -397,6 +398,25 @@ async def test_no_usage_engine_bucket_is_exact_next_to_a_boundary(
     (e,) = log.values()
     assert e["isl"] <= 128 < engine_prompt_tokens(ex)  # the case is real: only the templated prompt is over 128
     assert e["bucket"] == BUCKETS.label(engine_prompt_tokens(ex))
+
+
+@pytest.mark.xfail(strict=False, reason="llama-server closes the connection after every streamed response "
+                   "though its headers say keep-alive (its chunked provider returns false after done()); the "
+                   "gateway's upstream client reuses it and a request sent in that moment gets 502 "
+                   "'upstream closed the connection: EOF' (6 of 40 here): gateway/upstream.py needs to resend a "
+                   "request that met EOF before any byte on a reused connection, or not pool after such streams")
+async def test_back_to_back_streams_through_the_gateway_all_succeed(llama: LlamaServer) -> None:
+    """Streamed requests one right after another, gateway straight in front of llama-server."""
+    statuses = []
+    async with run_gateway(llama.url, isl_buckets=ISL_BUCKETS) as gw, aiohttp.ClientSession() as s:
+        for i in range(40):
+            body = {"model": llama.model, "messages": [{"role": "user", "content": f"hi {i}"}], "max_tokens": 2,
+                    "stream": True}  # fmt: skip
+            async with s.post(gw.url + "/v1/chat/completions", json=body) as resp:
+                await resp.read()
+                statuses.append(resp.status)
+        await gw.gateway.wait_finished(40, timeout=WAIT_S)
+    assert statuses.count(200) == 40, f"{statuses.count(502)} of 40 got 502"
 
 
 # ---------------------------------------------------------------- errors and variants

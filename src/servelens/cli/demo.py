@@ -14,7 +14,7 @@ from servelens.process import ServerStartError
 # per engine: the defaults of --trace, --time-scale and --max-requests (the real engines on 2 cores are
 # slower; a real 135M model on a CPU prefills ~100-250 tokens/s, so llama.cpp gets the shorter Azure prompts)
 _DEFAULTS: dict[str, tuple[str, float, int | None]] = {
-    "sim": (DEMO_TRACE, 0.5, None), "vllm": (DEMO_TRACE, 4.0, 30), "llama.cpp": (DEMO_TRACE_SMALL, 4.0, 20),
+    "sim": (DEMO_TRACE, 0.5, None), "vllm": (DEMO_TRACE, 4.0, 30), "llama.cpp": (DEMO_TRACE_SMALL, 8.0, 10),
 }
 
 
@@ -38,13 +38,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    help=f"replay this trace (path or packaged name, e.g. {DEMO_TRACE}) instead of the story "
                    f"(the real engines replay one always: default {DEMO_TRACE}, {DEMO_TRACE_SMALL} for llama.cpp)")
     p.add_argument("--time-scale", type=float, default=None,
-                   help="multiply trace timestamps by F (default 0.5 for sim; 4 for vllm and llama.cpp, "
+                   help="multiply trace timestamps by F (default 0.5 for sim; 4 for vllm and 8 for llama.cpp, "
                    "whose 2-core engines are slower)")
     p.add_argument("--duration", type=float, default=None, metavar="SECONDS",
                    help="the story: each phase's length (default 20); a replay: stop starting requests after "
                    "SECONDS (default: the whole cut, ~70 s)")
     p.add_argument("--max-requests", type=int, default=None,
-                   help="a replay: send at most N requests (default: all for sim, 30 for vllm, 20 for llama.cpp)")
+                   help="a replay: send at most N requests (default: all for sim, 30 for vllm, 10 for llama.cpp)")
     p.add_argument("--output-dir", default="servelens-demo", metavar="DIR",
                    help="where report.html, results.jsonl, summary.json and logs go (default servelens-demo)")
     p.add_argument("--keep-running", action="store_true",

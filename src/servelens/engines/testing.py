@@ -123,7 +123,9 @@ async def recording_tap(
     only for tests. Request headers kept: ``Content-Type`` and ``Accept``; response headers:
     ``Content-Type`` (and the tap's ``x-request-id`` with ``tag_requests``)."""
     tap = Tap("")
-    session = aiohttp.ClientSession(auto_decompress=False)
+    # a new connection per request: llama-server closes its connection after every streamed response
+    # although its headers say keep-alive, and a reused one then fails (docs/llama-cpp.md)
+    session = aiohttp.ClientSession(auto_decompress=False, connector=aiohttp.TCPConnector(force_close=True))
     n = 0
 
     async def handle(request: web.Request) -> web.StreamResponse:
