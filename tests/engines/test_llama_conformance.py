@@ -29,9 +29,6 @@ What is checked:
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -41,10 +38,21 @@ from typing import Any, cast
 import aiohttp
 import pytest
 
-from servelens.bench.results import BenchRecord, load_results
+from servelens.bench.results import BenchRecord
 from servelens.core.buckets import IslBuckets
 from servelens.engines.llama_cpp import LOW_VARIANT, LlamaServer
-from servelens.engines.testing import Exchange, Tap, delta, recording_tap, scrape, tap_in_thread, wait_until
+from servelens.engines.testing import (
+    Exchange,
+    Tap,
+    bench_bucket_counts,
+    delta,
+    gateway_bucket_counts,
+    recording_tap,
+    run_bench,
+    scrape,
+    tap_in_thread,
+    wait_gateway_counted,
+)
 from servelens.gateway.requestlog import read_request_log
 from servelens.gateway.testing import run_gateway
 from servelens.process import ServerProcess
@@ -141,24 +149,17 @@ def bench_run(llama: LlamaServer, tmp_path_factory: pytest.TempPathFactory) -> B
         log_path=out / "gateway.log",
     ) as gw:
         l0, g0 = scrape(llama.url), scrape(gw.url)
-        t0 = time.monotonic()
-        cmd = [
-            sys.executable, "-m", "servelens", "bench", "--url", gw.url, "--isl", ISL_MIX, "--osl", str(OSL),
-            "--num-requests", str(N_REQUESTS), "--concurrency", str(llama.n_slots), "--seed", "1",
-            "--tokenizer", str(llama.tokenizer_path), "--max-context", str(llama.bench_max_context),
-            "--isl-buckets", ISL_BUCKETS, "--output-dir", str(out), "--no-progress",
-        ]  # fmt: skip
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
-        wall_s = time.monotonic() - t0
-        assert proc.returncode == 0, f"bench failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
-        records = tuple(load_results(out))
+        records, wall_s = run_bench(gw.url, [
+            "--isl", ISL_MIX, "--osl", str(OSL), "--num-requests", str(N_REQUESTS), "--concurrency",
+            str(llama.n_slots), "--seed", "1", "--tokenizer", str(llama.tokenizer_path), "--max-context",
+            str(llama.bench_max_context), "--isl-buckets", ISL_BUCKETS,
+        ], out, timeout_s=600)  # fmt: skip
         assert len(records) == N_REQUESTS
-        wait_until(lambda: scrape(gw.url).value("servelens_requests_total") - g0.value("servelens_requests_total")
-                   >= N_REQUESTS + 1, WAIT_S, "the gateway to record every request")  # fmt: skip
+        g1 = wait_gateway_counted(gw.url, g0, N_REQUESTS + 1, WAIT_S)
         gw_log = tuple(read_request_log(gw_log_path))
         probes = [e for e in gw_log if e["osl"] == 1]
         assert len(gw_log) == N_REQUESTS + 1 and len(probes) == 1, gw_log
-        run = BenchRun(records, gw_log, probes[0], tap.by_id(), g0, scrape(gw.url), l0, scrape(llama.url), wall_s)
+        run = BenchRun(records, gw_log, probes[0], tap.by_id(), g0, g1, l0, scrape(llama.url), wall_s)
     _write_figures(llama, run)
     return run
 
@@ -213,18 +214,9 @@ def test_every_request_succeeds(bench_run: BenchRun) -> None:
 
 
 def test_gateway_buckets_equal_bench_buckets(bench_run: BenchRun) -> None:
-    bench_counts: dict[str, int] = {BUCKETS.label(bench_run.probe["isl"]): 1}  # the probe
-    for r in bench_run.records:
-        assert r.isl_server is not None, "llama-server reports prompt_tokens"
-        label = BUCKETS.label(r.isl_server)
-        bench_counts[label] = bench_counts.get(label, 0) + 1
-    gw_counts = {
-        label: int(delta(bench_run.gw_after, bench_run.gw_before, "servelens_request_duration_by_isl_seconds_count",
-                         {"isl_bucket": label}))
-        for label in BUCKETS.labels
-    }  # fmt: skip
-    assert {k: v for k, v in gw_counts.items() if v} == bench_counts
-    assert len([k for k, v in bench_counts.items() if v]) == 3, "the mix spans every bucket"
+    bench_counts = bench_bucket_counts(bench_run.records, BUCKETS, [bench_run.probe["isl"]])  # with the probe
+    assert gateway_bucket_counts(bench_run.gw_after, bench_run.gw_before, BUCKETS) == bench_counts
+    assert len(bench_counts) == 3, "the mix spans every bucket"
 
 
 def test_token_counts_equal_llamacpp_counters(bench_run: BenchRun) -> None:

@@ -23,8 +23,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,7 +34,18 @@ import pytest
 
 from servelens.core.buckets import IslBuckets
 from servelens.core.sse import SSEDecoder
-from servelens.engines.testing import ascrape, delta, recording_tap, scrape, sse_events, wait_until
+from servelens.engines.testing import (
+    ascrape,
+    bench_bucket_counts,
+    delta,
+    gateway_bucket_counts,
+    recording_tap,
+    run_bench,
+    scrape,
+    sse_events,
+    wait_gateway_counted,
+    wait_until,
+)
 from servelens.engines.vllm_cpu import BENCH_MAX_CONTEXT, VllmServer
 from servelens.formats.metrics_text import Scrape, parse_scrape
 from servelens.formats.results import BenchRecord, load_results
@@ -97,25 +106,14 @@ def bench_run(vllm: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Ben
         log_path=out / "gateway.log",
     ) as gw:
         v0, g0 = scrape(vllm.url), scrape(gw.url)
-        t0 = time.monotonic()
-        cmd = [
-            sys.executable, "-m", "servelens", "bench", "--url", gw.url, "--trace", TRACE,
-            "--max-requests", str(N_REQUESTS), "--time-scale", "0.2", "--max-context", str(MAX_CONTEXT),
-            "--long-requests", "clip", "--tokenizer", str(vllm.tokenizer_path),
-            "--isl-buckets", ISL_BUCKETS, "--output-dir", str(out), "--no-progress",
-        ]  # fmt: skip
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
-        wall_s = time.monotonic() - t0
-        assert proc.returncode == 0, f"bench failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
-        records = tuple(load_results(out))
+        records, wall_s = run_bench(gw.url, [
+            "--trace", TRACE, "--max-requests", str(N_REQUESTS), "--time-scale", "0.2", "--max-context",
+            str(MAX_CONTEXT), "--long-requests", "clip", "--tokenizer", str(vllm.tokenizer_path),
+            "--isl-buckets", ISL_BUCKETS,
+        ], out)  # fmt: skip
         assert len(records) == N_REQUESTS
         # Both sides record a request once its stream has ended; wait (bounded) for the last ones.
-        wait_until(
-            lambda: scrape(gw.url).value("servelens_requests_total") - g0.value("servelens_requests_total")
-            >= N_REQUESTS + 1,
-            WAIT_S,
-            "the gateway to record every request",
-        )
+        wait_gateway_counted(gw.url, g0, N_REQUESTS + 1, WAIT_S)
         wait_until(
             lambda: delta(scrape(vllm.url), v0, VLLM_SUCCESS) >= N_REQUESTS + 1,
             WAIT_S,
@@ -309,19 +307,8 @@ def test_every_request_succeeds(bench_run: BenchRun) -> None:
 
 def test_gateway_buckets_equal_bench_buckets(bench_run: BenchRun) -> None:
     buckets = IslBuckets.parse(ISL_BUCKETS)
-    bench_counts: dict[str, int] = {buckets.label(bench_run.probe["isl"]): 1}  # the probe
-    for r in bench_run.records:
-        assert r.isl_server is not None, "vLLM reports prompt_tokens"
-        label = buckets.label(r.isl_server)
-        bench_counts[label] = bench_counts.get(label, 0) + 1
-    gw_counts = {
-        label: int(
-            delta(bench_run.gw_after, bench_run.gw_before, "servelens_request_duration_by_isl_seconds_count",
-                  {"isl_bucket": label})
-        )
-        for label in buckets.labels
-    }
-    assert {k: v for k, v in gw_counts.items() if v} == bench_counts
+    bench_counts = bench_bucket_counts(bench_run.records, buckets, [bench_run.probe["isl"]])  # with the probe
+    assert gateway_bucket_counts(bench_run.gw_after, bench_run.gw_before, buckets) == bench_counts
     assert len(bench_counts) >= 2, "the cut spans several buckets"
 
 

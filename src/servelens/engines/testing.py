@@ -17,17 +17,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
+from servelens.bench.results import BenchRecord, load_results
+from servelens.core.buckets import IslBuckets
 from servelens.core.sse import SSEDecoder
 from servelens.gateway.testing import serve_app
 from servelens.report.metrics_text import Scrape, parse_scrape
@@ -58,6 +63,47 @@ def wait_until(cond: Callable[[], object], timeout_s: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
         time.sleep(0.05)
+
+
+def run_bench(url: str, args: Sequence[str], out: Path, timeout_s: float = 900.0) -> tuple[
+        tuple[BenchRecord, ...], float]:  # fmt: skip
+    """``servelens bench --url URL ARGS --output-dir OUT --no-progress`` as a subprocess: its records
+    and wall time (s). Raises AssertionError with the bench's output when it exits non-zero."""
+    cmd = [sys.executable, "-m", "servelens", "bench", "--url", url, *args, "--output-dir", str(out), "--no-progress"]
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+    wall_s = time.monotonic() - t0
+    assert proc.returncode == 0, f"bench failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    return tuple(load_results(out)), wall_s
+
+
+def wait_gateway_counted(gw_url: str, before: Scrape, n: int, timeout_s: float) -> Scrape:
+    """Wait (bounded) until the gateway at ``gw_url`` counted ``n`` more requests than in ``before``
+    (it records a request once its stream has ended); its scrape then."""
+    wait_until(lambda: delta(scrape(gw_url), before, "servelens_requests_total") >= n, timeout_s,
+               f"the gateway to record {n} requests")  # fmt: skip
+    return scrape(gw_url)
+
+
+def bench_bucket_counts(records: Sequence[BenchRecord], buckets: IslBuckets, extra_isl: Sequence[int] = ()) -> dict[
+        str, int]:  # fmt: skip
+    """Requests per ISL bucket label from the engine's ``prompt_tokens`` in the bench's records (and
+    ``extra_isl``: requests the bench does not record, such as its probe); empty buckets left out.
+    Raises AssertionError for a record without the engine's count."""
+    counts: dict[str, int] = {}
+    for isl in [*extra_isl, *(r.isl_server for r in records)]:
+        assert isl is not None, "the engine reports prompt_tokens"
+        label = buckets.label(isl)
+        counts[label] = counts.get(label, 0) + 1
+    return counts
+
+
+def gateway_bucket_counts(after: Scrape, before: Scrape, buckets: IslBuckets) -> dict[str, int]:
+    """Requests per ISL bucket label the gateway counted between two scrapes (its
+    ``servelens_request_duration_by_isl_seconds_count``); empty buckets left out."""
+    counts = {label: int(delta(after, before, "servelens_request_duration_by_isl_seconds_count",
+                               {"isl_bucket": label})) for label in buckets.labels}  # fmt: skip
+    return {k: v for k, v in counts.items() if v}
 
 
 def sse_events(raw: bytes) -> list[str]:
