@@ -116,17 +116,19 @@ def sse_events(raw: bytes) -> list[str]:
 @dataclass(frozen=True)
 class Exchange:
     """One chat/completions request through the tap: the request body as forwarded, the response's
-    status, the tap's own request id (``tap-N``, or None without ``tag_requests``) and the
-    response body exactly as the engine sent it."""
+    status and content type, the tap's own request id (``tap-N``, or None without ``tag_requests``)
+    and the response body exactly as the engine sent it."""
 
     request_id: str | None
     request: bytes
     status: int
+    content_type: str
     body: bytes
 
     def events(self) -> list[dict[str, Any]]:
-        """The JSON events of a streamed body (``[DONE]`` left out); a unary body as one event."""
-        if not self.body.lstrip().startswith(b"data:"):
+        """The JSON events of a streamed body (``[DONE]`` and comments such as llama-server's
+        ``:`` heartbeat left out); a unary body as one event."""
+        if self.content_type != "text/event-stream":
             return [json.loads(self.body)] if self.body.strip() else []
         return [json.loads(e) for e in sse_events(self.body) if e != "[DONE]"]
 
@@ -188,8 +190,9 @@ async def recording_tap(
                 n += 1
                 rid = f"tap-{n}"
                 resp.headers["x-request-id"] = rid
-            if "Content-Type" in up.headers:
-                resp.content_type = up.headers["Content-Type"].split(";")[0]
+            ctype = up.headers.get("Content-Type", "").split(";")[0].strip().lower()
+            if ctype:
+                resp.content_type = ctype
             await resp.prepare(request)
             raw = bytearray()
             async for data in up.content.iter_any():
@@ -198,7 +201,7 @@ async def recording_tap(
             if request.path.startswith("/v1/chat"):
                 tap.bodies.append(bytes(raw))
             if measured:
-                tap.exchanges.append(Exchange(rid, body, up.status, bytes(raw)))
+                tap.exchanges.append(Exchange(rid, body, up.status, ctype, bytes(raw)))
             await resp.write_eof()
             return resp
 
