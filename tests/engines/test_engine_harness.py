@@ -1,4 +1,4 @@
-"""The common engine-server harness (servelens.engines.harness) with a stand-in engine: Python's
+"""The common engine server (servelens.engines.server) with a stand-in engine: Python's
 http.server on a free loopback port (default suite; no real engine)."""
 
 from __future__ import annotations
@@ -11,14 +11,8 @@ from typing import ClassVar
 
 import pytest
 
-from servelens.engines.harness import (
-    EngineServer,
-    HarnessError,
-    Launch,
-    ScratchPaths,
-    group_members,
-    scratch_base_env,
-)
+from servelens.engines.harness import HarnessError, ScratchPaths, scratch_base_env
+from servelens.engines.server import EngineServer, Launch, group_members
 
 
 class StandInError(HarnessError):

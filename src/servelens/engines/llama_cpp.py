@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from servelens.engines.harness import EngineServer, HarnessError, Launch, serve_until_signal
+from servelens.engines.harness import HarnessError
 from servelens.engines.llama_cpp_build import (
     LLAMA_CPP_PYTHON_VERSION,
     LOW_VARIANT,
@@ -52,6 +52,7 @@ from servelens.engines.llama_cpp_build import (
     check_variant,
     llama_paths,
 )
+from servelens.engines.server import EngineServer, Launch, serve_until_signal
 
 __all__ = [
     "BENCH_MAX_CONTEXT", "CTX_PER_SLOT", "LLAMA_CPP_PYTHON_VERSION", "LOW_VARIANT", "N_SLOTS", "SOURCE_VARIANT",
@@ -88,7 +89,7 @@ class LlamaServer(EngineServer):
         model: served name (``--alias``); default ``SmolLM2-135M-Instruct-<variant>``.
         cache: the build cache folder (default :func:`~servelens.engines.harness.default_cache`).
         scratch, port, extra_args, startup_timeout_s, stop_timeout_s, echo_log: as for every
-            :class:`~servelens.engines.harness.EngineServer` (``extra_args`` go to llama-server).
+            :class:`~servelens.engines.server.EngineServer` (``extra_args`` go to llama-server).
 
     ``start()`` builds llama.cpp and the variant when missing (minutes, once per machine), starts
     the server and returns once ``GET /health`` is 200 (the model is loaded; about a second).

@@ -33,20 +33,22 @@ from pathlib import Path
 from typing import ClassVar
 
 from servelens.engines.harness import (
-    ENGINE_NICE,
     PIP_ATTEMPTS,
     PIP_NETWORK_ENV,
-    STARTUP_TIMEOUT_S,
-    STOP_TIMEOUT_S,
-    EngineServer,
     HarnessError,
-    Launch,
     ScratchPaths,
     default_scratch,
-    group_members,
     pip_env,
     run_step,
     scratch_base_env,
+)
+from servelens.engines.server import (
+    ENGINE_NICE,
+    STARTUP_TIMEOUT_S,
+    STOP_TIMEOUT_S,
+    EngineServer,
+    Launch,
+    group_members,
     serve_until_signal,
 )
 
@@ -274,7 +276,7 @@ class VllmServer(EngineServer):
     ``start()`` installs the venv and builds the model when missing, starts the API server in its
     own process group on a free loopback port (``port=0``) and returns once ``GET /health`` is 200
     (40-60 s on 2 cores). ``stop()`` sends SIGTERM to the whole group, then SIGKILL after
-    ``stop_timeout_s``; it also runs at interpreter exit (:class:`~servelens.engines.harness.EngineServer`).
+    ``stop_timeout_s``; it also runs at interpreter exit (:class:`~servelens.engines.server.EngineServer`).
 
     Attributes set by ``start()``: ``url`` (``http://127.0.0.1:PORT``), ``port``, ``pid``,
     ``log_path``. Always available: ``model`` (served name), ``model_dir``, ``tokenizer_path``,
