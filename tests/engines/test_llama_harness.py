@@ -107,20 +107,58 @@ def test_build_refuses_a_full_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         lb.build(tmp_path, tmp_path / "c")
 
 
-def test_unpack_takes_the_vendored_source_only(tmp_path: Path) -> None:
+def _fake_sdist(path: Path) -> Path:
     top = f"llama_cpp_python-{lb.LLAMA_CPP_PYTHON_VERSION}"
-    sdist = tmp_path / "sdist.tar.gz"
-    with tarfile.open(sdist, "w:gz") as tar:
+    with tarfile.open(path, "w:gz") as tar:
         for name, data in ((f"{top}/vendor/llama.cpp/CMakeLists.txt", b"project(x)"),
                            (f"{top}/vendor/llama.cpp/.git", b"gitdir: ../../.git/modules/vendor/llama.cpp"),
                            (f"{top}/llama_cpp/__init__.py", b"")):  # fmt: skip
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
-    root = lb._unpack_vendor(sdist, tmp_path / "src")
+    return path
+
+
+def test_build_runs_cmake_keeps_the_binaries_and_removes_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The steps in order (configure with the flags, build the two targets), git kept from looking
+    above the work folder, the binaries copied into bin/, the stamp written last, the sdist, source
+    and build tree gone."""
+    p = llama_paths(tmp_path / "s", tmp_path / "c")
+    steps: list[tuple[str, list[str], dict[str, str]]] = []
+
+    def fake_download(paths: lb.LlamaPaths, args: list[str], dest: Path, step: str, log: Path) -> Path:
+        dest.mkdir(parents=True)
+        return _fake_sdist(dest / "llama_cpp_python-0.3.36.tar.gz")
+
+    def fake_step(cmd: list[str], env: dict[str, str], log: Path, step: str, *a: object, **k: object) -> None:
+        steps.append((step, cmd, env))
+        if "--build" in cmd:
+            bin_dir = Path(cmd[cmd.index("--build") + 1]) / "bin"
+            bin_dir.mkdir(parents=True)
+            for name in lb.BUILD_TARGETS:
+                (bin_dir / name).write_text(name)
+
+    monkeypatch.setattr(lb, "_download", fake_download)
+    monkeypatch.setattr(lb, "run_step", fake_step)
+    assert lb.build(p.scratch, p.cache_root, jobs=3) == p.server_bin.parent
+    (configure, cfg_cmd, env), (_compile, build_cmd, _env) = steps
+    assert configure == "cmake configure" and all(f in cfg_cmd for f in lb.CMAKE_FLAGS)
+    assert build_cmd[-5:] == ["--target", "llama-server", "llama-quantize", "-j", "3"]
+    work = Path(env["GIT_CEILING_DIRECTORIES"])
+    assert Path(cfg_cmd[cfg_cmd.index("-S") + 1]).is_relative_to(work)
+    assert p.server_bin.read_text() == "llama-server" and p.quantize_bin.read_text() == "llama-quantize"
+    info = lb.build_info(p)
+    assert info is not None and info["jobs"] == 3
+    assert not work.exists() and sorted(x.name for x in p.cache_root.iterdir()) == [p.build_dir.name, p.lock.name]
+
+
+def test_unpack_takes_the_vendored_source_only(tmp_path: Path) -> None:
+    root = lb._unpack_vendor(_fake_sdist(tmp_path / "sdist.tar.gz"), tmp_path / "src")
     assert (root / "CMakeLists.txt").read_bytes() == b"project(x)"
     assert not (root / ".git").exists()  # its gitdir is not in the sdist
-    assert not (tmp_path / "src" / top / "llama_cpp").exists()
+    assert not (tmp_path / "src" / f"llama_cpp_python-{lb.LLAMA_CPP_PYTHON_VERSION}" / "llama_cpp").exists()
 
 
 # ------------------------------------------------------------------ the model and its tokenizer

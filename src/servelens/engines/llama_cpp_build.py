@@ -246,7 +246,9 @@ def build(
             )  # fmt: skip
             src = _unpack_vendor(sdist, work / "src")
             t_fetch = time.monotonic() - t0
-            env = build_env(p)
+            # cmake asks git for a commit to stamp the binaries with; the sdist has none, and a cache
+            # inside some checkout would lend that checkout's (seen: "build 281, commit 8f37129")
+            env = {**build_env(p), "GIT_CEILING_DIRECTORIES": str(work)}
             gen = ["-G", "Ninja"] if shutil.which("ninja") else []
             run_step(["cmake", "-S", str(src), "-B", str(work / "build"), *gen, *CMAKE_FLAGS], env, log,
                      "cmake configure", timeout_s, error=LlamaHarnessError)  # fmt: skip
