@@ -35,7 +35,7 @@ import aiohttp
 from tokenizers import Tokenizer
 
 from servelens.engines.llama_cpp import LlamaServer
-from servelens.engines.testing import sse_events
+from servelens.testing.engines import sse_events
 
 QUESTION = "What is the capital of France? Answer in one sentence."
 

@@ -34,7 +34,8 @@ ALLOWED: dict[str, set[str]] = {
     "engines": {"process"},
     # quality comparison: tables and files via formats; sim: its answers from a key, for eval.testing
     "eval": BASE | {"formats", "serving", "bench", "report", "sim"},
-    "testing": BASE | {"process", "formats", "report", "sim"},  # sim, formats: runs whose truth is known
+    # sim, formats: runs whose truth is known; gateway: a tap in front of a real engine (testing.engines)
+    "testing": BASE | {"process", "formats", "report", "sim", "gateway"},
     "demo": BASE | {"process", "bench", "report", "sim", "engines"},
     "demo_story": BASE | {"bench", "report", "sim", "demo"},  # the two-phase story; demo: its launcher
     # the top: thin commands over everything

@@ -38,10 +38,14 @@ from typing import Any, cast
 import aiohttp
 import pytest
 
-from servelens.bench.results import BenchRecord
 from servelens.core.buckets import IslBuckets
 from servelens.engines.llama_cpp import LOW_VARIANT, LlamaServer
-from servelens.engines.testing import (
+from servelens.formats.metrics_text import Scrape, parse_scrape
+from servelens.formats.results import BenchRecord
+from servelens.gateway.requestlog import read_request_log
+from servelens.gateway.testing import run_gateway
+from servelens.process import ServerProcess
+from servelens.testing.engines import (
     Exchange,
     Tap,
     bench_bucket_counts,
@@ -53,10 +57,6 @@ from servelens.engines.testing import (
     tap_in_thread,
     wait_gateway_counted,
 )
-from servelens.gateway.requestlog import read_request_log
-from servelens.gateway.testing import run_gateway
-from servelens.process import ServerProcess
-from servelens.report.metrics_text import Scrape, parse_scrape
 
 pytestmark = pytest.mark.llamacpp
 

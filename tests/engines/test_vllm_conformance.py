@@ -34,7 +34,13 @@ import pytest
 
 from servelens.core.buckets import IslBuckets
 from servelens.core.sse import SSEDecoder
-from servelens.engines.testing import (
+from servelens.engines.vllm_cpu import BENCH_MAX_CONTEXT, VllmServer
+from servelens.formats.metrics_text import Scrape, parse_scrape
+from servelens.formats.results import BenchRecord
+from servelens.gateway.requestlog import read_request_log
+from servelens.gateway.testing import run_gateway
+from servelens.process import ServerProcess
+from servelens.testing.engines import (
     ascrape,
     bench_bucket_counts,
     delta,
@@ -46,12 +52,6 @@ from servelens.engines.testing import (
     wait_gateway_counted,
     wait_until,
 )
-from servelens.engines.vllm_cpu import BENCH_MAX_CONTEXT, VllmServer
-from servelens.formats.metrics_text import Scrape, parse_scrape
-from servelens.formats.results import BenchRecord, load_results
-from servelens.gateway.requestlog import read_request_log
-from servelens.gateway.testing import run_gateway
-from servelens.process import ServerProcess
 
 pytestmark = pytest.mark.vllm
 

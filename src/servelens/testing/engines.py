@@ -31,11 +31,11 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from servelens.bench.results import BenchRecord, load_results
 from servelens.core.buckets import IslBuckets
 from servelens.core.sse import SSEDecoder
+from servelens.formats.metrics_text import Scrape, parse_scrape
+from servelens.formats.results import BenchRecord, load_results
 from servelens.gateway.testing import serve_app
-from servelens.report.metrics_text import Scrape, parse_scrape
 
 
 def scrape(url: str, timeout_s: float = 10.0) -> Scrape:
