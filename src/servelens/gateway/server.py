@@ -12,6 +12,7 @@ from aiohttp import web
 
 from servelens.gateway.app import Gateway
 from servelens.gateway.config import GatewayConfig
+from servelens.gateway.scrape import MetricsListener, start_metrics_listener
 from servelens.gateway.upstream import redacted_url
 from servelens.prometheus import FrontendMetrics
 from servelens.serving import listen_error, serve_until_signal
@@ -30,11 +31,17 @@ class RunningGateway:
     runner: web.AppRunner
     host: str
     port: int
+    metrics_listener: MetricsListener | None = None
 
     @property
     def url(self) -> str:
         """Base URL of the gateway (``http://127.0.0.1:<port>``)."""
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        """Where the gateway serves ``/metrics``: its metrics listener's, or on :attr:`url`."""
+        return self.metrics_listener.url if self.metrics_listener is not None else f"{self.url}/metrics"
 
     @property
     def metrics(self) -> FrontendMetrics:
@@ -58,6 +65,8 @@ class RunningGateway:
         if not await self.gateway.drain(self.gateway.config.shutdown_timeout_s):
             log.warning("stopping with %d request(s) in flight: cut and counted cancelled", self.gateway.active)
         await self.runner.cleanup()
+        if self.metrics_listener is not None:  # scraped to the end, the drain included
+            await self.metrics_listener.close()
 
 
 async def start_gateway(config: GatewayConfig, metrics: FrontendMetrics | None = None) -> RunningGateway:
@@ -89,7 +98,12 @@ async def start_gateway(config: GatewayConfig, metrics: FrontendMetrics | None =
     server: Any = site._server  # aiohttp exposes the bound socket only here (asyncio or uvloop Server)
     port = server.sockets[0].getsockname()[1]
     host = config.host if config.host not in ("0.0.0.0", "") else "127.0.0.1"
-    return RunningGateway(gateway, runner, host, int(port))
+    try:
+        listener = await start_metrics_listener(gateway.scrape, config) if config.metrics_port is not None else None
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return RunningGateway(gateway, runner, host, int(port), listener)
 
 
 async def serve_forever(config: GatewayConfig) -> None:
@@ -108,7 +122,8 @@ def startup_summary(running: RunningGateway) -> str:
     return (f"servelens gateway: upstream {', '.join(redacted_url(u) for u in cfg.upstreams)}; "
             f"models {', '.join(models) if models else 'none yet (polling /v1/models)'}; "
             f"ISL buckets {', '.join(buckets.labels) if buckets else 'off'}; "
-            f"metrics {cfg.metrics_prefix}_*{' (by-ISL only)' if cfg.by_isl_only else ''}")
+            f"metrics {cfg.metrics_prefix}_*{' (by-ISL only)' if cfg.by_isl_only else ''}"
+            f"{f' at {running.metrics_url}' if running.metrics_listener is not None else ''}")
 
 
 def run(config: GatewayConfig, use_uvloop: bool = True) -> None:
