@@ -3,7 +3,7 @@
 A scrape copies the numbers under the state's lock, one model at a time (:func:`copy_model`), and
 formats them after the lock is released (:mod:`servelens.prometheus.exposition`), in slices or
 anywhere else: the copy is a plain value that no request touches. Copying is the only work done
-under the lock: a tuple of counts per histogram, ~0.2 ms per model with 33 ISL buckets and ~140
+under the lock: a tuple of counts per histogram, ~0.2-0.4 ms per model with 33 ISL buckets and ~140
 ``le`` edges (171 histograms), where formatting the same numbers costs ~20x that. Each model is
 copied at one instant (a request counts under one model, so no figure spans two).
 

@@ -1,23 +1,27 @@
-"""``GET /metrics`` without stalling the streams: the scrape in slices, gzip off the loop, and the
-optional metrics listener (``--metrics-port``).
+"""``GET /metrics`` without stalling the streams: the scrape in paced slices, gzip off the loop, and
+the optional metrics listener (``--metrics-port``).
 
 The gateway relays every stream on one event loop, so whatever a scrape does on it in one go is a
 pause in every stream's inter-token gaps. A scrape here is three steps:
 
 1. **Copy** (:func:`~servelens.core.snapshot.copy_model`): each model's numbers under the state's lock,
-   one model per loop turn (~0.2 ms each at 33 ISL buckets and ~140 ``le`` edges). Histograms that did
-   not change since the last scrape keep their copy.
-2. **Format** (:class:`~servelens.prometheus.exposition.TextExposition`): series by series, yielding to
-   the loop after every :data:`SLICE_BYTES` of text (a series unchanged since the last scrape is reused,
-   not formatted again).
+   one model per turn of the loop (~0.2-0.4 ms each at 33 ISL buckets and ~140 ``le`` edges).
+   Histograms that did not change since the last scrape keep their copy.
+2. **Format** (:class:`~servelens.prometheus.exposition.TextExposition`): series by series, with a pause
+   after every :data:`SLICE_BYTES` of text (:data:`PAUSE_S`, or as long as the slice took, so the scrape
+   has at most half of the loop's time). A series unchanged since the last scrape is not formatted again.
 3. **Send**: with ``Accept-Encoding: gzip`` (what Prometheus sends) the text is compressed in a worker
-   thread (zlib releases the GIL while it deflates); written in :data:`WRITE_BYTES` writes, each awaited.
+   thread (zlib releases the GIL while it deflates, :data:`COMPRESS_BYTES` at a time); written in
+   :data:`WRITE_BYTES` writes, each awaited. The thread keeps the default CPU priority: at a lower one,
+   a host short of CPU would leave it unscheduled while the loop waits to get the GIL back from it.
 
-Why slices on the loop rather than a thread: formatting is Python code, which holds the GIL. A thread
-formatting the whole text gets the GIL whenever the loop waits for I/O, and the loop then waits up to
-the interpreter's switch interval (5 ms) to get it back at every wake-up while the thread runs (see
-``benchmarks/scrape_stall.py``). In slices, the longest pause is one slice (a fraction of a
-millisecond) and the loop's own callbacks run between slices.
+Why paced slices on the loop rather than a thread: formatting is Python code, which holds the GIL. A
+thread formatting the whole text takes the GIL whenever the loop waits for I/O, and the loop then waits
+up to the interpreter's switch interval (5 ms) to get it back, at every wake-up while the thread runs.
+In slices the longest step is one slice (well under a millisecond of CPU here), and the pause after it
+leaves the streams at least half of the loop even on a host short of CPU, where a turn of the loop
+alone (``asyncio.sleep(0)``) would let the scrape take most of it (``benchmarks/scrape_stall.py``:
+ways ``new``, ``unpaced``, ``thread``).
 
 With a metrics listener (``metrics_port``), ``/metrics`` is served on its own port (same process and
 loop) and the API port answers 404 for it: the API port does not expose the metrics.
@@ -26,6 +30,7 @@ loop) and the API port answers 404 for it: the API port does not expose the metr
 from __future__ import annotations
 
 import asyncio
+import time
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -39,10 +44,15 @@ from servelens.prometheus import FrontendMetrics
 from servelens.serving import listen_error
 
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-SLICE_BYTES = 128 * 1024
-"""Text formatted between two turns of the loop (~0.4 ms of CPU here; a series is at most ~15 KB)."""
+SLICE_BYTES = 64 * 1024
+"""Text formatted between two pauses (~0.2-0.7 ms of CPU here; one series is at most ~15 KB)."""
+PAUSE_S = 0.001
+"""Least pause after a slice (the loop's timer grain); a slice that took longer is followed by a pause
+as long, so that a scrape never has more than half of the loop, even on a host short of CPU."""
 WRITE_BYTES = 256 * 1024
 """Bytes per write to the client (each awaited, so a slow scraper holds no more than this buffered)."""
+COMPRESS_BYTES = 1024 * 1024
+"""Text compressed per zlib call (one GIL release each; joining a run holds the GIL ~0.1 ms)."""
 GZIP_LEVEL = 1
 """zlib level: 11 MB of exposition to 0.58 MB in ~50 ms of CPU, where level 6 takes 0.51 MB and 3x the CPU."""
 
@@ -85,9 +95,10 @@ def _joined(parts: Iterable[bytes], size: int) -> Iterator[bytes]:
 
 def gzip_parts(parts: Iterable[bytes], level: int = GZIP_LEVEL) -> bytes:
     """The gzip member (RFC 1952) of ``parts`` laid end to end. Called in a worker thread: zlib
-    releases the GIL while it compresses each :data:`WRITE_BYTES` run."""
+    releases the GIL while it compresses each :data:`COMPRESS_BYTES` run, and the thread takes the GIL
+    back only between runs (each time, the loop may wait for it: a few times per scrape)."""
     z = zlib.compressobj(level, zlib.DEFLATED, 31)  # wbits 31: gzip header and trailer
-    out = [z.compress(run) for run in _joined(parts, WRITE_BYTES)]
+    out = [z.compress(run) for run in _joined(parts, COMPRESS_BYTES)]
     out.append(z.flush())
     return b"".join(out)
 
@@ -115,15 +126,19 @@ class MetricsScrape:
         return m.snapshot(models)
 
     async def text(self, snap: StateSnapshot) -> list[bytes]:
-        """``snap``'s exposition in pieces, formatted :data:`SLICE_BYTES` per turn of the loop."""
+        """``snap``'s exposition in pieces, formatted :data:`SLICE_BYTES` at a time with a pause after
+        each (:data:`PAUSE_S`, or as long as the slice took)."""
         parts: list[bytes] = []
         since = 0
+        clock = time.perf_counter
+        start = clock()
         for piece in self.metrics.text.pieces(snap):
             parts.append(piece)
             since += len(piece)
             if since >= SLICE_BYTES:
                 since = 0
-                await asyncio.sleep(0)
+                await asyncio.sleep(max(PAUSE_S, clock() - start))
+                start = clock()
         return parts
 
     async def handle(self, request: web.Request) -> web.StreamResponse:

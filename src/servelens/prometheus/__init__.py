@@ -5,7 +5,7 @@
 - :mod:`.collector`: the custom Collector exporting :class:`~servelens.core.state.FrontendState`
   (for a user's ``CollectorRegistry``).
 - :mod:`.exposition`: the same text written directly from a :mod:`~servelens.core.snapshot` (what
-  ``FrontendMetrics.exposition()`` and the gateway's ``/metrics`` serve; ~100x faster).
+  ``FrontendMetrics.exposition()`` and the gateway's ``/metrics`` serve; ~25x faster).
 - :mod:`.parse`: Prometheus text exposition read into flat samples.
 - :mod:`.sim_engine`: the simulated engine's vLLM-named engine metrics.
 

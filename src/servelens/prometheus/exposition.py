@@ -1,14 +1,14 @@
 """The Prometheus text exposition (format 0.0.4) of a :class:`~servelens.core.snapshot.StateSnapshot`,
 written directly: the same bytes as ``prometheus_client.generate_latest`` over
 :class:`~servelens.prometheus.collector.FrontendCollector` (families, order, sorted labels, ``le``
-strings, and numbers through prometheus_client's own ``floatToGoString``), ~100x faster.
+strings, and numbers through prometheus_client's own ``floatToGoString``), ~25x faster.
 
-prometheus_client builds a ``Sample`` per line and formats its labels and value one at a time: 3 s
-for the 107,000 lines of 10 models x 33 ISL buckets with ~140 ``le`` edges. Here a histogram's lines
-are laid out by slice assignment into one list (line heads made of two strings per series, the ``le``
-strings made once per family, the cumulative counts through C ``str``) and joined once: ~30 ms for
-the same lines. A histogram whose copy is the one formatted last time (unchanged, see
-:func:`~servelens.core.snapshot.take_snapshot`) costs nothing: its bytes are kept.
+prometheus_client builds a ``Sample`` per line and formats its labels and value one at a time: 1.0-1.5 s
+of CPU for the 107,000 lines of 10 models x 33 ISL buckets with ~140 ``le`` edges. Here a histogram's
+lines are laid out by slice assignment into one list (line heads made of two strings per series, the
+``le`` strings made once per family, the cumulative counts through C ``str``) and joined once: 40-65 ms
+for the same lines (``benchmarks/scrape_stall.py``). A histogram whose copy is the one formatted last
+time (unchanged, see :func:`~servelens.core.snapshot.take_snapshot`) costs nothing: its bytes are kept.
 
 :meth:`TextExposition.pieces` gives the text in pieces (a family head, or one series' lines), so a
 caller on an event loop can yield between them (:mod:`servelens.gateway.scrape`).
