@@ -28,7 +28,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Histogram
 
-from servelens.core.state import ITL_EDGES_S
+from servelens.core.edges import ITL_EDGES_S
 from servelens.core.timing import RequestTimer
 from servelens.prometheus import FrontendMetrics
 

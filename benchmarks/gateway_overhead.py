@@ -33,21 +33,17 @@ import asyncio
 import contextlib
 import gc
 import os
-import shutil
-import socket
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from servelens.process import ServerProcess, free_port
+from servelens.process import ServerProcess
+from servelens.testing.nginx import run_nginx
 
 
 # ---------------------------------------------------------------- the upstream (own process)
@@ -284,82 +280,6 @@ def serve_bare(upstream_port: int, measure: bool, tasked: bool = False) -> None:
         await asyncio.Event().wait()
 
     uvloop.run(main())
-
-
-# ---------------------------------------------------------------- nginx
-@dataclass
-class Nginx:
-    """An nginx started from a temporary config (one worker, no buffering, keep-alive upstream)."""
-
-    url: str
-    proc: subprocess.Popen[bytes]
-    prefix: Path
-
-    def pids(self) -> list[int]:
-        """Master and worker pids."""
-        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout
-        return [self.proc.pid, *(int(p) for p in out.split())]
-
-
-@contextmanager
-def run_nginx(upstream_url: str) -> Iterator[Nginx]:
-    """Start nginx on a free loopback port in front of ``upstream_url``; stop it on exit."""
-    binary = shutil.which("nginx") or "/usr/sbin/nginx"
-    if not Path(binary).exists():
-        raise RuntimeError("nginx is not installed (Debian package nginx)")
-    prefix = Path(tempfile.mkdtemp(prefix="servelens-nginx-"))
-    os.chmod(prefix, 0o777)
-    port = free_port()
-    up = upstream_url.removeprefix("http://")
-    conf = prefix / "nginx.conf"
-    conf.write_text(f"""
-worker_processes 1;
-daemon off;
-pid {prefix}/nginx.pid;
-error_log {prefix}/error.log warn;
-events {{ worker_connections 8192; }}
-http {{
-    access_log off;
-    client_body_temp_path {prefix}/body;
-    proxy_temp_path {prefix}/proxy;
-    fastcgi_temp_path {prefix}/fastcgi;
-    uwsgi_temp_path {prefix}/uwsgi;
-    scgi_temp_path {prefix}/scgi;
-    upstream engine {{ server {up}; keepalive 1024; }}
-    server {{
-        listen 127.0.0.1:{port} backlog=2048;
-        location / {{
-            proxy_pass http://engine;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_buffering off;
-            proxy_read_timeout 600s;
-        }}
-    }}
-}}
-""")
-    proc = subprocess.Popen([binary, "-p", str(prefix), "-c", str(conf)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                    break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    err = proc.stderr.read().decode() if proc.stderr else ""
-                    raise RuntimeError(f"nginx did not start: {err.strip()}") from None
-                time.sleep(0.05)  # startup poll of a child process, not a test wait
-        yield Nginx(f"http://127.0.0.1:{port}", proc, prefix)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        shutil.rmtree(prefix, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- measurement

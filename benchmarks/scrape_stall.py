@@ -1,7 +1,7 @@
 """Does a ``/metrics`` scrape stall the gateway's relay loop? Scrapes on and off, and five ways of
 writing the scrape, side by side in one run, at 10 models x 33 ISL buckets with fine TTFT/ITL edges.
 
-Part 1, in this process: the scrape's own cost at the default and the large configuration: its size
+Part 1, in this process: the scrape's own cost at the configurations of :data:`CONFIGS`: its size
 (lines, bytes, gzip bytes) and CPU (thread time, best of ``--repeats``) for prometheus_client's
 ``generate_latest`` over the collector (``old``, the code before), for the copy and the writer of
 ``servelens.prometheus.exposition`` with every series changed since the last scrape (``fresh``, the
@@ -56,19 +56,28 @@ from typing import Any
 import numpy as np
 
 from servelens.core.buckets import DEFAULT_ISL_BOUNDARIES
-from servelens.core.state import MetricEdges
+from servelens.core.edges import MetricEdges
 from servelens.prometheus import FrontendMetrics
-from servelens.testing.exporter import FINE_EDGES, MANY_BOUNDARIES, many_series_metrics
+from servelens.testing.exporter import MANY_BOUNDARIES, many_series_metrics
 
 HERE = Path(__file__).resolve().parent
 HEARTBEAT_S = 0.001
 
 
-def configured(large: bool) -> FrontendMetrics:
-    """Every series fed: the large configuration, or the default one (1 model, 7 buckets, Dynamo's edges)."""
-    if large:
-        return many_series_metrics()
-    return many_series_metrics(models=1, boundaries=DEFAULT_ISL_BOUNDARIES, edges=MetricEdges())
+CONFIGS: dict[str, tuple[int, tuple[int, ...], MetricEdges]] = {
+    "1 model x 7 buckets, Dynamo's": (1, DEFAULT_ISL_BOUNDARIES, MetricEdges.dynamo()),
+    "1 model x 7 buckets, fine": (1, DEFAULT_ISL_BOUNDARIES, MetricEdges()),
+    "19 models x 7 buckets, fine": (19, DEFAULT_ISL_BOUNDARIES, MetricEdges()),
+    "10 models x 33 buckets, fine": (10, MANY_BOUNDARIES, MetricEdges()),
+}
+"""Part 1's configurations: the gateway's default before the fine edges and now; the most models the
+default series budget (50,000) allows with the fine edges; the large configuration (part 2's)."""
+
+
+def configured(name: str) -> FrontendMetrics:
+    """A configuration of :data:`CONFIGS`, every series fed."""
+    models, boundaries, edges = CONFIGS[name]
+    return many_series_metrics(models=models, boundaries=boundaries, edges=edges)
 
 
 # ---------------------------------------------------------------- part 1: the scrape's own cost
@@ -125,8 +134,9 @@ def scrape_cost(repeats: int) -> None:
           "scrape, same = none")
     print(f"{'config':30} {'lines':>8} {'MB':>6} {'gzip MB':>7} {'old':>8} {'fresh':>6} {'copy':>5} {'same':>5} "
           f"{'longest copy':>12} {'longest slice':>13} {'gzip':>5}")
-    for large in (False, True):
-        m = configured(large)
+    for name in CONFIGS:
+        m = configured(name)
+        large = len(m.state.models) > 1
         reg = CollectorRegistry(auto_describe=False)
         reg.register(m.collector)
         state, names = m.state, m.names
@@ -139,7 +149,6 @@ def scrape_cost(repeats: int) -> None:
         packed = gzip_parts([text])
         gz = cpu_ms(lambda: gzip_parts([text]), max(1, repeats // 3))  # noqa: B023
         assert gzip.decompress(packed) == text == generate_latest(reg)
-        name = "10 models x 33 buckets, fine" if large else "1 model x 7 buckets, Dynamo's"
         lines = text.count(b"\n")
         print(f"{name:30} {lines:8,d} {len(text) / 1e6:6.2f} {len(packed) / 1e6:7.3f} {old:8.1f} {fresh:6.1f} "
               f"{copy:5.1f} {same:5.1f} {longest_copy:12.2f} {longest_slice:13.2f} {gz:5.1f}")
@@ -236,7 +245,7 @@ def serve_gateway(upstream: str, way: str, stats: Path, large: bool) -> None:
     use_way(way)
     timed = TimedAsyncio()
     scrape.asyncio = timed  # type: ignore[assignment]
-    metrics = configured(large)
+    metrics = configured("10 models x 33 buckets, fine" if large else "1 model x 7 buckets, fine")
     buckets = metrics.isl_buckets
     assert buckets is not None
     config = GatewayConfig.from_mapping({"models": {name: upstream for name in metrics.state.models},
@@ -439,7 +448,7 @@ async def measure(gateways: dict[str, tuple[str, int]], up_url: str, models: lis
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--config", choices=("large", "default"), default="large",
-                    help="large: 10 models x 33 buckets, fine TTFT/ITL edges; default: 1 model x 7 buckets")
+                    help="large: 10 models x 33 buckets; default: 1 model x 7 buckets (both with the fine edges)")
     ap.add_argument("--ways", default="new,unpaced,inline,thread,old", help="ways of scraping to compare with 'off'")
     ap.add_argument("--streams", type=int, default=64, help="concurrent streams")
     ap.add_argument("--requests", type=int, default=480, help="streams per phase")
@@ -493,8 +502,8 @@ def main(argv: list[str] | None = None) -> int:
         spans = {way: np.load(stats[way].with_suffix(".spans.npy")) for way in ways}
     print(f"\n{args.config} configuration; {args.streams} streams x {args.tokens} events, {args.ttft_ms:g} ms to the "
           f"first, {args.itl_ms:g} ms apart; {args.scrapers} scrapers, each every {args.scrape_every:g} s, gzip; "
-          f"{args.rounds} rounds x {args.requests} streams per way; FINE edges: TTFT {len(FINE_EDGES.ttft_s)}, "
-          f"ITL {len(FINE_EDGES.itl_s)}")
+          f"{args.rounds} rounds x {args.requests} streams per way; fine edges: TTFT {len(MetricEdges().ttft_s)}, "
+          f"ITL {len(MetricEdges().itl_s)}")
     report(phases, beats, spans)
     return 0
 

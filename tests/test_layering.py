@@ -32,14 +32,16 @@ ALLOWED: dict[str, set[str]] = {
     "bench": BASE | {"formats", "serving", "sim"},  # sim: its tokenizer, the default one
     "report": BASE | {"formats", "dashboards"},  # dashboards: the PromQL it shares
     "engines": {"process"},
-    # coming: quality comparison; sends with the bench's client, tables and files via formats
-    "eval": BASE | {"formats", "serving", "bench", "report"},
-    "testing": BASE | {"process", "report"},
+    # quality comparison: tables and files via formats; sim: its answers from a key, for eval.testing
+    "eval": BASE | {"formats", "serving", "bench", "report", "sim"},
+    # sim, formats: runs whose truth is known; gateway: a tap in front of a real engine (testing.engines)
+    "testing": BASE | {"process", "formats", "report", "sim", "gateway"},
     "demo": BASE | {"process", "bench", "report", "sim", "engines"},
+    "demo_story": BASE | {"bench", "report", "sim", "demo"},  # the two-phase story; demo: its launcher
     # the top: thin commands over everything
     "cli": {
         ROOT, "core", "prometheus", "serving", "process", "formats", "dashboards", "gateway", "asgi", "sim",
-        "bench", "report", "engines", "eval", "testing", "demo",
+        "bench", "report", "engines", "eval", "testing", "demo", "demo_story",
     },
     "__main__": {"cli"},
 }

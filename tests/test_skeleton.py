@@ -33,7 +33,7 @@ def test_help_lists_the_subcommands(capsys: pytest.CaptureFixture[str]) -> None:
     assert exc.value.code == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: servelens")
-    for cmd in ("demo", "sim", "gateway", "bench", "report", "dashboard"):
+    for cmd in ("demo", "sim", "gateway", "bench", "report", "dashboard", "eval"):
         assert f"    {cmd}" in out, cmd
 
 

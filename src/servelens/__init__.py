@@ -7,11 +7,12 @@ register your models, and feed it one :class:`LiveRequest` per request. The pure
 """
 
 from servelens.core.buckets import DEFAULT_ISL_BOUNDARIES, IslBuckets, parse_isl_boundaries
+from servelens.core.edges import MetricEdges
 from servelens.core.histogram import HistogramState
 from servelens.core.openai import ChunkInfo, Usage, parse_chunk
 from servelens.core.quantiles import histogram_quantile, percentile
 from servelens.core.sse import SSEBlock, SSEDecoder
-from servelens.core.state import FrontendState, LiveRequest, MetricEdges
+from servelens.core.state import FrontendState, LiveRequest
 from servelens.core.timing import RequestRecord, RequestTimer
 from servelens.prometheus.frontend import FrontendMetrics
 from servelens.prometheus.names import MetricNames

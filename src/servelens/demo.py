@@ -5,7 +5,9 @@ loopback ports as child processes, replays a cut of the real Mooncake conversati
 (packaged with its license) through the gateway, time-compressed, then prints the per-bucket table
 from the client and from the gateway's ``/metrics`` side by side, writes ``report.html`` and the
 bench results, and stops everything. ``engine="vllm"`` runs the same against a real vLLM CPU
-engine serving a tiny local model (:mod:`servelens.engines.vllm_cpu`).
+engine serving a tiny local model (:mod:`servelens.engines.vllm_cpu`); ``engine="llama.cpp"``
+against llama.cpp's ``llama-server`` serving a real model, SmolLM2-135M-Instruct
+(:mod:`servelens.engines.llama_cpp`).
 """
 
 from __future__ import annotations
@@ -30,11 +32,14 @@ from servelens.report.sources import report_from_results
 from servelens.sim.model import MIN_SPEEDUP
 
 DEMO_TRACE = "mooncake_conversation_400.jsonl"
+DEMO_TRACE_SMALL = "azure_conv_2023_500.csv"
+"""The demo's trace for llama.cpp's real model on a CPU: Azure's conversation prompts (median ~1k
+tokens) instead of Mooncake's (several thousand)."""
 DEMO_PREFIX_CACHE_BLOCKS = 250_000
 """Prefix-cache blocks (16 tokens) for the demo's sim: 4M tokens, the scale of a host-memory KV offload
 store (Mooncake, LMCache). With the preset's 320k tokens the conversation turns that share long prefixes
 come back after their blocks were evicted, and every bucket shows only the shared first block."""
-ENGINES = ("sim", "vllm")
+ENGINES = ("sim", "vllm", "llama.cpp")
 
 
 @dataclass(frozen=True)
@@ -42,8 +47,9 @@ class DemoConfig:
     """What the demo runs. Times in seconds, lengths in tokens.
 
     Attributes:
-        engine: ``sim`` (default, the embedded simulated engine) or ``vllm`` (vLLM CPU build with a
-            tiny local model; installs it on first use, minutes).
+        engine: ``sim`` (default, the embedded simulated engine), ``vllm`` (vLLM CPU build with a
+            tiny local model; installs it on first use, minutes) or ``llama.cpp`` (llama-server
+            with SmolLM2-135M-Instruct Q4_1; builds it on first use, minutes, cached per machine).
         trace: a Mooncake JSONL or Azure CSV trace (path or packaged name).
         time_scale: trace timestamps are multiplied by this (0.5 replays twice as fast).
         duration_s: stop starting requests after this many seconds of replay (None: whole trace).
@@ -98,8 +104,9 @@ class DemoResult:
 def _engine(config: DemoConfig, out: Path, console: Console) -> Iterator[tuple[str, str | None, int]]:
     """Yield ``(engine URL, tokenizer path or None, context for the bench in tokens)``.
 
-    For vLLM the bench's context leaves room for the chat template's tokens
-    (:data:`servelens.engines.vllm_cpu.BENCH_MAX_CONTEXT`), so clipped prompts still fit.
+    For vLLM and llama.cpp the bench's context leaves room for the chat template's tokens
+    (``bench_max_context`` of :class:`~servelens.engines.vllm_cpu.VllmServer` and
+    :class:`~servelens.engines.llama_cpp.LlamaServer`), so clipped prompts still fit.
     """
     if config.engine == "sim":
         args = ["sim", "--preset", config.sim_preset, "--speedup", str(config.sim_speedup),
@@ -111,6 +118,16 @@ def _engine(config: DemoConfig, out: Path, console: Console) -> Iterator[tuple[s
                           f"time divided by {config.sim_speedup:g}), prefix cache of "
                           f"{DEMO_PREFIX_CACHE_BLOCKS * 16 / 1e6:.0f}M tokens (as with a KV offload store)")
             yield sim.url, None, config.max_context
+        return
+    if config.engine == "llama.cpp":
+        from servelens.engines.llama_cpp import LlamaServer
+
+        console.print("[bold]engine[/]  llama.cpp's llama-server with SmolLM2-135M-Instruct "
+                      "(the first run on a machine builds it: minutes)")
+        with LlamaServer() as llama:
+            console.print(f"[bold]engine[/]  llama-server at {llama.url}, model {llama.model}, "
+                          f"{llama.n_slots} slots of {llama.ctx_per_slot} tokens")
+            yield llama.url, str(llama.tokenizer_path), llama.bench_max_context
         return
     from servelens.engines.vllm_cpu import VllmServer
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import selectors
 import signal
 import socket
@@ -48,13 +49,17 @@ class ServerProcess:
             :func:`servelens.serving.die_with_parent`).
         log_path: where the child's stdout/stderr go after the ready line (None: discarded).
         start_timeout_s: how long to wait for the ready line.
+        open_files: ``(soft, hard)`` ``RLIMIT_NOFILE`` of the child (None: this process's).
 
     Raises:
         ServerStartError: when the child exits or prints nothing ready-like in time; the message
             carries the last lines it printed.
     """
 
-    def __init__(self, command: Sequence[str], log_path: Path | None = None, start_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, command: Sequence[str], log_path: Path | None = None, start_timeout_s: float = 30.0,
+        open_files: tuple[int, int] | None = None,
+    ) -> None:
         args = list(command)
         if "--port" not in args:
             args += ["--port", "0"]
@@ -64,6 +69,9 @@ class ServerProcess:
         self.log_path = log_path
         self.start_timeout_s = start_timeout_s
         self.url = ""
+        self.open_files = open_files
+        self.startup_lines: list[str] = []
+        """What the child printed up to and including its ready line."""
         self.proc: subprocess.Popen[bytes] | None = None
         self._pump: threading.Thread | None = None
 
@@ -72,13 +80,19 @@ class ServerProcess:
         # the child asks Linux to SIGTERM it when this process dies, even by SIGKILL
         # (serving.die_with_parent): it lives in its own session, which our signals do not reach
         env = dict(os.environ, PYTHONUNBUFFERED="1", **{PARENT_PID_ENV: str(os.getpid())})
+        limits = self.open_files
+
+        def child_limits() -> None:
+            if limits is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+
         self.proc = subprocess.Popen(
             self.args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=child_limits if limits is not None else None,
         )
         assert self.proc.stdout is not None
         out: IO[bytes] = self.proc.stdout
-        seen: list[str] = []
+        seen = self.startup_lines
         deadline = time.monotonic() + self.start_timeout_s
         sel = selectors.DefaultSelector()
         sel.register(out, selectors.EVENT_READ)

@@ -5,11 +5,13 @@ ready line on stdout once listening, then serve until SIGTERM/SIGINT and stop cl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import gc
 import logging
 import os
 import re
+import resource
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -47,17 +49,26 @@ def ready_line(name: str, url: str) -> str:
     return f"servelens {name} listening on {url}"
 
 
+def bad_request_reason(exc: BaseException) -> str:
+    """Why aiohttp refused a malformed request, in a few words and without any of the request's own bytes
+    (aiohttp's messages quote up to 100 bytes of the offending line, which may be an ``Authorization``
+    header or a URL holding an API key): the message up to its first ``:``."""
+    text = str(getattr(exc, "message", "") or "").strip()
+    text = text.splitlines()[0] if text else ""
+    return text.split(":", 1)[0].strip() or type(exc).__name__
+
+
 class OneLineBadRequests(logging.Filter):
     """A malformed client request (bad request line or header, which aiohttp answers with 400) is
     logged by aiohttp's ``aiohttp.server`` logger with a traceback; this keeps it to one line:
-    ``bad HTTP request from <peer>: <reason>``."""
+    ``bad HTTP request from <peer>: <reason>`` (:func:`bad_request_reason`: no request content)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         from aiohttp.http_exceptions import HttpProcessingError
 
         exc = record.exc_info[1] if record.exc_info else None
         if isinstance(exc, HttpProcessingError):
-            reason = (exc.message or type(exc).__name__).strip().splitlines()[0].rstrip(":")
+            reason = bad_request_reason(exc)
             peer = record.args[0] if isinstance(record.args, tuple) and record.args else "a client"
             record.msg, record.args = "bad HTTP request from %s: %s", (peer, reason)
             record.exc_info = record.exc_text = None
@@ -118,3 +129,29 @@ def unreadable_body(request: Any, exc: BaseException) -> str:
     request.content.feed_eof()
     cause = exc.__cause__
     return str(getattr(cause, "message", None) or cause or exc)
+
+
+OPEN_FILES_CEILING = 1 << 20
+"""The soft open-files limit asked for when the hard one is unlimited (Linux's default ``fs.nr_open``)."""
+
+
+def raise_open_files_limit() -> tuple[int, int]:
+    """Raise the soft ``RLIMIT_NOFILE`` to the hard one (at most :data:`OPEN_FILES_CEILING`), as
+    nginx's ``worker_rlimit_nofile`` lets one: the common default soft limit of 1024 caps a proxy near
+    500 streams (a client and an upstream connection each). Returns ``(soft, hard)`` in force after;
+    a refusal leaves the limit as it was (never raises)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = OPEN_FILES_CEILING if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft < want:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft, hard
+
+
+def open_files() -> int | None:
+    """File descriptors this process has open now (``/proc/self/fd``), None where that cannot be read."""
+    try:
+        return len(os.listdir("/proc/self/fd")) - 1  # less the one listdir itself opened
+    except OSError:
+        return None

@@ -187,3 +187,22 @@ def test_rate_inf_sends_everything_at_once_and_nan_is_refused() -> None:
     BenchConfig(url="http://127.0.0.1:9", rate=float("inf"))  # vLLM's --request-rate inf: accepted
     with pytest.raises(ValueError, match="rate must be a number"):
         BenchConfig(url="http://127.0.0.1:9", rate=float("nan"))
+
+
+async def test_slo_attainment_and_goodput_in_the_table_and_summary(upstream: Upstream, tmp_path: Path) -> None:
+    # a threshold no TTFT can miss and one every TTFT misses: attainment by definition, not by timing
+    res = await run_bench(BenchConfig(url=upstream.url, isl="50:0.5,300:0.5", osl="3", num_requests=12,
+                                      isl_buckets=(100, 400), output_dir=str(tmp_path), slo_ttft="0-100=1000,"
+                                      "101-400=0,401+=1000", slo_itl="1000"))
+    assert res.attainment is not None and res.slo is not None
+    rows = {r.label: r for r in res.attainment}
+    assert rows["0-100"].ttft_share == 1.0 and rows["101-400"].ttft_share == 0.0
+    assert rows["all"].all_met == rows["0-100"].requests and rows["all"].itl_share == 1.0
+    assert rows["all"].goodput_rps == pytest.approx(rows["0-100"].requests / res.elapsed_s)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["config"]["slo_ttft"].startswith("0-100=1000") and summary["slo"]["rows"][-1]["label"] == "all"
+    buf = io.StringIO()
+    print_result(res, Console(file=buf, width=150))
+    assert "SLO attainment (client, exact)" in buf.getvalue() and "Goodput" in buf.getvalue()
+    with pytest.raises(ValueError, match="SLO table names"):
+        BenchConfig(url=upstream.url, isl_buckets=(100, 400), slo_ttft="0-100=1")

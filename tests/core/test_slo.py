@@ -13,8 +13,10 @@ from servelens.core.slo import (
     attainment,
     both_bounds,
     bucket_shares,
+    histogram_attainment,
     histogram_share,
     parse_threshold,
+    threshold_note,
 )
 from servelens.core.summary import CumulativeHistogram
 from servelens.core.windows import ExplainError
@@ -113,3 +115,40 @@ def test_both_bounds_frechet() -> None:
     got = both_bounds(ShareBounds(0.9, 0.9), ShareBounds(0.8, 0.8))
     assert (got.low, got.high) == (pytest.approx(0.7), 0.8)
     assert both_bounds(ShareBounds(0.3, 0.4), ShareBounds(0.5, 0.6)) == ShareBounds(0.0, 0.4)
+
+
+def _hist(counts: list[float], edges: tuple[float, ...] = (0.5, 1.0, 2.0)) -> CumulativeHistogram:
+    """Cumulative counts at ``edges`` and +Inf from per-bucket counts."""
+    cum, total = [], 0.0
+    for c in counts:
+        total += c
+        cum.append(total)
+    return CumulativeHistogram(tuple(zip((*edges, INF), cum, strict=True)), 0.0)
+
+
+def test_histogram_attainment_exact_at_an_edge_bounded_between() -> None:
+    ttft = [_hist([8, 2, 0, 0]), _hist([1, 3, 4, 2]), _hist([0, 0, 0, 0])]
+    itl = [_hist([90, 10, 0, 0]), _hist([50, 50, 0, 0]), _hist([0, 0, 0, 0])]
+    rows = histogram_attainment(ttft, itl, B, Slo(ttft=Threshold(1.0)), duration_s=10.0)
+    assert [r.label for r in rows] == ["0-512", "513-1024", "1025+", "all"]
+    assert rows[0].ttft == ShareBounds(1.0, 1.0) and rows[1].ttft == ShareBounds(0.4, 0.4)  # 1.0 is an edge
+    assert rows[1].goodput_rps == pytest.approx((0.4, 0.4)) and rows[2].ttft is None
+    assert rows[3].ttft == ShareBounds(0.7, 0.7) and rows[3].observations == 20  # pooled by counts: 14 of 20
+    between = histogram_attainment(ttft, itl, B, Slo(ttft=Threshold(1.5)))
+    assert between[1].ttft == ShareBounds(0.4, 0.8) and between[1].goodput_rps is None  # no window length
+    with_itl = histogram_attainment(ttft, itl, B, Slo(ttft=Threshold(1.0), itl=Threshold(0.5)), duration_s=10.0)
+    assert with_itl[0].itl == ShareBounds(0.9, 0.9)  # a share of tokens
+    assert all(r.goodput_rps is None for r in with_itl)  # token shares do not add up to requests
+    with pytest.raises(ExplainError):
+        histogram_attainment(ttft, itl, B, Slo())
+
+
+def test_threshold_note_says_why_a_share_is_a_bound() -> None:
+    edges = (0.5, 1.0, 2.0, INF)
+    assert threshold_note("TTFT", Threshold(1.0), edges, B) is None
+    note = threshold_note("TTFT", Threshold(1.5), edges, B)
+    assert note is not None and "between le=1 and le=2" in note and "any bucket" in note
+    table = parse_threshold("0-512=1,513-1024=1.5,1025+=2", B)
+    note = threshold_note("TTFT", table, edges, B)
+    assert note is not None and "bucket 513-1024 (" in note
+    assert "grows with ISL" in (threshold_note("TTFT", parse_threshold("0.5+0.001*isl", B), edges, B) or "")

@@ -3,7 +3,8 @@ from typing import Any
 import pytest
 
 from servelens.core.buckets import IslBuckets
-from servelens.core.state import FrontendState, MetricEdges
+from servelens.core.edges import MetricEdges
+from servelens.core.state import FrontendState
 
 MS = 1_000_000
 

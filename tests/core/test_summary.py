@@ -3,7 +3,13 @@ import math
 import pytest
 
 from servelens.core.buckets import IslBuckets
-from servelens.core.summary import CumulativeHistogram, RequestSample, rows_from_samples
+from servelens.core.summary import (
+    BucketHistograms,
+    CumulativeHistogram,
+    RequestSample,
+    row_from_histograms,
+    rows_from_samples,
+)
 
 
 def test_rows_exact_percentiles_with_known_answers() -> None:
@@ -21,6 +27,7 @@ def test_rows_exact_percentiles_with_known_answers() -> None:
     mid = rows[1]
     assert (mid.requests, mid.errors) == (2, 1)
     assert mid.ttft_p95_s == 0.5 and mid.itl_p50_s == pytest.approx(0.03)
+    assert mid.itl_p99_s == pytest.approx(0.0398) and low.itl_p99_s == pytest.approx(0.01)
     assert mid.mean_cached_tokens == 512 and mid.low_count
     assert rows[2].requests == 0 and rows[2].ttft_p50_s is None
     assert rows[3].requests == 103 and rows[3].errors == 1
@@ -36,3 +43,10 @@ def test_cumulative_histogram_ops() -> None:
     assert CumulativeHistogram(((1.0, 0.0), (math.inf, 0.0)), 0).quantile(0.5) is None
     with pytest.raises(ValueError):
         a.minus(CumulativeHistogram(((2.0, 0.0), (math.inf, 0.0)), 0))
+
+
+def test_row_from_histograms_has_itl_p99() -> None:
+    itl = CumulativeHistogram(((0.01, 90.0), (0.02, 100.0), (math.inf, 100.0)), 1.2)
+    row = row_from_histograms("0-512", BucketHistograms(None, itl, None, None))
+    assert row.itl_p99_s == pytest.approx(0.019) and row.itl_p50_s == pytest.approx(0.01 * 50 / 90)
+    assert not row.exact

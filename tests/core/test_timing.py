@@ -1,6 +1,6 @@
 import pytest
 
-from servelens.core.state import ITL_EDGES_S
+from servelens.core.edges import ITL_EDGES_S
 from servelens.core.timing import RequestTimer
 
 MS = 1_000_000
@@ -78,3 +78,44 @@ def test_vectorised_and_loop_paths_agree(n: int) -> None:
     assert loop.counts == vec.counts
     assert loop.sum == pytest.approx(vec.sum)
     assert len(values) == loop.count == (n - 1) + 1 + 3
+
+
+def test_chunks_read_together_share_the_gap_since_the_previous_read() -> None:
+    """Three chunks in one read 30 ms after the previous read: 10 ms each, not 30, 0, 0 (issue 16: a
+    quarter of a gateway's ITL observations were exactly 0 that way)."""
+    t = RequestTimer(0, EDGES, keep_values=True)
+    t.output(5 * MS)
+    t.output(15 * MS)
+    for _ in range(3):
+        t.output(45 * MS)
+    t.output(57 * MS, tokens=2)  # a read holding one 2-token chunk ...
+    t.output(81 * MS, tokens=2)  # ... and one holding a 2-token chunk and a 1-token chunk
+    t.output(81 * MS)
+    rec = t.finish(90 * MS, "success")
+    assert rec.itl_values_s == pytest.approx((0.010, 0.010, 0.010, 0.010, 0.006, 0.006, 0.008, 0.008, 0.008))
+    assert rec.itl.count == rec.output_tokens - 1 == 9  # one value per token after the first, as before
+    assert rec.itl.sum == pytest.approx(0.076)  # the gaps are kept whole: last chunk minus first
+
+
+def test_chunks_read_with_the_first_get_zero() -> None:
+    t = RequestTimer(0, EDGES, keep_values=True)
+    t.output(5 * MS)
+    t.output(5 * MS, tokens=2)
+    t.output(25 * MS)
+    rec = t.finish(30 * MS, "success")
+    assert rec.itl_values_s == pytest.approx((0.0, 0.0, 0.020))
+
+
+@pytest.mark.parametrize("n", [10, 47, 48, 200])
+def test_vectorised_and_loop_paths_agree_with_reads_of_several_chunks(n: int) -> None:
+    from servelens.core.timing import itl_histogram
+
+    times = [(i // 3) * 7 * MS + ((i // 3) * 7919) % (3 * MS) for i in range(n)]  # three chunks per read
+    times[5] = times[4] - MS  # a clock going backwards: 0, and a read of its own
+    tokens = {3: 2, 4: 3, n - 1: 4}
+    loop, _ = itl_histogram(times, tokens, EDGES, keep_values=False)
+    vec, values = itl_histogram(times, tokens, EDGES, keep_values=True)
+    assert loop.counts == vec.counts
+    assert loop.sum == pytest.approx(vec.sum)
+    assert len(values) == loop.count == (n - 1) + 1 + 2 + 3
+    assert 0.0 not in values[3:5]  # the chunks read with chunk 3 share its gap

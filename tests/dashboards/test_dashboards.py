@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import shutil
 import subprocess
 from contextlib import redirect_stderr, redirect_stdout
@@ -14,9 +15,12 @@ import yaml
 
 from servelens.cli.main import main
 from servelens.core.buckets import IslBuckets, label_sort_key
+from servelens.core.slo import Threshold
+from servelens.core.state import MetricEdges
 from servelens.dashboards.grafana import grafana_dashboard, panel_queries, substitute_variables
 from servelens.dashboards.queries import FIGURES, bucket_queries, model_matcher
 from servelens.dashboards.rules import alert_rules, recording_rules, to_yaml
+from servelens.dashboards.slo import attainment_rules, le_matcher
 from servelens.prometheus.names import MetricNames
 
 BUCKETS = IslBuckets.default()
@@ -153,3 +157,82 @@ def test_model_matcher_quotes_and_bucket_queries_keep_order() -> None:
     qs = bucket_queries(FIGURES[0], MetricNames(), ["0-512", "513-1024", "1025-2048"], "5m", model_matcher("m"))
     assert [q.bucket for q in qs] == ["0-512", "513-1024", "1025-2048"]
     assert all('model="m"' in q.expr for q in qs)
+
+
+def test_mix_panels_and_rules_pass_promtool_with_either_reference(tmp_path: Path) -> None:
+    mix_file = tmp_path / "mix.yml"
+    mix_file.write_text("shares:\n" + "".join(f"  {label}: {i + 1}\n" for i, label in enumerate(BUCKETS.labels)))
+    for extra in ([], ["--reference-mix", str(mix_file)], ["--reference-window", "6h"]):
+        out = tmp_path / f"d{len(extra)}{extra[-1][-2:] if extra else ''}"
+        with redirect_stdout(io.StringIO()):
+            assert main(["dashboard", "--output-dir", str(out), "--slo-ttft", "0.5+0.0001*isl", "--slo-itl", "0.05",
+                         *extra]) == 0
+        res = _promtool_check(tmp_path, out / "recording-rules.yml", out / "alert-rules.yml")
+        assert res.returncode == 0, res.stdout + res.stderr
+        dash = json.loads((out / "grafana-dashboard.json").read_text())
+        titles = [p["title"] for p in dash["panels"]]
+        assert "TTFT p95, all requests: raw and at the reference mix" in titles
+        share = next(p for p in dash["panels"] if p["title"].startswith("Bucket mix"))
+        assert [t["legendFormat"] for t in share["targets"]] == list(BUCKETS.labels)  # numeric order
+        queries = {"groups": [{"name": "panels", "rules": [
+            {"record": f"panel:query{i}", "expr": substitute_variables(e, "5m", ".*")}
+            for i, (_, _, e) in enumerate(panel_queries(dash))]}]}
+        (out / "panels.yml").write_text(to_yaml(queries))
+        res = _promtool_check(tmp_path, out / "panels.yml")
+        assert res.returncode == 0, res.stdout + res.stderr
+        rec = yaml.safe_load((out / "recording-rules.yml").read_text())
+        records = [r["record"] for g in rec["groups"] for r in g["rules"]]
+        tag = "refmix" if "--reference-mix" in extra else "ref6h" if extra else "ref24h"
+        assert f"model:servelens_time_to_first_token_by_isl_seconds:p95_{tag}_rate5m" in records
+        alerts = yaml.safe_load((out / "alert-rules.yml").read_text())["groups"][0]["rules"]
+        assert {a["alert"] for a in alerts} == {
+            "TTFTp95AboveSLOByInputLength", "TTFTSLOAttainmentBelowTargetByInputLength",
+            "ITLSLOAttainmentBelowTargetByInputLength"}
+
+
+def test_attainment_counts_at_the_largest_le_edge_at_or_below_the_threshold() -> None:
+    edges = MetricEdges().ttft_s
+    inner = [e for e in edges if e > 0]
+    between = (inner[3] + inner[4]) / 2
+    for threshold, edge in ((inner[3], inner[3]), (between, inner[3])):
+        rules = attainment_rules("h", Threshold(threshold), BUCKETS, edges)
+        assert [r.bucket for r in rules] == list(BUCKETS.labels)
+        assert {r.edge_s for r in rules} == {edge} and all(r.exact == (threshold == edge) for r in rules)
+        assert all(le_matcher(edge) in r.expr for r in rules)
+    # a threshold growing with ISL: each bucket at its smallest threshold, never exact
+    grow = attainment_rules("h", Threshold(inner[2], 1e-5), BUCKETS, edges)
+    assert [r.edge_s for r in grow] == sorted(r.edge_s for r in grow) and not any(r.exact for r in grow)
+    assert le_matcher(1.0) == 'le=~"1|1\\\\.0"'
+    with pytest.raises(ValueError, match="below the smallest le edge"):
+        attainment_rules("h", Threshold(0.001), BUCKETS, (0.01, math.inf))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--reference-mix", "MIX"], "the reference mix does not match the ISL buckets"),
+    (["--reference-window", "1d2"], "not a Prometheus duration"),
+    (["--slo-ttft", "0-512=1"], "SLO table names 0-512"),
+    (["--slo-ttft", "1", "--attainment-target", "1.5"], "attainment target must be within (0, 1]"),
+])
+def test_cli_bad_mix_and_slo_input_is_one_line_and_writes_nothing(tmp_path: Path, argv: list[str],
+                                                                   message: str) -> None:
+    mix = tmp_path / "mix.yml"
+    mix.write_text("shares:\n  0-512: 1\n  513+: 1\n")
+    err = io.StringIO()
+    with redirect_stderr(err), redirect_stdout(io.StringIO()):
+        rc = main(["dashboard", "--output-dir", str(tmp_path / "o"), *[str(mix) if a == "MIX" else a for a in argv]])
+    assert rc == 2 and err.getvalue().count("\n") == 1 and message in err.getvalue(), err.getvalue()
+    assert not (tmp_path / "o").exists()
+
+
+def test_cli_attainment_counts_at_the_edges_given(tmp_path: Path) -> None:
+    for extra, edge in (([], None), (["--ttft-edges", "dynamo"], 0.47), (["--ttft-edges", "0.3,0.6,0.9"], 0.3)):
+        out = tmp_path / f"d{len(extra)}{edge}"
+        with redirect_stdout(io.StringIO()):
+            assert main(["dashboard", "--output-dir", str(out), "--slo-ttft", "0.5", *extra]) == 0
+        rules = yaml.safe_load((out / "recording-rules.yml").read_text())["groups"][-1]["rules"]
+        want = edge if edge is not None else max(e for e in MetricEdges().ttft_s if e <= 0.5)  # the prefix's
+        assert {float(r["labels"]["slo_le"]) for r in rules} == {want}
+    err = io.StringIO()
+    with redirect_stderr(err), redirect_stdout(io.StringIO()):
+        assert main(["dashboard", "--output-dir", str(tmp_path / "x"), "--ttft-edges", "1,0.5"]) == 2
+    assert "ttft edges" in err.getvalue() and err.getvalue().count("\n") == 1

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from servelens.cli.main import main
+from servelens.core.edges import ITL_EDGES_S, TTFT_EDGES_S  # compared at Dynamo's (coarser) le resolution
 from servelens.core.quantiles import bucket_bounds
-from servelens.core.state import ITL_EDGES_S, TTFT_EDGES_S
 from servelens.process import ServerStartError
 
 
@@ -32,7 +32,8 @@ def le_index(x: float, edges: tuple[float, ...] = TTFT_EDGES_S) -> int:
 def test_demo_short_run(tmp_path: Path) -> None:
     out = tmp_path / "demo"
     proc = subprocess.run(
-        [sys.executable, "-m", "servelens", "demo", "--duration", "8", "--output-dir", str(out)],
+        [sys.executable, "-m", "servelens", "demo", "--trace", "mooncake_conversation_400.jsonl", "--duration", "8",
+         "--output-dir", str(out)],
         capture_output=True, text=True, timeout=240, check=False,
         # os.environ as Python sees it: a COLUMNS put into the C environment behind its back (it is
         # there under pytest) would narrow the piped tables, which honour $COLUMNS
@@ -188,6 +189,7 @@ def _demo_in_process(*argv: str) -> tuple[int, str]:
     (["--speedup", "nan"], "speedup must be a finite number"),
     (["--speedup", "1e-300"], "speedup must be a finite number >= 0.001"),  # was the sim's refusal, once started
     (["--engine", "vllm", "--speedup", "2"], "--speedup applies to --engine sim only"),  # was ignored
+    (["--engine", "llama.cpp", "--speedup", "2"], "--speedup applies to --engine sim only (llama.cpp runs"),
     (["--trace", "/nonexistent/trace.jsonl"], "trace file not found"),
     (["--trace", "/"], "--trace / is a folder"),  # was "[Errno 21] Is a directory", once both were up
     (["--output-dir", "/proc/version/o"], "cannot write to --output-dir /proc/version/o"),  # was "[Errno 20] ..."
@@ -216,3 +218,25 @@ def test_demo_engine_that_fails_to_start_is_one_line(tmp_path: Path, monkeypatch
     monkeypatch.setattr("servelens.demo.ServerProcess", Failing)
     rc, err = _demo_in_process("--output-dir", str(tmp_path / "o"))
     assert rc == 2 and err == "servelens: error: servelens sim exited with status 1: address in use\n"
+
+
+def test_demo_real_engine_that_fails_to_build_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real engine's harness error (a failed build step; its message has the log's tail on
+    further lines) is one line naming the step and the log, before the gateway starts."""
+    from servelens.engines import llama_cpp
+
+    class Failing:
+        def __init__(self, *_a: Any, **_k: Any) -> None: ...
+
+        def __enter__(self) -> None:
+            raise llama_cpp.LlamaHarnessError("cmake configure: exit status 1 (log: /x/build.log):\nCMake Error")
+
+        def __exit__(self, *_a: Any) -> None: ...
+
+    def no_gateway(*_a: Any, **_k: Any) -> None:
+        raise AssertionError("the gateway was started without an engine")
+
+    monkeypatch.setattr(llama_cpp, "LlamaServer", Failing)
+    monkeypatch.setattr("servelens.demo.ServerProcess", no_gateway)
+    rc, err = _demo_in_process("--engine", "llama.cpp", "--output-dir", str(tmp_path / "o"))
+    assert (rc, err) == (2, "servelens: error: cmake configure: exit status 1 (log: /x/build.log):\n")

@@ -23,28 +23,35 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import subprocess
-import sys
 import time
-import urllib.request
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from servelens.core.buckets import IslBuckets
 from servelens.core.sse import SSEDecoder
 from servelens.engines.vllm_cpu import BENCH_MAX_CONTEXT, VllmServer
 from servelens.formats.metrics_text import Scrape, parse_scrape
-from servelens.formats.results import BenchRecord, load_results
+from servelens.formats.results import BenchRecord
 from servelens.gateway.requestlog import read_request_log
-from servelens.gateway.testing import run_gateway, serve_app
+from servelens.gateway.testing import run_gateway
 from servelens.process import ServerProcess
+from servelens.testing.engines import (
+    ascrape,
+    bench_bucket_counts,
+    delta,
+    gateway_bucket_counts,
+    recording_tap,
+    run_bench,
+    scrape,
+    sse_events,
+    wait_gateway_counted,
+    wait_until,
+)
 
 pytestmark = pytest.mark.vllm
 
@@ -63,30 +70,6 @@ VLLM_PROMPT = "vllm:request_prompt_tokens"
 VLLM_CACHED = "vllm:prompt_tokens_cached_total"
 VLLM_RUNNING = "vllm:num_requests_running"
 VLLM_SUCCESS = "vllm:request_success_total"
-
-
-def scrape(url: str) -> Scrape:
-    """GET ``url/metrics`` and parse it."""
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
-        return parse_scrape(resp.read().decode())
-
-
-async def ascrape(session: aiohttp.ClientSession, url: str) -> Scrape:
-    async with session.get(url + "/metrics") as resp:
-        return parse_scrape(await resp.text())
-
-
-def delta(after: Scrape, before: Scrape, name: str, match: dict[str, str] | None = None) -> float:
-    return after.value(name, match) - before.value(name, match)
-
-
-def wait_until(cond: Any, timeout_s: float, what: str) -> None:
-    """Poll ``cond()`` until true, at most ``timeout_s`` (a bounded condition wait)."""
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
@@ -123,25 +106,14 @@ def bench_run(vllm: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Ben
         log_path=out / "gateway.log",
     ) as gw:
         v0, g0 = scrape(vllm.url), scrape(gw.url)
-        t0 = time.monotonic()
-        cmd = [
-            sys.executable, "-m", "servelens", "bench", "--url", gw.url, "--trace", TRACE,
-            "--max-requests", str(N_REQUESTS), "--time-scale", "0.2", "--max-context", str(MAX_CONTEXT),
-            "--long-requests", "clip", "--tokenizer", str(vllm.tokenizer_path),
-            "--isl-buckets", ISL_BUCKETS, "--output-dir", str(out), "--no-progress",
-        ]  # fmt: skip
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
-        wall_s = time.monotonic() - t0
-        assert proc.returncode == 0, f"bench failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
-        records = tuple(load_results(out))
+        records, wall_s = run_bench(gw.url, [
+            "--trace", TRACE, "--max-requests", str(N_REQUESTS), "--time-scale", "0.2", "--max-context",
+            str(MAX_CONTEXT), "--long-requests", "clip", "--tokenizer", str(vllm.tokenizer_path),
+            "--isl-buckets", ISL_BUCKETS,
+        ], out)  # fmt: skip
         assert len(records) == N_REQUESTS
         # Both sides record a request once its stream has ended; wait (bounded) for the last ones.
-        wait_until(
-            lambda: scrape(gw.url).value("servelens_requests_total") - g0.value("servelens_requests_total")
-            >= N_REQUESTS + 1,
-            WAIT_S,
-            "the gateway to record every request",
-        )
+        wait_gateway_counted(gw.url, g0, N_REQUESTS + 1, WAIT_S)
         wait_until(
             lambda: delta(scrape(vllm.url), v0, VLLM_SUCCESS) >= N_REQUESTS + 1,
             WAIT_S,
@@ -335,19 +307,8 @@ def test_every_request_succeeds(bench_run: BenchRun) -> None:
 
 def test_gateway_buckets_equal_bench_buckets(bench_run: BenchRun) -> None:
     buckets = IslBuckets.parse(ISL_BUCKETS)
-    bench_counts: dict[str, int] = {buckets.label(bench_run.probe["isl"]): 1}  # the probe
-    for r in bench_run.records:
-        assert r.isl_server is not None, "vLLM reports prompt_tokens"
-        label = buckets.label(r.isl_server)
-        bench_counts[label] = bench_counts.get(label, 0) + 1
-    gw_counts = {
-        label: int(
-            delta(bench_run.gw_after, bench_run.gw_before, "servelens_request_duration_by_isl_seconds_count",
-                  {"isl_bucket": label})
-        )
-        for label in buckets.labels
-    }
-    assert {k: v for k, v in gw_counts.items() if v} == bench_counts
+    bench_counts = bench_bucket_counts(bench_run.records, buckets, [bench_run.probe["isl"]])  # with the probe
+    assert gateway_bucket_counts(bench_run.gw_after, bench_run.gw_before, buckets) == bench_counts
     assert len(bench_counts) >= 2, "the cut spans several buckets"
 
 
@@ -403,52 +364,6 @@ def test_ttft_between_engine_and_client(bench_run: BenchRun) -> None:
 
 
 # ---------------------------------------------------------------- exact relay (recording tap)
-
-
-@dataclass
-class Tap:
-    url: str
-    bodies: list[bytes]
-
-
-@asynccontextmanager
-async def recording_tap(upstream: str) -> AsyncIterator[Tap]:
-    """A pass-through HTTP proxy on a free loopback port that keeps every response body exactly as
-    the upstream sent it (``bodies``, in order). Only for tests; no header rewriting beyond hop ones."""
-    bodies: list[bytes] = []
-    session = aiohttp.ClientSession(auto_decompress=False)
-
-    async def handle(request: web.Request) -> web.StreamResponse:
-        body = await request.read()
-        headers = {k: v for k, v in request.headers.items() if k.lower() in ("content-type", "accept")}
-        async with session.request(request.method, upstream + request.path_qs, data=body, headers=headers) as up:
-            resp = web.StreamResponse(status=up.status)
-            if "Content-Type" in up.headers:
-                resp.content_type = up.headers["Content-Type"].split(";")[0]
-            await resp.prepare(request)
-            raw = bytearray()
-            async for data in up.content.iter_any():
-                raw += data
-                await resp.write(data)
-            if request.path.startswith("/v1/chat"):
-                bodies.append(bytes(raw))
-            await resp.write_eof()
-            return resp
-
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", handle)
-    try:
-        async with serve_app(app) as url:
-            yield Tap(url, bodies)
-    finally:
-        await session.close()
-
-
-def sse_events(raw: bytes) -> list[str]:
-    """The ``data`` payloads of an SSE body (core decoder), in order."""
-    dec = SSEDecoder()
-    blocks = dec.decode(raw) + dec.flush()
-    return [b.data for b in blocks if b.data is not None]
 
 
 def expected_events(upstream: list[str], client_usage: bool, client_continuous: bool) -> list[str]:

@@ -38,6 +38,29 @@ def test_flags_and_config_file(tmp_path: Path) -> None:
     assert parse("--upstream", "http://h:1").port == 8080
 
 
+def test_edges_and_series_budget_from_flags_and_file(tmp_path: Path) -> None:
+    from servelens.core.edges import FINE_ITL_EDGES_S, FINE_TTFT_EDGES_S, MetricEdges
+
+    cfg = parse("--upstream", "http://h:1")
+    assert cfg.ttft_edges_s is None and cfg.metric_edges == MetricEdges()
+    assert cfg.metric_edges.ttft_s == FINE_TTFT_EDGES_S and cfg.metric_edges.itl_s == FINE_ITL_EDGES_S
+    assert parse("--upstream", "http://h:1", "--metrics-prefix", "dynamo_frontend").metric_edges.is_dynamo
+    cfg = parse("--upstream", "http://h:1", "--ttft-edges", "0.05,0.1,0.2", "--itl-edges", "dynamo",
+                "--max-series", "9000", "--request-log-chunks")
+    assert cfg.ttft_edges_s == (0.05, 0.1, 0.2) and cfg.metric_edges.ttft_s == (0.05, 0.1, 0.2)
+    assert cfg.metric_edges.itl_s == MetricEdges.dynamo().itl_s and cfg.max_series == 9000 and cfg.request_log_chunks
+    f = tmp_path / "gw.yaml"
+    f.write_text("upstream: http://127.0.0.1:8000\nttft_edges_s: [0.1, 1, 10]\nitl_edges_s: fine\n"
+                 "max_series: 100000\nrequest_log_chunks: true\n")
+    cfg = parse("--config", str(f))
+    assert cfg.metric_edges.ttft_s == (0.1, 1.0, 10.0) and cfg.metric_edges.itl_s == FINE_ITL_EDGES_S
+    assert cfg.max_series == 100000 and cfg.request_log_chunks
+    assert parse("--config", str(f), "--ttft-edges", "fine").ttft_edges_s == FINE_TTFT_EDGES_S  # flag wins
+    # Dynamo's names: Dynamo's edges are accepted when spelt out, nothing else
+    assert parse("--upstream", "http://h:1", "--metrics-prefix", "dynamo_frontend", "--ttft-edges",
+                 "dynamo").metric_edges.is_dynamo
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -48,6 +71,11 @@ def test_flags_and_config_file(tmp_path: Path) -> None:
         (["--upstream", "http://h:1", "--config", "/nonexistent.yaml"], "cannot read config file"),
         (["--upstream", "http://h:1", "--metrics-prefix", "9bad"], "not a valid Prometheus"),
         (["--upstream", "http://h:1", "--tokenizer", "/nonexistent.json"], "tokenizer file not found"),
+        (["--upstream", "http://h:1", "--ttft-edges", "1,0.5"], "ttft edges: histogram edges must be strictly"),
+        (["--upstream", "http://h:1", "--itl-edges", "coarse"], "itl edges must be fine, dynamo or"),
+        (["--upstream", "http://h:1", "--metrics-prefix", "dynamo_frontend", "--by-isl-only", "--ttft-edges",
+          "fine"], "the TTFT and ITL edges are Dynamo's"),
+        (["--upstream", "http://h:1", "--max-series", "0"], "max_series must be >= 1"),
     ],
 )
 def test_user_errors_are_one_line(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -83,6 +111,10 @@ def test_bad_yaml_and_unknown_key(tmp_path: Path, capsys: pytest.CaptureFixture[
         ("request_log: [1]", "request_log must be a string"),
         ('by_isl_only: "yes"', "by_isl_only must be true or false"),
         ("inject_usage: 0", "inject_usage must be true or false"),
+        ("request_log_chunks: 1", "request_log_chunks must be true or false"),
+        ("max_series: 1e5", "max_series must be an integer"),
+        ("ttft_edges_s: {a: 1}", "ttft edges must be fine, dynamo or a list"),
+        ("itl_edges_s: [0.1, x]", "itl edges must be fine, dynamo or comma-separated seconds, got 'x'"),
         ("models: [unknown_model]", "'unknown_model' is reserved"),  # was a warning, and a server without it
     ],
 )

@@ -111,6 +111,7 @@ async def test_unary_relayed_and_measured(fake: ScriptedUpstream, http: aiohttp.
         "duration_s": entries[0]["duration_s"], "osl": 4, "osl_source": "usage", "cached_tokens": 128,
         "output_chunks": 0, "status": "success", "error_type": "", "http_status": 200,
         "arrival_ns": entries[0]["arrival_ns"], "first_output_ns": None,
+        "chunk_offsets_ns": None, "chunk_tokens": None,  # only with --request-log-chunks
     }]
     assert "sk-secret" not in log.read_text()
 
@@ -620,3 +621,16 @@ async def test_upstream_redirect_is_relayed_with_its_location_through_the_gatewa
                 async with http.post(gw.url + path, json=body, allow_redirects=False) as r:
                     assert r.status == 307 and r.headers["Location"] == "/v1/chat/completions?x=1", path
     assert got == [b"/v1/chat/completions/", b"/v1/chat/completions"]  # each sent once, not followed
+
+
+async def test_event_streams_say_no_proxy_buffering_and_keep_the_engines_own(
+    fake: ScriptedUpstream, http: aiohttp.ClientSession
+) -> None:
+    async with run_gateway(fake.url) as gw:
+        _, _, headers = await post(http, gw.url, chat())
+        assert headers.getall("X-Accel-Buffering") == ["no"]  # nginx in front must not hold tokens
+        _, _, headers = await post(http, gw.url, chat(stream=False))
+        assert "X-Accel-Buffering" not in headers  # a whole JSON reply is not an event stream
+        fake.stream_headers = {"X-Accel-Buffering": "yes"}  # the engine's own choice wins
+        _, _, headers = await post(http, gw.url, chat())
+        assert headers.getall("X-Accel-Buffering") == ["yes"]

@@ -619,3 +619,29 @@ async def test_client_gone_while_sending_body_to_the_sim(stack: tuple[SimHandle,
     assert_no_by_isl(gw)
     assert (await sim.wait_truth("held")).outcome == "cancelled"
     assert sim.get_truth("partial") is None
+
+
+@pytest.mark.parametrize("faults", ["", "multi_token", "coalesce"])
+async def test_request_log_chunks_against_the_truth(tmp_path: Any, faults: str) -> None:
+    """--request-log-chunks: every output chunk's read time and tokens, consistent with the metrics and
+    with the engine's truth (each chunk read after the engine emitted its last token; coalesced chunks
+    are read together and share one time)."""
+    log = tmp_path / "req.jsonl"
+    async with run_sim(speedup=20) as sim, run_gateway(sim.url, request_log=str(log), request_log_chunks=True) as gw:
+        status, _, err = await fetch(gw.url + path("chat_completions"), body("chat_completions", n=9), "chunks", faults)
+        assert status == 200 and err is None
+        await gw.gateway.wait_finished(1)
+        truth = await sim.wait_truth("chunks")
+    (entry,) = read_request_log(log)
+    offsets, tokens = entry["chunk_offsets_ns"], entry["chunk_tokens"]
+    assert isinstance(offsets, list) and isinstance(tokens, list)
+    assert len(offsets) == len(tokens) == entry["output_chunks"] and sum(tokens) == entry["osl"] == truth.osl == 9
+    assert offsets == sorted(offsets) and entry["arrival_ns"] + offsets[0] == entry["first_output_ns"]  # type: ignore[operator]
+    last_token = 0
+    for off, k in zip(offsets, tokens, strict=True):
+        last_token += k
+        assert entry["arrival_ns"] + off >= truth.token_times_ns[last_token - 1]  # type: ignore[operator]
+    if faults == "multi_token":
+        assert tokens == [1, 4, 4]
+    if faults == "coalesce":  # two events per write: pairs read together
+        assert len(set(offsets)) < len(offsets)

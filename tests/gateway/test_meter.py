@@ -178,10 +178,13 @@ def test_stream_without_finish_or_done_is_truncated_and_no_ttft_zero() -> None:
     assert m.state.models["m"].stock.ttft.count == 0
 
 
-def test_finish_reason_without_done_is_success_and_done_alone_too() -> None:
+def test_finish_reason_without_done_is_success_and_done_alone_is_not() -> None:
     _, mt = meter()
     mt.feed(1 * MS, ev(fin(content="a")))
     assert finish(mt, 2 * MS)[1] == ("success", "")
+    _, mt = meter()
+    mt.feed(1 * MS, b"data: [DONE]\n\n")  # complete, but nothing was generated
+    assert finish(mt, 2 * MS)[1] == ("error", "backend_error")
 
 
 def test_malformed_chunk_is_backend_error() -> None:
@@ -457,3 +460,125 @@ def test_the_cut_keeps_a_bom_opening_the_stream_and_an_unfinished_event_unfinish
     # the stream ended inside the event: sent without usage and still without its blank line (a client
     # drops an event the stream ends in, as the spec says; a blank line added would have it dispatched)
     assert b"usage" not in tail and tail.startswith(b"data: {") and not tail.endswith(b"\n\n")
+
+
+# -- tokens per chunk from cumulative usage (design notes: ITL) ------------------------------------
+
+
+def counted(chunks: list[tuple[str, int]]) -> tuple[RequestRecord, tuple[str, str]]:
+    """Content chunks (text, cumulative count) 30 ms apart from 10 ms, the last with finish_reason."""
+    _, mt = meter()
+    for i, (text, ct) in enumerate(chunks):
+        body = fin(content=text) if i == len(chunks) - 1 else delta(content=text)
+        mt.feed((10 + 30 * i) * MS, ev({**body, "usage": usage(5, ct)}))
+    mt.feed(len(chunks) * 30 * MS, b"data: [DONE]\n\n")
+    return finish(mt, len(chunks) * 30 * MS)
+
+
+def test_a_chunk_whose_count_did_not_move_carries_no_token() -> None:
+    """Content a, b, c, d with cumulative counts 1, 1, 2, 3: two token gaps, not three; b's gap joins c's."""
+    rec, outcome = counted([("a", 1), ("b", 1), ("c", 2), ("d", 3)])
+    assert outcome == ("success", "")
+    assert rec.ttft_s == pytest.approx(0.010)
+    assert rec.itl.count == 2 and rec.itl.sum == pytest.approx(0.090)  # c - a = 60 ms, d - c = 30 ms
+    assert rec.osl == 3
+
+
+def test_a_token_in_an_empty_text_chunk_is_counted() -> None:
+    """Chunks a (1), "" (2), c (3), d (4), 30 ms apart: three 30 ms ITL values."""
+    rec, _ = counted([("a", 1), ("", 2), ("c", 3), ("d", 4)])
+    assert rec.itl.count == 3 and rec.itl.sum == pytest.approx(0.090)
+    assert rec.ttft_s == pytest.approx(0.010) and rec.osl == 4
+
+
+def test_tokens_counted_before_the_first_output_are_not_a_first_token() -> None:
+    # an empty-text chunk whose count moved before any text: TTFT is still the first text (design)
+    _, mt = meter()
+    mt.feed(5 * MS, ev({**delta(role="assistant", content=""), "usage": usage(5, 0)}))
+    mt.feed(10 * MS, ev({**delta(content=""), "usage": usage(5, 1)}))
+    mt.feed(20 * MS, ev({**delta(content="ab"), "usage": usage(5, 2)}))
+    mt.feed(50 * MS, ev({**fin(content="c"), "usage": usage(5, 3)}) + b"data: [DONE]\n\n")
+    rec, _ = finish(mt, 51 * MS)
+    assert rec.ttft_s == pytest.approx(0.020)
+    assert rec.itl.count == 1 and rec.itl.sum == pytest.approx(0.030)
+
+
+def test_several_choices_take_the_first_choices_own_counts() -> None:
+    """n = 2, two tokens per chunk, per-choice cumulative counts 2/4/6/8 and a final total of 16:
+    choice 0 gives 6 ITL values, as the same chunks do at n = 1."""
+
+    def run(n: int) -> RequestRecord:
+        _, mt = meter()
+        for step in range(4):
+            for i in range(n):
+                body = choice(i, "length" if step == 3 else None, content=f"t{step}t{step}")
+                body["usage"] = usage(20, 2 * (step + 1))  # vLLM, SGLang: the chunk's own choice's count
+                mt.feed((10 + 40 * step + i) * MS, ev(body))
+        mt.feed(200 * MS, ev({"choices": [], "usage": usage(20, 8 * n)}) + b"data: [DONE]\n\n")
+        rec, outcome = finish(mt, 201 * MS)
+        assert outcome == ("success", "") and rec.osl == 8 * n
+        return rec
+
+    one, two = run(1), run(2)
+    assert one.itl.count == 6 and one.itl.sum == pytest.approx(0.120)
+    assert two.itl.count == 6 and two.itl.sum == pytest.approx(0.120)
+    assert two.ttft_s == pytest.approx(one.ttft_s)
+
+
+def test_usage_on_a_chunk_of_several_choices_falls_back_to_one_token_per_chunk() -> None:
+    # one count for two choices cannot be split: choice 0's output chunks count one token each
+    _, mt = meter()
+    both = {"choices": [{"index": 0, "delta": {"content": "a"}, "finish_reason": None},
+                        {"index": 1, "delta": {"content": "b"}, "finish_reason": None}], "usage": usage(5, 4)}
+    mt.feed(10 * MS, ev(both))
+    mt.feed(40 * MS, ev({**both, "usage": usage(5, 8),
+                         "choices": [{**c, "finish_reason": "stop"} for c in both["choices"]]}))
+    rec, outcome = finish(mt, 41 * MS)
+    assert outcome == ("success", "")
+    assert rec.itl.count == 1 and rec.itl.sum == pytest.approx(0.030)
+
+
+# -- streams that produced nothing, or said they failed (docs/counting.md) ------------------------
+
+
+@pytest.mark.parametrize(
+    "stream",
+    [
+        b"data: [DONE]\n\n",
+        ev(delta(role="assistant", content="")) + b"data: [DONE]\n\n",
+        ev(delta(role="assistant", content="")) + ev(fin()) + b"data: [DONE]\n\n",
+    ],
+    ids=["done-alone", "role-only", "role-and-finish"],
+)
+def test_a_stream_that_produced_nothing_is_not_a_success(stream: bytes) -> None:
+    _, mt = meter()
+    mt.feed(1 * MS, stream)
+    rec, outcome = finish(mt, 2 * MS)
+    assert outcome == ("error", "backend_error")
+    assert rec.ttft_s is None
+
+
+def test_a_reply_that_is_only_an_end_of_sequence_token_is_a_success() -> None:
+    # the model stopped at once: no text, but usage counts the token it generated
+    _, mt = meter()
+    mt.feed(1 * MS, ev({**fin(content=""), "usage": usage(5, 1)}) + b"data: [DONE]\n\n")
+    rec, outcome = finish(mt, 2 * MS)
+    assert outcome == ("success", "") and rec.osl == 1 and rec.ttft_s is None
+
+
+@pytest.mark.parametrize(
+    "error_event",
+    [
+        b'event: error\ndata: {"message": "boom"}\n\n',
+        b"event: error\ndata: boom\n\n",
+        b'data: {"object": "error", "message": "boom", "type": "BadRequestError", "param": null, "code": 400}\n\n',
+    ],
+    ids=["sse-event-error", "sse-event-error-text", "vllm-object-error"],
+)
+def test_an_error_event_then_done_is_backend_error(error_event: bytes) -> None:
+    for before in (b"", ev(delta(content="a"))):
+        _, mt = meter()
+        mt.feed(1 * MS, before + error_event + b"data: [DONE]\n\n")
+        _, outcome = finish(mt, 2 * MS)
+        assert outcome == ("error", "backend_error")
+        assert mt.error == "boom"

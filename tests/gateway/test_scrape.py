@@ -73,7 +73,9 @@ async def test_a_large_scrape_lets_the_loop_turn_between_slices(fake: ScriptedUp
         # model's copy), where one call formatting it all let the loop turn a handful of times
         assert len(body) > 80 * SLICE_BYTES
         assert turns >= len(body) // SLICE_BYTES + 10
-        assert body == collector_text(metrics)  # what prometheus_client writes, byte for byte
+        # what prometheus_client writes, byte for byte (then the gateway's connection metrics)
+        assert body == collector_text(metrics) + metrics.added_exposition()
+        assert b"servelens_gateway_max_connections " in metrics.added_exposition()
 
 
 async def test_gzip_when_asked_compressed_off_the_loop(fake: ScriptedUpstream, monkeypatch: pytest.MonkeyPatch
@@ -197,4 +199,4 @@ async def test_startup_summary_says_where_the_metrics_are() -> None:
         line = startup_summary(running)
     finally:
         await running.close()
-    assert line.endswith(f"metrics servelens_* at http://127.0.0.1:{running.metrics_listener.port}/metrics")
+    assert f"; metrics servelens_* at http://127.0.0.1:{running.metrics_listener.port}/metrics, " in line

@@ -14,11 +14,23 @@ async def test_startup_summary_names_upstream_models_buckets_and_prefix() -> Non
         running = await start_gateway(cfg)
         try:
             line = startup_summary(running)
+            assert running.guard is not None
+            b = running.guard.budget
         finally:
             await running.close()
     assert line == (f"servelens gateway: upstream {sim.url}; models sim-model; ISL buckets 0-512, 513-1024, 1025+; "
-                    "metrics dynamo_frontend_*")
+                    "metrics dynamo_frontend_*, 18 TTFT and 20 ITL le edges, 361 series per model, at most 64 models; "
+                    f"open files {b.soft} (hard {b.hard}): up to {b.max_connections} streams")
+    assert b.max_connections == (b.soft - b.at_start - 64) // 2
     assert "\n" not in line
+    # servelens' names: the fine edges, and the model cap the series budget leaves (7 ISL buckets)
+    async with run_sim() as sim:
+        running = await start_gateway(GatewayConfig(upstream=sim.url))
+        try:
+            line = startup_summary(running)
+        finally:
+            await running.close()
+    assert "metrics servelens_*, 140 TTFT and 134 ITL le edges, 2,589 series per model, at most 19 models; " in line
 
 
 async def test_startup_summary_before_the_upstream_answers() -> None:
@@ -54,3 +66,80 @@ async def test_ready_and_startup_line_hide_the_upstream_password() -> None:
             assert r.status == 200 and "s3cret" not in text and "svc:***@" in text
         finally:
             await running.close()
+
+
+async def test_a_gateway_started_before_its_engine_serves_as_soon_as_the_engine_answers() -> None:
+    """No ``502 cannot list its models`` window once the upstream answers: a request while the latest
+    poll failed polls again (the rate limit on re-polls applies only while the upstream answers)."""
+    import aiohttp
+
+    from servelens.gateway.testing import FAKE_MODEL, run_gateway, run_scripted_upstream
+    from servelens.process import free_port
+
+    port = free_port()
+    body = {"model": FAKE_MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 2}
+    # no periodic refresh, and a re-poll limit far longer than the test: only requests make polls
+    async with run_gateway(f"http://127.0.0.1:{port}", models_refresh_s=0, repoll_min_interval_s=3600,
+                           connect_timeout_s=2) as gw, aiohttp.ClientSession() as http:
+        async with http.post(gw.url + "/v1/chat/completions", json=body) as r:
+            assert r.status == 502 and (await r.json())["error"]["code"] == "upstream_unavailable"
+        async with run_scripted_upstream(port=port) as up:  # the engine comes up
+            async with http.get(gw.url + "/v1/models") as r:
+                assert r.status == 200
+            async with http.post(gw.url + "/v1/chat/completions", json=body) as r:
+                assert r.status == 200, await r.text()
+                assert b"[DONE]" in await r.read()
+            assert len(up.completions()) == 1
+
+
+async def test_a_request_does_not_take_the_answer_of_a_poll_that_started_before_it() -> None:
+    """A model-list poll in flight when the engine comes up fails; the request that arrived meanwhile
+    polls again instead of answering 502."""
+    import asyncio
+
+    import aiohttp
+
+    from servelens.gateway.testing import FAKE_MODEL, raw_tcp_server, read_http_request, run_gateway
+
+    up_first = asyncio.Event()  # the first /v1/models request reached the engine
+    release = asyncio.Event()
+    lists = [0]
+
+    async def engine(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            head, _ = await read_http_request(r)
+            if head.startswith(b"GET /v1/models"):
+                lists[0] += 1
+                if lists[0] == 2:  # the poll at start succeeded; the second one is in flight...
+                    up_first.set()
+                    await release.wait()
+                    w.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n")  # ...and fails
+                    await w.drain()
+                    continue
+                data = b'{"object":"list","data":[{"id":"other"}]}' if lists[0] == 1 else (
+                    b'{"object":"list","data":[{"id":"%s"}]}' % FAKE_MODEL.encode())
+                w.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                        % (len(data), data))
+                await w.drain()
+            else:
+                text = b'data: {"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":"stop"}]}\n\n'
+                w.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n%s"
+                        % (len(text), text))
+                await w.drain()
+
+    body = {"model": FAKE_MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    async with raw_tcp_server(engine) as (port, _), run_gateway(
+        f"http://127.0.0.1:{port}", models_refresh_s=0, repoll_min_interval_s=0
+    ) as gw, aiohttp.ClientSession() as http:
+        first = asyncio.create_task(http.post(gw.url + "/v1/chat/completions", json=body))
+        await up_first.wait()  # its poll is in flight
+        second = asyncio.create_task(http.post(gw.url + "/v1/chat/completions", json=body))
+        while not gw.gateway.router._poll_lock._waiters:  # the second request waits on that poll
+            await asyncio.sleep(0)
+        release.set()
+        r1, r2 = await first, await second
+        assert r1.status == 502  # its own poll failed
+        assert r2.status == 200, await r2.text()  # not the failed poll's answer: it polled again
+        assert lists[0] == 3
+        r1.close()
+        r2.close()

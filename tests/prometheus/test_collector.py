@@ -1,3 +1,4 @@
+import itertools
 import shutil
 import subprocess
 
@@ -6,7 +7,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from servelens.core.buckets import IslBuckets
-from servelens.core.state import MetricEdges
+from servelens.core.edges import MetricEdges
 from servelens.prometheus import FrontendMetrics, MetricNames
 
 MS = 1_000_000
@@ -20,16 +21,20 @@ def families(reg: CollectorRegistry) -> dict[str, list]:
     return out
 
 
-def test_series_count_one_model_seven_buckets() -> None:
+@pytest.mark.parametrize(("prefix", "by_isl_series", "stock_series"), [
+    ("servelens", 7 * (143 + 137 + 13 + 13 + 15), 336),  # the fine TTFT (140) and ITL (134) edges
+    ("dynamo_frontend", 7 * (21 + 23 + 13 + 13 + 15), 100),  # Dynamo 1.6.1's edges
+])
+def test_series_count_one_model_seven_buckets(prefix: str, by_isl_series: int, stock_series: int) -> None:
     reg = CollectorRegistry()
-    m = FrontendMetrics(registry=reg, isl_buckets=BUCKETS)
+    m = FrontendMetrics(registry=reg, isl_buckets=BUCKETS, prefix=prefix)
     m.register_model("m")
-    e = MetricEdges()
+    e = m.state.edges
     per_hist = [len(x) + 1 + 2 for x in (e.ttft_s, e.itl_s, e.duration_s, e.osl_tokens, e.cached_tokens)]
     expected_by_isl = 7 * sum(per_hist)
-    assert expected_by_isl == 7 * (21 + 23 + 13 + 13 + 15) == 595
+    assert expected_by_isl == by_isl_series
     fams = families(reg)
-    n = MetricNames()
+    n = MetricNames(prefix)
     got = sum(len(fams[name.removesuffix("_total")]) for name in n.by_isl_histograms())
     assert got == expected_by_isl
     # every bucket's series exists at zero right after registration
@@ -50,7 +55,10 @@ def test_series_count_one_model_seven_buckets() -> None:
     stock_hist = sum(len(x) + 3 for x in (e.ttft_s, e.itl_s, e.duration_s, e.isl_tokens, e.osl_tokens,
                                           e.cached_tokens))
     got_stock = sum(len(fams[name]) for name in n.stock_histograms())
-    assert got_stock == stock_hist == 100
+    assert got_stock == stock_hist == stock_series
+    # series_per_model is what one model adds to the scrape (requests_total appears on use)
+    per_model = sum(len(v) for k, v in fams.items() if k not in (n.disconnected, n.requests.removesuffix("_total")))
+    assert m.series_per_model == per_model == by_isl_series + stock_series + 2 + 4
 
 
 def test_off_means_nothing_by_isl_registered() -> None:
@@ -80,16 +88,20 @@ def test_no_created_series_and_dynamo_names() -> None:
         assert name in text, name
 
 
+def _edges(fams: dict[str, list], name: str, **match: str) -> list[float]:
+    return [float(s.labels["le"]) for s in fams[name] if s.name.endswith("_bucket")
+            and all(s.labels.get(k) == v for k, v in match.items())]
+
+
 def test_le_edges_match_dynamo_and_by_isl_twins() -> None:
     reg = CollectorRegistry()
-    m = FrontendMetrics(registry=reg, isl_buckets=BUCKETS)
+    m = FrontendMetrics(registry=reg, isl_buckets=BUCKETS, prefix="dynamo_frontend")
     m.register_model("m")
     fams = families(reg)
-    n = MetricNames()
+    n = MetricNames("dynamo_frontend")
 
     def edges(name: str, **match: str) -> list[float]:
-        return [float(s.labels["le"]) for s in fams[name] if s.name.endswith("_bucket")
-                and all(s.labels.get(k) == v for k, v in match.items())]
+        return _edges(fams, name, **match)
 
     assert edges(n.ttft)[:-1] == [0, 0.0022, 0.0047, 0.01, 0.022, 0.047, 0.1, 0.22, 0.47, 1, 2.2, 4.7, 10, 22, 48,
                                   100, 220, 480]
@@ -102,6 +114,52 @@ def test_le_edges_match_dynamo_and_by_isl_twins() -> None:
     for stock, twin in ((n.ttft, n.ttft_by_isl), (n.itl, n.itl_by_isl), (n.duration, n.duration_by_isl),
                         (n.osl, n.osl_by_isl), (n.cached, n.cached_by_isl)):
         assert edges(twin, isl_bucket="513-1024") == edges(stock)
+
+
+def test_fine_edges_for_servelens_names_and_twins_share_them() -> None:
+    reg = CollectorRegistry()
+    m = FrontendMetrics(registry=reg, isl_buckets=BUCKETS)
+    m.register_model("m")
+    fams = families(reg)
+    n = MetricNames()
+    ttft, itl = _edges(fams, n.ttft), _edges(fams, n.itl)
+    assert ttft[:4] == [0, 0.000977, 0.00106, 0.00116] and ttft[-4:] == [128, 220, 480, float("inf")]
+    assert itl[:2] == [0, 0.000122] and itl[-6:] == [8, 13, 24, 44, 80, float("inf")]
+    for fine in (ttft[1:-3], itl[1:-5]):  # the 2^(1/8) grid: neighbours 8.3-9.8 % apart
+        ratios = [b / a for a, b in itertools.pairwise(fine)]
+        assert min(ratios) > 1.08 and max(ratios) < 1.098
+    assert 1 in ttft and 0.5 in ttft and 0.125 in itl  # powers of two are edges
+    raw = generate_latest(reg).decode()
+    assert 'le="0.000977"' in raw and 'le="1"' in raw and 'le="128"' in raw  # written as Dynamo writes le
+    assert _edges(fams, n.duration)[:-1] == [0, 2, 4, 8, 16, 32, 64, 130, 260, 510]  # the others stay Dynamo's
+    for stock, twin in ((n.ttft, n.ttft_by_isl), (n.itl, n.itl_by_isl), (n.duration, n.duration_by_isl),
+                        (n.osl, n.osl_by_isl), (n.cached, n.cached_by_isl)):
+        assert _edges(fams, twin, isl_bucket="16385+") == _edges(fams, stock)
+
+
+def test_dynamo_names_refuse_other_edges() -> None:
+    with pytest.raises(ValueError, match="Dynamo's"):
+        FrontendMetrics(prefix="dynamo_frontend", isl_buckets=BUCKETS, edges=MetricEdges())
+    with pytest.raises(ValueError, match="Dynamo's"):  # the sidecar too: its twins join Dynamo's own stock series
+        FrontendMetrics(prefix="dynamo_frontend", isl_buckets=BUCKETS, stock=False,
+                        edges=MetricEdges(ttft_s=(0.1, 1.0)))
+    custom = FrontendMetrics(isl_buckets=BUCKETS, edges=MetricEdges(ttft_s=(0.1, 1.0), itl_s=(0.01,)))
+    assert custom.state.edges.ttft_s == (0.1, 1.0)
+
+
+def test_series_budget_caps_models() -> None:
+    m = FrontendMetrics(isl_buckets=BUCKETS, max_series=3 * 2589 + 100)
+    assert m.series_per_model == 2589 and m.max_models == 3
+    for i in range(3):
+        m.register_model(f"m{i}")
+    with pytest.raises(ValueError, match=r"at most 3 models \(2,589 series per model within max_series 7,867\)"):
+        m.register_model("m3")
+    m.register_model("m0")  # registered already: not a new model
+    dyn = FrontendMetrics(isl_buckets=BUCKETS, prefix="dynamo_frontend")
+    assert dyn.series_per_model == 701 and dyn.max_models == 64  # Dynamo's edges: max_models decides, as before
+    assert FrontendMetrics(isl_buckets=BUCKETS, max_models=5).max_models == 5
+    with pytest.raises(ValueError, match="one model needs 2,589 series, over max_series 1,000"):
+        FrontendMetrics(isl_buckets=BUCKETS, max_series=1000)
 
 
 def test_requests_total_and_inflight_values() -> None:

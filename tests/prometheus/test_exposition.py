@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from servelens.core.buckets import DEFAULT_ISL_BOUNDARIES, IslBuckets
 from servelens.prometheus import FrontendMetrics
@@ -119,6 +121,24 @@ def test_a_request_reformats_only_the_series_it_changed(monkeypatch: pytest.Monk
     n = m.names
     assert calls == [*n.stock_histograms(), *n.by_isl_histograms()]  # its 6 stock and 5 by-ISL series
     assert text == prometheus_client_text(m)
+
+
+def test_collectors_added_follow_the_frontend_families() -> None:
+    m = default_config()
+    extra = CounterMetricFamily("servelens_test_extra", "An added family", labels=["k"])
+    extra.add_metric(["v"], 3)
+
+    class Added(Collector):
+        def collect(self) -> Iterator[Metric]:
+            yield extra
+
+    m.add_collector(Added())
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(m.collector)
+    for c in m._extra:
+        reg.register(c)
+    assert m.exposition() == generate_latest(reg) == prometheus_client_text(m) + m.added_exposition()
+    assert m.added_exposition().endswith(b'servelens_test_extra_total{k="v"} 3.0\n')
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian package prometheus) not installed")

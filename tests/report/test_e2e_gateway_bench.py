@@ -17,7 +17,7 @@ import pytest
 from servelens.bench import BenchConfig, run_bench
 from servelens.cli.main import main
 from servelens.core.buckets import IslBuckets
-from servelens.core.state import ITL_EDGES_S, TTFT_EDGES_S
+from servelens.core.edges import ITL_EDGES_S, TTFT_EDGES_S  # compared at Dynamo's (coarser) le resolution
 from servelens.dashboards.grafana import grafana_dashboard, substitute_variables
 from servelens.dashboards.output import write_dashboard_files
 from servelens.dashboards.rules import record_name

@@ -4,8 +4,10 @@ Hot path per read: one ``time.perf_counter_ns()`` stamp when the bytes arrive, t
 (:class:`servelens.core.sse.SSEDecoder`), :func:`servelens.core.openai.parse_chunk` per event, and two
 list appends per output chunk. Everything else (ITL, percentiles) happens after the run.
 
-Tokens per chunk come from cumulative ``usage.completion_tokens`` when the server sends continuous
-usage (the difference from the previous value, at least 1), else one per chunk (design notes).
+Tokens per chunk, and how a stream ended, are read as the gateway reads them
+(:mod:`servelens.core.stream`): from the first choice's cumulative ``usage.completion_tokens`` when the
+server sends continuous usage (a chunk whose count did not move carries no token, one whose count
+moved carries tokens even with empty text), else one per output chunk.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import msgspec
 from servelens.core.openai import parse_chunk, parse_response
 from servelens.core.sse import SSEDecoder
 from servelens.core.status import error_type_for_status
+from servelens.core.stream import FirstChoiceTokens, stream_outcome
 from servelens.formats.results import BenchRecord
 
 ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
@@ -122,9 +125,10 @@ async def send_request(
                 error = f"HTTP {resp.status}: {error_message(body)}"
             else:
                 decoder = SSEDecoder()
+                counter = FirstChoiceTokens()
                 done = False
                 finished = False
-                last_ct = 0
+                produced = False
                 append_t = chunk_ns.append
                 append_k = chunk_tok.append
                 async for data in resp.content.iter_any():
@@ -133,7 +137,7 @@ async def send_request(
                         d = blk.data
                         if d is None:
                             continue
-                        info = parse_chunk(d)
+                        info = parse_chunk(d, blk.event)
                         if info.done:
                             done = True
                             continue
@@ -152,19 +156,21 @@ async def send_request(
                                 cached = u.cached_tokens
                             if u.completion_tokens is not None:
                                 usage_ct = u.completion_tokens
-                        if info.has_output:
-                            if u is not None and u.completion_tokens is not None:
-                                tokens_from_usage = True
-                                k = u.completion_tokens - last_ct
-                                last_ct = u.completion_tokens
-                                append_k(k if k > 0 else 1)
-                            else:
-                                append_k(1)
+                                produced = produced or u.completion_tokens > 0
+                        produced = produced or info.has_output
+                        k = counter.step(info)
+                        if k:
+                            append_k(k)
                             append_t(t - send)
                         if info.finish_reason is not None:
                             finished = True
-                if not error and not done and not finished:
-                    error_type, error = "truncated_stream", "stream ended with neither finish_reason nor [DONE]"
+                tokens_from_usage = counter.counted_from_usage
+                if not error:
+                    error_type = stream_outcome(failed=False, complete=done or finished, produced=produced)
+                    if error_type == "truncated_stream":
+                        error = "stream ended with neither finish_reason nor [DONE]"
+                    elif error_type:
+                        error = "stream produced no output"
     except asyncio.CancelledError:
         raise
     except (TimeoutError, aiohttp.ServerTimeoutError) as exc:

@@ -11,6 +11,7 @@ from servelens.bench.arrivals import ARRIVALS
 from servelens.bench.client import ENDPOINTS
 from servelens.bench.distributions import parse_length_dist
 from servelens.core.buckets import DEFAULT_ISL_BOUNDARIES, IslBuckets
+from servelens.core.slo import Slo, parse_threshold
 from servelens.prometheus.names import DEFAULT_PREFIX, MetricNames
 
 LONG_REQUEST_POLICIES = ("drop", "clip")
@@ -51,6 +52,9 @@ class BenchConfig:
         ramp_up_s: closed loop: start the workers evenly over this many seconds (None: 1 ms per worker,
             at most 2 s). Each worker's first request opens a connection; starting 1,000 at once
             overflows a server's listen backlog and the retried SYNs add a second to their TTFT.
+        slo_ttft, slo_itl: SLO thresholds (``2.0``, ``0.5+0.0002*isl`` or a per-bucket table, see
+            :func:`servelens.core.slo.parse_threshold`): attainment per bucket and goodput in the table
+            and the summary (None: no SLO).
     """
 
     url: str
@@ -82,6 +86,8 @@ class BenchConfig:
     api_key: str | None = field(default=None, repr=False)
     progress: bool = False
     ramp_up_s: float | None = None
+    slo_ttft: str | None = None
+    slo_itl: str | None = None
 
     def __post_init__(self) -> None:
         if self.rate is not None and math.isnan(self.rate):
@@ -124,6 +130,16 @@ class BenchConfig:
         parse_length_dist(self.isl)
         parse_length_dist(self.osl)
         MetricNames(self.metrics_prefix)
+        self.slo  # noqa: B018 - validates the SLO specs against the buckets
+
+    @property
+    def slo(self) -> Slo | None:
+        """The SLOs to judge, or None. Raises ValueError (one line) for a malformed spec."""
+        if not (self.slo_ttft or self.slo_itl):
+            return None
+        buckets = IslBuckets(self.isl_buckets)
+        return Slo(parse_threshold(self.slo_ttft, buckets) if self.slo_ttft else None,
+                   parse_threshold(self.slo_itl, buckets) if self.slo_itl else None)
 
     @property
     def base_url(self) -> str:

@@ -6,6 +6,8 @@ from __future__ import annotations
 from rich.console import Console
 
 from servelens.bench.summary import BenchResult
+from servelens.core.clumping import detect_clumping
+from servelens.formats.slo_table import attainment_table
 from servelens.formats.table import fit_to, rich_table, side_by_side
 
 
@@ -19,6 +21,9 @@ def print_result(result: BenchResult, console: Console | None = None) -> None:
             console = Console(width=max(console.width, 150))  # a file or pipe: do not wrap the columns
     s = result.summary
     lines = [result.lag.verdict(), result.prompt_deviation.line()]
+    clumping = detect_clumping(r.chunk_offsets_ns for r in result.records if r.ok)
+    if clumping.clumped:  # a buffering proxy: the client's ITL and TTFT are the proxy's, whatever the lag says
+        lines.insert(0, clumping.line())
     if result.dropped or result.clipped:
         lines.append(f"over the context ({s['max_context']} tokens): {result.dropped} dropped, "
                      f"{result.clipped} clipped")
@@ -27,6 +32,8 @@ def print_result(result: BenchResult, console: Console | None = None) -> None:
     title = f"servelens bench: {result.model} ({result.endpoint}), {len(result.records)} requests"
     if not result.lag.trustworthy:
         title += " [CLIENT FIGURES NOT TRUSTWORTHY]"
+    if clumping.clumped:
+        title += " [TOKENS ARRIVE IN CLUMPS: A PROXY BUFFERS THE STREAM]"
     both = side_by_side(result.client_rows, result.server_rows, title=title + "\nClient vs server (gateway "
                         "/metrics)", notes=lines) if result.server_rows else None
     if both is not None and fit_to(both, console.width):  # one table: the client's figures beside the server's
@@ -47,6 +54,10 @@ def print_result(result: BenchResult, console: Console | None = None) -> None:
         elif result.server_rows is not None:
             console.print("server side: the /metrics endpoint has no servelens by-ISL histograms "
                           f"(prefix {s['config']['metrics_prefix']!r})")
+    if result.attainment is not None and result.slo is not None:
+        table = attainment_table(result.attainment, result.slo, "SLO attainment (client, exact)")
+        fit_to(table, console.width)
+        console.print(table)
     rps = s.get("requests_per_s")
     console.print(
         f"{s['requests']} requests, {s['errors']} errors in {result.elapsed_s:.1f} s"

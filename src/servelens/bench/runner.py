@@ -35,9 +35,18 @@ from servelens.bench.prompts import PromptBuilder, load_tokenizer
 from servelens.bench.summary import BenchResult, PromptDeviation, build_summary
 from servelens.bench.workload import WorkItem, build_workload
 from servelens.core.buckets import IslBuckets
+from servelens.core.slo import attainment
 from servelens.core.summary import rows_from_samples
 from servelens.core.timing import NS_PER_S
-from servelens.formats.results import RESULTS_FILE, SUMMARY_FILE, BenchRecord, to_samples, write_results
+from servelens.formats.results import (
+    RESULTS_FILE,
+    SUMMARY_FILE,
+    BenchRecord,
+    to_samples,
+    to_slo_request,
+    write_results,
+)
+from servelens.formats.slo_table import attainment_dicts, slo_dict
 
 PREBUILD_MAX_TOKENS = 30_000_000
 """Prompts are built before the run when the workload's total ISL is at most this many tokens
@@ -151,6 +160,11 @@ async def run_bench(config: BenchConfig) -> BenchResult:
 
     if server_error is not None:
         summary["server_error"] = server_error
+    slo = config.slo
+    attained = None
+    if slo is not None and done:
+        attained = attainment([to_slo_request(r) for r in done], buckets, slo, elapsed if elapsed > 0 else 1e-9)
+        summary["slo"] = {"slo": slo_dict(slo), "rows": attainment_dicts(attained)}
     summary_path = None
     if config.output_dir:
         out = Path(config.output_dir)
@@ -160,7 +174,7 @@ async def run_bench(config: BenchConfig) -> BenchResult:
         records=tuple(done), client_rows=client_rows, server_rows=server_rows, lag=lag_report,
         results_path=results_path, summary_path=summary_path, summary=summary, model=model,
         endpoint=config.endpoint, dropped=dropped, clipped=clipped, elapsed_s=elapsed,
-        prompt_deviation=deviation, continuous_usage=continuous,
+        prompt_deviation=deviation, continuous_usage=continuous, slo=slo, attainment=attained,
     )
 
 

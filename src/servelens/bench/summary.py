@@ -10,6 +10,8 @@ from typing import Any
 
 from servelens.bench.config import BenchConfig
 from servelens.bench.lag import LagReport
+from servelens.core.clumping import detect_clumping
+from servelens.core.slo import Attainment, Slo
 from servelens.core.summary import BucketRow
 from servelens.formats.results import BenchRecord
 
@@ -73,6 +75,8 @@ class BenchResult:
         elapsed_s: wall time from the first send to the last end.
         prompt_deviation: server ``prompt_tokens`` vs targets.
         continuous_usage: whether continuous usage was requested.
+        slo: the SLOs judged (None: none given); attainment: per bucket, then "all" (exact, from
+            the records), None without an SLO.
     """
 
     records: tuple[BenchRecord, ...]
@@ -89,6 +93,8 @@ class BenchResult:
     elapsed_s: float
     prompt_deviation: PromptDeviation
     continuous_usage: bool
+    slo: Slo | None = None
+    attainment: tuple[Attainment, ...] | None = None
 
     @property
     def errors(self) -> int:
@@ -139,6 +145,7 @@ def build_summary(
         "tokens_per_chunk_from_usage": all(r.tokens_from_usage for r in ok) if ok else None,
         "prompt_tokens_vs_target": asdict(deviation),
         "event_loop_lag": asdict(lag) | {"trustworthy": lag.trustworthy},
+        "token_clumping": asdict(detect_clumping(r.chunk_offsets_ns for r in ok)),
         "client_rows": [asdict(r) for r in client_rows],
         "server_rows": [asdict(r) for r in server_rows] if server_rows is not None else None,
     }

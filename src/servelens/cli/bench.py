@@ -76,6 +76,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     m.add_argument("--no-continuous-usage", action="store_true", help="do not ask for continuous_usage_stats")
     m.add_argument("--no-ignore-eos", action="store_true", help="do not send ignore_eos/min_tokens")
     m.add_argument("--no-progress", action="store_true", help="no progress bar")
+    m.add_argument("--slo-ttft", metavar="SPEC",
+                   help="TTFT SLO (2.0 | 0.5+0.0002*isl | 0-512=0.5,...): attainment per bucket and goodput")
+    m.add_argument("--slo-itl", metavar="SPEC",
+                   help="ITL SLO, judged on each request's mean ITL (TPOT), as --slo-ttft")
     p.set_defaults(func=run)
 
 
@@ -118,6 +122,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         ignore_eos=not args.no_ignore_eos,
         api_key=args.api_key,
         progress=not args.no_progress,
+        slo_ttft=args.slo_ttft,
+        slo_itl=args.slo_itl,
     )
 
 

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from typing import Any
 
 from servelens.core.buckets import DEFAULT_ISL_BOUNDARIES, IslBuckets
+from servelens.core.edges import parse_edges
+from servelens.core.slo import Slo, parse_threshold
+from servelens.dashboards.mix import MixReference
 from servelens.dashboards.output import write_dashboard_files
-from servelens.prometheus.names import DEFAULT_PREFIX, MetricNames
+from servelens.dashboards.rules import DEFAULT_TARGET
+from servelens.formats.mix_file import read_mix
+from servelens.prometheus.names import DEFAULT_PREFIX, MetricNames, default_edges
+from servelens.report.promapi import parse_duration_s
 
 
 def add_parser(subparsers: Any) -> None:
@@ -16,8 +23,11 @@ def add_parser(subparsers: Any) -> None:
         "dashboard",
         help="write a Grafana dashboard and Prometheus recording/alert rules",
         description="Write grafana-dashboard.json (one query per ISL bucket, numeric order; datasource "
-        "and model as variables), recording-rules.yml (per-bucket TTFT/ITL p50/p95/p99 and mean over "
-        "5m) and alert-rules.yml (per-bucket TTFT p95 above --ttft-p95-slo).",
+        "and model as variables; the all-requests TTFT p95 and mean raw beside the same at a reference "
+        "bucket mix, and the bucket mix over time), recording-rules.yml (per-bucket TTFT/ITL p50/p95/p99 "
+        "and mean over 5m, the bucket shares and the mix-adjusted TTFT; with --slo-ttft/--slo-itl the "
+        "attainment per bucket) and alert-rules.yml (per-bucket TTFT p95 above --ttft-p95-slo; attainment "
+        "below --attainment-target).",
     )
     p.add_argument("--output-dir", default=".", help="directory for the three files (default: .)")
     p.add_argument("--metrics-prefix", default=DEFAULT_PREFIX,
@@ -26,6 +36,22 @@ def add_parser(subparsers: Any) -> None:
                    help="ISL bucket boundaries in tokens, as the server exports them (default: %(default)s)")
     p.add_argument("--ttft-p95-slo", type=float, default=2.0, metavar="SECONDS",
                    help="alert when a bucket's TTFT p95 over 5m exceeds this (default: 2.0)")
+    ref = p.add_mutually_exclusive_group()
+    ref.add_argument("--reference-mix", metavar="FILE",
+                     help="the mix-adjusted TTFT at these fixed bucket shares (a YAML file, e.g. from servelens "
+                     "explain --write-mix): a steady yardstick, kept by hand")
+    ref.add_argument("--reference-window", default="24h", metavar="DURATION",
+                     help="else at the mix over this long a window, which follows slow drift (default: 24h)")
+    p.add_argument("--slo-ttft", metavar="SPEC",
+                   help="TTFT SLO (2.0 | 0.5+0.0002*isl | 0-512=0.5,...): per-bucket attainment rules and alerts, "
+                   "counted at the largest le edge at or below the threshold (a lower bound unless it is an edge)")
+    p.add_argument("--slo-itl", metavar="SPEC", help="ITL SLO, as --slo-ttft (the share of tokens within it)")
+    p.add_argument("--ttft-edges", metavar="EDGES",
+                   help="the TTFT le edges the server exports, for the attainment rules: fine, dynamo or "
+                   "S1,S2,... as the gateway's flag (default: the prefix's, fine for servelens' names)")
+    p.add_argument("--itl-edges", metavar="EDGES", help="the ITL le edges the server exports, as --ttft-edges")
+    p.add_argument("--attainment-target", type=float, default=DEFAULT_TARGET, metavar="SHARE",
+                   help=f"alert when a bucket's attainment over 5m is below this (default: {DEFAULT_TARGET})")
     p.set_defaults(func=run)
 
 
@@ -33,7 +59,21 @@ def run(args: argparse.Namespace) -> int:
     """Write the files and print their paths."""
     names = MetricNames(args.metrics_prefix)
     buckets = IslBuckets.parse(args.isl_buckets)
-    files = write_dashboard_files(args.output_dir, names, buckets, args.ttft_p95_slo)
+    if args.reference_mix:
+        reference = MixReference(mix=read_mix(args.reference_mix))
+    else:
+        parse_duration_s(args.reference_window)  # one line for a bad duration
+        reference = MixReference(window=args.reference_window)
+    slo = None
+    if args.slo_ttft or args.slo_itl:
+        slo = Slo(parse_threshold(args.slo_ttft, buckets) if args.slo_ttft else None,
+                  parse_threshold(args.slo_itl, buckets) if args.slo_itl else None)
+    edges = default_edges(names.prefix)
+    if args.ttft_edges or args.itl_edges:
+        edges = replace(edges, **({"ttft_s": parse_edges(args.ttft_edges, "ttft")} if args.ttft_edges else {}),
+                        **({"itl_s": parse_edges(args.itl_edges, "itl")} if args.itl_edges else {}))
+    files = write_dashboard_files(args.output_dir, names, buckets, args.ttft_p95_slo, reference=reference, slo=slo,
+                                  target=args.attainment_target, edges=edges)
     for path in (files.dashboard, files.recording_rules, files.alert_rules):
         print(path)
     return 0

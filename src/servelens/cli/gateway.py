@@ -30,6 +30,15 @@ def add_parser(subparsers: Any) -> None:
                    help="ISL bucket upper bounds in tokens (default 512,1024,2048,4096,8192,16384; 'off' disables)")
     p.add_argument("--metrics-prefix", metavar="P", help="metric name prefix (default servelens; "
                    "dynamo_frontend gives Dynamo's names)")
+    p.add_argument("--ttft-edges", dest="ttft_edges_s", metavar="EDGES",
+                   help="le edges of the TTFT histograms: fine (default: 2^(1/8) apart, ~1 ms to 128 s), dynamo "
+                   "(Dynamo 1.6.1's), or seconds S1,S2,...; with --metrics-prefix dynamo_frontend only Dynamo's")
+    p.add_argument("--itl-edges", dest="itl_edges_s", metavar="EDGES",
+                   help="le edges of the ITL histograms: fine (default: 2^(1/8) apart, ~0.12 ms to 8 s), dynamo, "
+                   "or seconds S1,S2,...")
+    p.add_argument("--max-series", type=int, metavar="N",
+                   help="series budget of /metrics: at most N / (series per model) models are registered "
+                   "(default 50000; the start line says the series per model)")
     p.add_argument("--by-isl-only", action="store_true", default=None,
                    help="export only the by-ISL families and the assignment counter (sidecar mode)")
     p.add_argument("--continuous-usage", choices=CONTINUOUS_USAGE_MODES,
@@ -39,6 +48,8 @@ def add_parser(subparsers: Any) -> None:
                    help="never add stream_options.include_usage to client streams")
     p.add_argument("--tokenizer", metavar="PATH", help="tokenizer.json to count prompt tokens at arrival")
     p.add_argument("--request-log", metavar="PATH", help="append one JSON line per measured request")
+    p.add_argument("--request-log-chunks", action="store_true", default=None,
+                   help="the request log also holds every output chunk's arrival time and tokens")
     p.add_argument("--max-body-bytes", type=int, help="request body limit (default 16 MiB; 413 above)")
     p.add_argument("--connect-timeout", type=float, dest="connect_timeout_s", metavar="S",
                    help="upstream connect timeout (default 10 s)")
@@ -60,8 +71,9 @@ def add_parser(subparsers: Any) -> None:
 
 _FLAGS = (
     "metrics_port", "metrics_host",  # the metrics listener
-    "upstream", "host", "port", "isl_buckets", "metrics_prefix", "by_isl_only", "continuous_usage",
-    "inject_usage", "tokenizer", "request_log", "max_body_bytes", "connect_timeout_s", "response_timeout_s",
+    "upstream", "host", "port", "isl_buckets", "metrics_prefix", "ttft_edges_s", "itl_edges_s", "max_series",
+    "by_isl_only", "continuous_usage", "inject_usage", "tokenizer", "request_log", "request_log_chunks",
+    "max_body_bytes", "connect_timeout_s", "response_timeout_s",
     "read_timeout_s", "client_timeout_s", "models_refresh_s", "shutdown_timeout_s",
 )
 

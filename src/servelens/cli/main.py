@@ -16,7 +16,7 @@ from typing import NoReturn
 from servelens import __version__
 
 # Each module defines add_parser(subparsers) which sets `func` (args -> int exit code).
-SUBCOMMANDS: tuple[str, ...] = ("demo", "sim", "gateway", "bench", "report", "dashboard")
+SUBCOMMANDS: tuple[str, ...] = ("demo", "sim", "gateway", "bench", "report", "explain", "dashboard", "eval")
 
 
 class CliError(Exception):

@@ -7,12 +7,16 @@ import argparse
 import sys
 from typing import Any
 
-from servelens.core.buckets import IslBuckets
+from servelens.core.buckets import IslBuckets, label_sort_key
+from servelens.core.slo import Slo, parse_threshold
 from servelens.formats.results import summary_isl_buckets
 from servelens.formats.table import FORMATS, format_rows, output_width
 from servelens.prometheus.names import DEFAULT_PREFIX, MetricNames
+from servelens.report import compare
 from servelens.report.html import write_html
 from servelens.report.promapi import parse_duration_s
+from servelens.report.slo_output import slo_json, slo_markdown, slo_text
+from servelens.report.slo_report import SloReport, slo_from_metrics, slo_from_prometheus, slo_from_results
 from servelens.report.sources import Report, report_from_metrics, report_from_prometheus, report_from_results
 
 
@@ -45,6 +49,17 @@ def add_parser(subparsers: Any) -> None:
                    help="ISL bucket boundaries in tokens (default: the server's buckets for --metrics and "
                    "--prometheus; for --results the bench run's, from its summary.json, else 512,...,16384)")
     p.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
+    p.add_argument("--compare", metavar="PATH",
+                   help="with --results: a second bench run, the candidate, compared bucket by bucket against "
+                   "--results, the baseline (TTFT and ITL p50/p95/p99 in both, bootstrap intervals on candidate "
+                   "minus baseline, a verdict per bucket: faster, slower or no significant change)")
+    p.add_argument("--resamples", type=int, default=2000, help="with --compare: bootstrap resamples (default 2000)")
+    p.add_argument("--seed", type=int, default=0, help="with --compare: bootstrap seed (default 0)")
+    p.add_argument("--slo-ttft", metavar="SPEC",
+                   help="TTFT SLO (2.0 | 0.5+0.0002*isl | 0-512=0.5,...): attainment per bucket and goodput; "
+                   "exact from --results, bounds from histograms (exact only at an le edge)")
+    p.add_argument("--slo-itl", metavar="SPEC",
+                   help="ITL SLO, as --slo-ttft (--results: each request's mean ITL; histograms: each token)")
     p.add_argument("--html", metavar="PATH", help="also write a self-contained HTML report")
     p.add_argument("--title", default="servelens report", help="title of the table and HTML report")
     p.set_defaults(func=run)
@@ -77,12 +92,72 @@ def build_report(args: argparse.Namespace) -> Report:
                                   range_s=range_s)
 
 
+def _buckets_of(report: Report, given: IslBuckets | None) -> IslBuckets:
+    """The buckets the report's rows are in (the server's, unless given)."""
+    if given is not None:
+        return given
+    return IslBuckets.from_labels(sorted((r.bucket for r in report.rows if r.bucket != "all"), key=label_sort_key))
+
+
+def build_slo(args: argparse.Namespace, report: Report) -> SloReport | None:
+    """SLO attainment for parsed arguments (None without an SLO flag). Raises ValueError."""
+    if not (args.slo_ttft or args.slo_itl):
+        return None
+    if args.format == "csv":
+        raise ValueError("SLO attainment is printed with --format table, markdown or json, not csv")
+    given = IslBuckets.parse(args.isl_buckets) if args.isl_buckets else None
+    if args.results:
+        bench_bounds = summary_isl_buckets(args.results)
+        buckets = given or (IslBuckets(bench_bounds) if bench_bounds else IslBuckets.default())
+    else:
+        buckets = _buckets_of(report, given)
+    slo = Slo(parse_threshold(args.slo_ttft, buckets) if args.slo_ttft else None,
+              parse_threshold(args.slo_itl, buckets) if args.slo_itl else None)
+    names = MetricNames(args.metrics_prefix)
+    if args.results:
+        return slo_from_results(args.results, buckets, slo)
+    if args.metrics:
+        return slo_from_metrics(args.metrics, names, args.metrics_before, args.model, buckets, slo)
+    return slo_from_prometheus(args.prometheus, names, args.window or "5m", args.model, buckets, slo)
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    """``--results A --compare B``: the two runs bucket by bucket."""
+    if not args.results:
+        raise ValueError("--compare compares two bench runs: give the baseline with --results")
+    if args.format not in ("table", "json"):
+        raise ValueError("--compare prints --format table or json")
+    if args.slo_ttft or args.slo_itl:
+        raise ValueError("--slo-ttft/--slo-itl report one run; for two runs use servelens explain --results A B")
+    if args.resamples < 10:
+        raise ValueError(f"--resamples must be >= 10, got {args.resamples}")
+    buckets = IslBuckets.parse(args.isl_buckets) if args.isl_buckets else None
+    result = compare.compare_results(args.results, args.compare, buckets, resamples=args.resamples, seed=args.seed)
+    sys.stdout.write(compare.to_json(result) if args.format == "json" else compare.render_text(result))
+    sys.stdout.flush()
+    if args.html:
+        chosen = IslBuckets.from_labels(result.labels)
+        base, cand = report_from_results(args.results, chosen), report_from_results(args.compare, chosen)
+        path = write_html(args.html, base.rows, base.timeseries, args.title, f"baseline {args.results}, "
+                          f"candidate {args.compare}", compare_rows=cand.rows, names=("baseline", "candidate"))
+        print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """Print the table; write the HTML report when asked."""
+    if args.compare:
+        return run_compare(args)
     report = build_report(args)
+    slo = build_slo(args, report)
     # a terminal: its real width; a file or pipe: format_rows' wide default
     width = output_width()
-    sys.stdout.write(format_rows(report.rows, args.format, args.title, width))
+    if args.format == "json" and slo is not None:
+        sys.stdout.write(slo_json(report.rows, slo))
+    else:
+        sys.stdout.write(format_rows(report.rows, args.format, args.title, width))
+        if slo is not None:
+            sys.stdout.write(slo_markdown(slo) if args.format == "markdown" else slo_text(slo, width))
     sys.stdout.flush()
     if args.html:
         path = write_html(args.html, report.rows, report.timeseries, args.title, report.source)

@@ -58,6 +58,17 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--spin-us", type=int, default=1000, help="yield-spin window before each step deadline")
     p.add_argument("--keepalive-timeout", type=float, default=75.0, metavar="SECONDS",
                    help="close idle keep-alive connections after this (default 75, nginx's; vLLM: 5)")
+    a = p.add_argument_group("eval items answered from a key (method checks of servelens eval)")
+    a.add_argument("--answer-key", metavar="PATH", default=None,
+                   help="JSONL answer key (servelens.eval.suites.answer_key writes one): chat requests whose last "
+                        "user message is an item get its right or wrong reply (default: none)")
+    a.add_argument("--answer-accuracy", type=float, default=1.0, metavar="FRACTION",
+                   help="expected share of items answered right, in [0, 1] (default 1.0)")
+    a.add_argument("--answer-independence", type=float, default=1.0, metavar="FRACTION",
+                   help="share of items whose right/wrong draw is this deployment's own (--seed), not shared "
+                        "with other deployments of the same --answer-shared-seed, in [0, 1] (default 1.0)")
+    a.add_argument("--answer-shared-seed", type=int, default=0, metavar="N",
+                   help="seed of the draws deployments of one model share (default 0)")
     g = p.add_argument_group("timing model (override the preset)")
     for name, text in _PARAM_HELP.items():
         typ = float if name.endswith("_s") or "_s_per_" in name else int
@@ -73,7 +84,9 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         seed=args.seed, default_max_tokens=args.default_max_tokens, eos_min_tokens=args.eos_min_tokens,
         eos_max_tokens=args.eos_max_tokens, max_model_len=args.max_model_len, truth_log=args.truth_log,
         debug=args.debug, fault_rate=args.fault_rate, fault_modes=tuple(sorted(parse_modes(args.fault_modes))),
-        spin_us=args.spin_us, keepalive_timeout_s=args.keepalive_timeout, **model_kw,
+        spin_us=args.spin_us, keepalive_timeout_s=args.keepalive_timeout, answer_key=args.answer_key,
+        answer_accuracy=args.answer_accuracy, answer_independence=args.answer_independence,
+        answer_shared_seed=args.answer_shared_seed, **model_kw,
     )
 
 

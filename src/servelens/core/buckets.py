@@ -100,6 +100,20 @@ class IslBuckets:
         return cls(parse_isl_boundaries(spec))
 
     @classmethod
+    def from_labels(cls, labels: Iterable[str]) -> IslBuckets:
+        """The buckets whose labels are ``labels`` in numeric order (``0-512, 513-1024, 1025+`` ->
+        ``512,1024``). Raises ValueError when they are not the labels of any boundaries."""
+        given = tuple(labels)
+        uppers = [label.partition("-")[2] for label in given[:-1]]
+        try:
+            got = cls(tuple(int(u) for u in uppers))
+        except ValueError:
+            got = None
+        if got is None or got.labels != given:
+            raise ValueError(f"not the labels of ISL buckets in numeric order: {', '.join(given)}")
+        return got
+
+    @classmethod
     def default(cls) -> IslBuckets:
         """The default seven buckets ``0-512`` ... ``16385+``."""
         return cls(DEFAULT_ISL_BOUNDARIES)

@@ -69,9 +69,13 @@ class ChunkInfo:
         outputs: how many choices carry output.
         several_choices: a choice with an ``index`` other than 0 is present (a request with
             ``n`` > 1: each chunk normally carries one choice's delta, the choices interleaved).
+        choices: how many choices (objects in ``choices``) the chunk carries.
+        first_choice: one of them is the first choice (``index`` 0, as for ``first_output``).
         finish_reason: the first non-null ``finish_reason`` among the choices.
         usage: the chunk's usage (None when absent or null).
-        error: the ``error`` object of an in-stream error event (message text), else None.
+        error: the message of an in-stream error: an ``error`` object (OpenAI), a payload with
+            ``"object": "error"`` (vLLM's ``ErrorResponse``), or any payload of an SSE ``event: error``;
+            else None.
         obj: the decoded object (None when malformed or done).
     """
 
@@ -85,6 +89,8 @@ class ChunkInfo:
     first_output: bool = False
     outputs: int = 0
     several_choices: bool = False
+    choices: int = 0
+    first_choice: bool = False
 
 
 def choice_index(choice: dict[str, Any]) -> int:
@@ -139,11 +145,34 @@ def _choice_has_output(choice: dict[str, Any]) -> bool:
     return False
 
 
-def parse_chunk(data: str | bytes) -> ChunkInfo:
-    """Interpret one SSE ``data`` payload of an OpenAI-compatible stream.
+def _event_error(data: str | bytes) -> str:
+    """The message of an SSE ``event: error``: its JSON ``error``/``message`` when it has one, else its text."""
+    try:
+        obj = decode_json(data)
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        obj = None
+    if isinstance(obj, dict):
+        err = obj.get("error")
+        if err is not None:
+            return _error_text(err)
+        if obj.get("message") is not None:
+            return str(obj["message"])
+    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+    return text or "(empty error event)"
+
+
+def parse_chunk(data: str | bytes, event: str | None = None) -> ChunkInfo:
+    """Interpret one SSE ``data`` payload of an OpenAI-compatible stream; ``event``: the block's SSE
+    ``event:`` field, if any (``error`` makes the payload an error, whatever it holds).
+
+    In-stream errors (``error`` set): an ``event: error``; an ``error`` object (OpenAI, vLLM's
+    ``create_streaming_error_response``); ``"object": "error"`` with a ``message`` (vLLM's
+    ``ErrorResponse``, the shape of its error replies and of older versions' in-stream errors).
 
     Never raises: bad JSON, or JSON nested too deeply to decode, gives ``ChunkInfo(malformed=True)``.
     """
+    if event == "error":
+        return ChunkInfo(error=_event_error(data))
     if data == "[DONE]" or data == b"[DONE]":
         return ChunkInfo(done=True)
     try:
@@ -154,16 +183,21 @@ def parse_chunk(data: str | bytes) -> ChunkInfo:
         return ChunkInfo(malformed=True)
     if "error" in obj and obj["error"] is not None:
         return ChunkInfo(error=_error_text(obj["error"]), obj=obj)
-    outputs = 0
-    first = several = False
+    if obj.get("object") == "error":
+        return ChunkInfo(error=_error_text(obj), obj=obj)
+    outputs = n_choices = 0
+    first = several = has_first = False
     finish: str | None = None
     choices = obj.get("choices")
     if isinstance(choices, list):
         for ch in choices:
             if isinstance(ch, dict):
+                n_choices += 1
                 other = choice_index(ch) > 0
                 if other:
                     several = True
+                else:
+                    has_first = True
                 if _choice_has_output(ch):
                     outputs += 1
                     if not other:
@@ -180,6 +214,8 @@ def parse_chunk(data: str | bytes) -> ChunkInfo:
         first_output=first,
         outputs=outputs,
         several_choices=several,
+        choices=n_choices,
+        first_choice=has_first,
     )
 
 

@@ -14,8 +14,10 @@ From a histogram (server side) the share at or below ``t`` is exact only when ``
 edge; otherwise it lies between the counts at the edges either side of ``t``, and this module
 returns those bounds (never an interpolated point). ``a + b * ISL`` varies inside a bucket, so a
 bucket's bounds span its ISL range (an open top bucket has no upper ISL: its upper bound is 1).
-Separate TTFT and ITL histograms cannot say which requests met both: all-SLO goodput from them is
-only bounded (Frechet: ``max(0, p + q - 1) <= both <= min(p, q)``); an exact server-side figure
+Separate TTFT and ITL histograms cannot say which requests met both. Two request shares would
+bound it (Frechet, :func:`both_bounds`: ``max(0, p + q - 1) <= both <= min(p, q)``), but an ITL
+histogram counts tokens, so its share is one of tokens, not of requests: from histograms,
+:func:`histogram_attainment` gives goodput only for a TTFT SLO alone. An exact server-side figure
 needs a per-request counter at the source.
 """
 
@@ -229,3 +231,99 @@ def bucket_shares(
 def both_bounds(p: ShareBounds, q: ShareBounds) -> ShareBounds:
     """Bounds on the share meeting both of two SLOs known only as marginal bounds (Frechet)."""
     return ShareBounds(max(0.0, p.low + q.low - 1.0), min(p.high, q.high))
+
+
+@dataclass(frozen=True)
+class AttainmentBounds:
+    """SLO attainment of one bucket (or ``all``) from histograms: bounds, exact where they meet.
+
+    Attributes:
+        label: bucket label or ``all``.
+        observations: TTFT observations (requests with a first token) in the window.
+        ttft: share of the TTFTs within the TTFT SLO (None without that SLO or observations).
+        itl: share of the *tokens* whose ITL is within the ITL SLO: an ITL histogram counts tokens, so
+            it cannot say which requests' mean ITL (TPOT) met it, as the per-request figure does.
+        goodput_rps: ``(low, high)`` requests per second meeting the SLOs: only with a TTFT SLO and no
+            ITL SLO (token shares do not add up to requests) and a known window length; else None.
+    """
+
+    label: str
+    observations: float
+    ttft: ShareBounds | None
+    itl: ShareBounds | None
+    goodput_rps: tuple[float, float] | None
+
+
+def _pooled(parts: Sequence[tuple[ShareBounds | None, float]]) -> ShareBounds | None:
+    """Bounds on the share over several histograms, weighted by their observation counts."""
+    total = sum(n for b, n in parts if b is not None)
+    if total <= 0:
+        return None
+    return ShareBounds(sum(b.low * n for b, n in parts if b is not None) / total,
+                       sum(b.high * n for b, n in parts if b is not None) / total)
+
+
+def histogram_attainment(
+    ttft: Sequence[CumulativeHistogram],
+    itl: Sequence[CumulativeHistogram],
+    buckets: IslBuckets,
+    slo: Slo,
+    duration_s: float | None = None,
+) -> tuple[AttainmentBounds, ...]:
+    """Per bucket (numeric order), then ``all``: the SLO shares from the by-ISL TTFT and ITL
+    histograms (``ttft[i]``, ``itl[i]`` are bucket ``i``'s), as bounds (:func:`bucket_shares`), and
+    goodput where it can be bounded (see :class:`AttainmentBounds`).
+
+    Raises ExplainError when ``slo`` has no threshold, a histogram list does not match the buckets,
+    or ``duration_s`` is given and not positive.
+    """
+    if slo.ttft is None and slo.itl is None:
+        raise ExplainError("no SLO given (a TTFT or ITL threshold)")
+    if duration_s is not None and not duration_s > 0:
+        raise ExplainError(f"goodput needs a window longer than 0 s, got {duration_s}")
+    n = len(buckets)
+    t_sh = bucket_shares(ttft, buckets, slo.ttft) if slo.ttft else (None,) * n
+    i_sh = bucket_shares(itl, buckets, slo.itl) if slo.itl else (None,) * n
+    counts = [h.count for h in ttft]
+    tokens = [h.count for h in itl]
+
+    def goodput(share: ShareBounds | None, count: float) -> tuple[float, float] | None:
+        if slo.itl is not None or share is None or duration_s is None:
+            return None
+        return share.low * count / duration_s, share.high * count / duration_s
+
+    rows = [AttainmentBounds(label, counts[i], t_sh[i], i_sh[i], goodput(t_sh[i], counts[i]))
+            for i, label in enumerate(buckets.labels)]
+    t_all = _pooled(list(zip(t_sh, counts, strict=True)))
+    i_all = _pooled(list(zip(i_sh, tokens, strict=True)))
+    rows.append(AttainmentBounds(ALL_LABEL, sum(counts), t_all, i_all, goodput(t_all, sum(counts))))
+    return tuple(rows)
+
+
+def threshold_note(metric: str, threshold: Threshold, edges: Sequence[float], buckets: IslBuckets) -> str | None:
+    """Why a histogram share for ``threshold`` is a bound and not exact, in one line; None when it is
+    exact in every bucket (the threshold is one ``le`` edge there and does not vary within the bucket)."""
+    finite = [e for e in edges if math.isfinite(e)]
+    if threshold.per_token_s > 0 and not threshold.table:
+        return (f"{metric} SLO grows with ISL inside each bucket: its share is bounded by the counts at the "
+                "le edges below its lowest and above its highest value in the bucket")
+    off = []
+    for i, label in enumerate(buckets.labels):
+        t, _ = threshold.bucket_range_s(buckets, i)
+        if t not in finite:
+            below = max((e for e in finite if e <= t), default=None)
+            above = min((e for e in finite if e >= t), default=None)
+            between = f"between le={_g(below)} and le={_g(above)}" if below is not None and above is not None \
+                else f"past le={_g(below if below is not None else above)}"
+            off.append((f"{t:g} s", between, label))
+    if not off:
+        return None
+    first, between, _ = off[0]
+    where = "any bucket" if len(off) == len(buckets) else "bucket " + ", ".join(label for _, _, label in off)
+    example = "" if len({x for x, _, _ in off}) == 1 else "e.g. "
+    return (f"{metric} SLO is not an le edge in {where} ({example}{first}, {between}): the share lies between "
+            "the counts at the edges either side; a threshold at an edge would make it exact")
+
+
+def _g(x: float | None) -> str:
+    return "-" if x is None else f"{x:g}"

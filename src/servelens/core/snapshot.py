@@ -22,8 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from servelens.core.edges import MetricEdges
 from servelens.core.histogram import HistogramState
-from servelens.core.state import FrontendState, MetricEdges, ModelState
+from servelens.core.state import FrontendState, ModelState
 
 RequestKey = tuple[str, str, str, str]
 """``(endpoint, request_type, status, error_type)``, the key of ``requests_total`` per model."""

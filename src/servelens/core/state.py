@@ -20,52 +20,17 @@ counted in ``requests_total`` and its duration goes to the stock duration histog
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 
 from servelens.core.buckets import IslBuckets
-from servelens.core.histogram import HistogramState, validate_edges
+from servelens.core.edges import MetricEdges
+from servelens.core.histogram import HistogramState
 from servelens.core.status import ERROR, SUCCESS, UNKNOWN_MODEL, check_error_type, check_request_labels
 from servelens.core.timing import RequestRecord, RequestTimer
-
-# Default `le` edges exactly as NVIDIA Dynamo 1.6.1's frontend exposes them
-# (log-spaced, 2 significant figures, starting at 0).
-TTFT_EDGES_S: tuple[float, ...] = (
-    0, 0.0022, 0.0047, 0.01, 0.022, 0.047, 0.1, 0.22, 0.47, 1, 2.2, 4.7, 10, 22, 48, 100, 220, 480,
-)
-ITL_EDGES_S: tuple[float, ...] = (
-    0, 0.0018, 0.0033, 0.0059, 0.011, 0.02, 0.035, 0.064, 0.12, 0.21, 0.38, 0.69, 1.2, 2.3, 4.1,
-    7.4, 13, 24, 44, 80,
-)
-DURATION_EDGES_S: tuple[float, ...] = (0, 2, 4, 8, 16, 32, 64, 130, 260, 510)
-ISL_EDGES_TOKENS: tuple[float, ...] = (
-    0, 100, 210, 430, 870, 1800, 3600, 7400, 15000, 31000, 63000, 130000,
-)
-CACHED_EDGES_TOKENS: tuple[float, ...] = ISL_EDGES_TOKENS
-OSL_EDGES_TOKENS: tuple[float, ...] = (0, 100, 210, 430, 880, 1800, 3700, 7600, 16000, 32000)
 
 ISL_SOURCES: tuple[str, ...] = ("first_chunk_usage", "final_usage", "tokenizer", "unknown")
 """How a request's ISL bucket was assigned (label ``source`` of the assignments counter)."""
 
 DEFAULT_MAX_MODELS = 64
-
-
-@dataclass(frozen=True)
-class MetricEdges:
-    """``le`` edges of the six histograms (seconds or tokens). Defaults: Dynamo 1.6.1's.
-
-    Raises ValueError on construction if any set is empty or not strictly increasing.
-    """
-
-    ttft_s: tuple[float, ...] = tuple(float(e) for e in TTFT_EDGES_S)
-    itl_s: tuple[float, ...] = tuple(float(e) for e in ITL_EDGES_S)
-    duration_s: tuple[float, ...] = tuple(float(e) for e in DURATION_EDGES_S)
-    isl_tokens: tuple[float, ...] = tuple(float(e) for e in ISL_EDGES_TOKENS)
-    osl_tokens: tuple[float, ...] = tuple(float(e) for e in OSL_EDGES_TOKENS)
-    cached_tokens: tuple[float, ...] = tuple(float(e) for e in CACHED_EDGES_TOKENS)
-
-    def __post_init__(self) -> None:
-        for name in ("ttft_s", "itl_s", "duration_s", "isl_tokens", "osl_tokens", "cached_tokens"):
-            object.__setattr__(self, name, validate_edges(getattr(self, name)))
 
 
 class HistogramSet:
@@ -106,8 +71,10 @@ class FrontendState:
     Args:
         isl_buckets: ISL buckets, or None to disable every by-ISL series (nothing registered,
             nothing paid per request).
-        edges: histogram ``le`` edges (Dynamo 1.6.1's by default).
+        edges: histogram ``le`` edges (default :class:`~servelens.core.edges.MetricEdges`: the fine
+            TTFT and ITL edges, Dynamo 1.6.1's for the rest).
         max_models: registering more models than this raises ValueError (cardinality guard).
+        limit_reason: what ``max_models`` was derived from, named in that error (e.g. a series budget).
     """
 
     def __init__(
@@ -115,10 +82,12 @@ class FrontendState:
         isl_buckets: IslBuckets | None = None,
         edges: MetricEdges | None = None,
         max_models: int = DEFAULT_MAX_MODELS,
+        limit_reason: str = "",
     ) -> None:
         self.isl_buckets = isl_buckets
         self.edges = edges or MetricEdges()
         self.max_models = max_models
+        self.limit_reason = limit_reason
         self.lock = threading.Lock()
         self.models: dict[str, ModelState] = {}
         self.unknown_requests: dict[tuple[str, str, str, str], int] = {}
@@ -141,8 +110,9 @@ class FrontendState:
                 return existing
             if len(self.models) >= self.max_models:
                 raise ValueError(
-                    f"cannot register model {name!r}: at most {self.max_models} models "
-                    "(raise max_models if this is intended)"
+                    f"cannot register model {name!r}: at most {self.max_models} models"
+                    + (f" ({self.limit_reason})" if self.limit_reason else "")
+                    + " (raise max_models if this is intended)"
                 )
             state = ModelState(name, self.edges, self.isl_buckets)
             self.models[name] = state

@@ -36,6 +36,7 @@ class BucketRow:
         mean_cached_tokens: mean ``cached_tokens`` over requests that reported it.
         ttft_mean_s: mean TTFT (s).
         exact: True for exact percentiles, False for histogram interpolation.
+        itl_p99_s: ITL p99 over all tokens of the bucket (s); None where a source does not give it.
     """
 
     bucket: str
@@ -49,6 +50,7 @@ class BucketRow:
     mean_cached_tokens: float | None
     ttft_mean_s: float | None = None
     exact: bool = True
+    itl_p99_s: float | None = None
 
     @property
     def low_count(self) -> bool:
@@ -94,6 +96,7 @@ def _row_from_samples(label: str, samples: Sequence[RequestSample]) -> BucketRow
         mean_cached_tokens=(sum(cached) / len(cached)) if cached else None,
         ttft_mean_s=(sum(ttfts) / len(ttfts)) if ttfts else None,
         exact=True,
+        itl_p99_s=_nan_to_none(percentile(itls, 99)),
     )
 
 
@@ -178,6 +181,7 @@ def row_from_histograms(label: str, h: BucketHistograms) -> BucketRow:
         mean_cached_tokens=h.cached.mean() if h.cached else None,
         ttft_mean_s=h.ttft.mean() if h.ttft else None,
         exact=False,
+        itl_p99_s=h.itl.quantile(0.99) if h.itl else None,
     )
 
 

@@ -4,9 +4,12 @@ Definitions (NVIDIA Dynamo frontend; aiperf counts reasoning as output too):
 
 * TTFT: first chunk carrying generated output minus request arrival at the component
   that measures (a role-only chunk is not output).
-* ITL: gap between consecutive output-bearing chunks divided by the tokens in the later
+* ITL: gap between consecutive token-bearing chunks divided by the tokens in the later
   chunk, recorded once per token (a 3-token chunk after a 30 ms gap gives three 10 ms
   values). Tokens beyond the first in the *first* chunk have no predecessor and get no ITL.
+  Chunks with one timestamp were read together (one read, one clock reading) and count as one chunk
+  holding all their tokens (see :func:`itl_histogram`).
+  Which chunks carry how many tokens: :mod:`servelens.core.stream`.
 * Request duration: arrival to the end of the stream (or the error).
 * A request with several choices (``n`` > 1): TTFT and ITL are the first choice's (its sequences
   decode together and their chunks interleave; see :mod:`servelens.gateway.meter`).
@@ -176,9 +179,12 @@ def itl_histogram(
     """ITL histogram of one request from its chunk times (int ns) and multi-token chunks.
 
     Each gap between consecutive chunks, divided by the tokens of the later chunk, is observed
-    once per token (Dynamo definition); negative gaps are clamped to 0. Tokens beyond the first
-    in the first chunk get no ITL. Returns ``(histogram, values)``; ``values`` is empty unless
-    ``keep_values``.
+    once per token (Dynamo definition); negative gaps are clamped to 0. Chunks that share one
+    timestamp were read together (one read, one clock reading): they count as one chunk holding all
+    their tokens, so the gap since the previous read is shared out over every token of the read
+    instead of going whole to the first and 0 to the rest. Tokens that arrived with the first one
+    (beyond the first in the first chunk, or in chunks read with it) get an ITL of 0: they waited
+    for nothing after it. Returns ``(histogram, values)``; ``values`` is empty unless ``keep_values``.
     """
     hist = HistogramState(edges)
     n = len(times_ns)
@@ -187,33 +193,46 @@ def itl_histogram(
     if n < _VECTORISE_FROM and not keep_values:
         counts = hist.counts
         total = 0.0
+        i = 1
         prev = times_ns[0]
-        for i in range(1, n):
+        while i < n:
             t = times_ns[i]
-            gap = t - prev if t > prev else 0
+            j = i + 1  # chunks i..j-1 were read at t
+            while j < n and times_ns[j] == t:
+                j += 1
+            tok = sum(chunk_tokens.get(k, 1) for k in range(i, j)) if chunk_tokens else j - i
+            v = (t - prev) / (tok * NS_PER_S) if t > prev else 0.0
             prev = t
-            tok = chunk_tokens.get(i, 1) if chunk_tokens else 1
-            v = gap / (tok * NS_PER_S)
             counts[bisect_left(edges, v)] += tok
             total += v * tok
+            i = j
         hist.sum = total
         return hist, ()
     t_arr = np.asarray(times_ns, dtype=np.int64)
-    gaps = np.maximum(np.diff(t_arr), 0).astype(np.float64)
-    if chunk_tokens:
-        weights = np.ones(n - 1, dtype=np.int64)
-        for i, k in chunk_tokens.items():
-            if i >= 1:
-                weights[i - 1] = k
-        per = gaps / (weights * NS_PER_S)
-        idx = np.searchsorted(np.asarray(edges), per, side="left")
-        hist.counts = np.bincount(idx, weights=weights, minlength=len(edges) + 1).astype(np.int64).tolist()
-        hist.sum = float((per * weights).sum())
-        values = tuple(np.repeat(per, weights).tolist()) if keep_values else ()
-    else:
+    steps = np.diff(t_arr)
+    gaps = np.maximum(steps, 0).astype(np.float64)
+    read_start = steps != 0
+    if not chunk_tokens and read_start.all():  # the common case: one token per chunk, one chunk per read
         per = gaps / NS_PER_S
         idx = np.searchsorted(np.asarray(edges), per, side="left")
         hist.counts = np.bincount(idx, minlength=len(edges) + 1).tolist()
         hist.sum = float(per.sum())
-        values = tuple(per.tolist()) if keep_values else ()
+        return hist, (tuple(per.tolist()) if keep_values else ())
+    weights = np.ones(n - 1, dtype=np.int64)
+    for i, k in chunk_tokens.items():
+        if i >= 1:
+            weights[i - 1] = k
+    if read_start.all():  # every chunk read on its own: one gap per chunk
+        per = gaps / (weights * NS_PER_S)
+    else:
+        # group g holds the chunks read together; group 0 those read with the first chunk (gap 0)
+        group = np.cumsum(read_start)
+        group_tokens = np.bincount(group, weights=weights)
+        group_gap = np.zeros(len(group_tokens))
+        group_gap[group[read_start]] = gaps[read_start]
+        per = group_gap[group] / (group_tokens[group] * NS_PER_S)
+    idx = np.searchsorted(np.asarray(edges), per, side="left")
+    hist.counts = np.bincount(idx, weights=weights, minlength=len(edges) + 1).astype(np.int64).tolist()
+    hist.sum = float((per * weights).sum())
+    values = tuple(np.repeat(per, weights).tolist()) if keep_values else ()
     return hist, values

@@ -82,14 +82,20 @@ def shifted_toward(e: Explanation, cover: float = 0.8) -> str:
 def _moved(a: float | None, b: float | None) -> str:
     if a is None or b is None:
         return f"{format_s(a)} -> {format_s(b)}"
-    word = "rose" if b > a else "fell" if b < a else "stayed at"
+    # figures that read the same at the line's precision stayed, whatever their last digits
+    word = "stayed at" if format_s(a) == format_s(b) else "rose" if b > a else "fell"
     return f"{word} {format_s(a)}" if word == "stayed at" else f"{word} {format_s(a)} -> {format_s(b)}"
 
 
-def _figures(b: BucketChange, qi: int | None) -> tuple[float | None, float | None]:
+def _figures(b: BucketChange, qi: int | None) -> tuple[float | None, float | None, str]:
+    """The bucket's headline quantile in both windows; its mean (named so) when the quantile did not
+    move the way the bucket changed (coarse ``le`` edges can put both in one bucket's interpolation)."""
     if qi is not None and b.quantiles_before_s[qi] is not None and b.quantiles_after_s[qi] is not None:
-        return b.quantiles_before_s[qi], b.quantiles_after_s[qi]
-    return b.mean_before_s, b.mean_after_s
+        a, z = b.quantiles_before_s[qi], b.quantiles_after_s[qi]
+        assert a is not None and z is not None
+        if (z - a) * (-1 if b.change == FASTER else 1) > 0:
+            return a, z, ""
+    return b.mean_before_s, b.mean_after_s, "mean "
 
 
 def verdict_line(e: Explanation, q: float = 0.95, top: int = 3) -> str:
@@ -105,9 +111,9 @@ def verdict_line(e: Explanation, q: float = 0.95, top: int = 3) -> str:
     def items(also: str) -> str:
         parts = []
         for b in shown:
-            a, z = _figures(b, qi)
+            a, z, what = _figures(b, qi)
             verb = "got faster" if b.change == FASTER else "slowed"
-            parts.append(f"{b.label} {also}{verb}, {format_s(a)} -> {format_s(z)}")
+            parts.append(f"{b.label} {also}{verb}, {what}{format_s(a)} -> {format_s(z)}")
         if rest > 0:
             parts.append(f"{rest} more bucket{'s' if rest > 1 else ''} changed")
         return "; ".join(parts)

@@ -251,7 +251,7 @@ def check_pair(before: Window, after: Window) -> None:
 
 def sample_window(samples: Iterable[RequestSample], buckets: IslBuckets, metric: str) -> SampleWindow:
     """A :class:`SampleWindow` of ``metric`` (``"ttft"`` or ``"itl"``) from the table's request
-    samples (:func:`servelens.bench.results.to_samples`). Only successful requests count, as in
+    samples (:func:`servelens.formats.results.to_samples`). Only successful requests count, as in
     the table; a request without an ISL counts in ``unbucketed``. Raises ExplainError for another metric.
     """
     if metric not in ("ttft", "itl"):

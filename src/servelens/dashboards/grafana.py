@@ -2,7 +2,10 @@
 
 Panels (each its own panel, one query per ISL bucket in numeric order, see
 :mod:`servelens.dashboards.queries`): TTFT mean, p50, p95, p99; ITL p50, p95; request rate;
-mean cached tokens; and the stock all-requests TTFT for contrast. Template variables:
+mean cached tokens; the stock all-requests TTFT for contrast; then the bucket mix
+(:mod:`servelens.dashboards.mix`): the all-requests TTFT p95 and mean beside the same at a
+reference mix (the raw line moves when traffic shifts toward longer prompts, the adjusted line only
+when buckets get slower), and each bucket's share of the requests over time. Template variables:
 ``datasource`` (any Prometheus-compatible data source) and ``model`` (multi-value, "All" = ``.*``).
 """
 
@@ -11,6 +14,13 @@ from __future__ import annotations
 from typing import Any
 
 from servelens.core.buckets import IslBuckets
+from servelens.dashboards.mix import (
+    DEFAULT_REFERENCE,
+    MixReference,
+    adjusted_mean_expr,
+    adjusted_quantile_expr,
+    bucket_share_expr,
+)
 from servelens.dashboards.queries import (
     FIGURES,
     GRAFANA_MODEL_MATCHER,
@@ -81,8 +91,32 @@ def _figure_panel(pid: int, figure: Figure, names: MetricNames, buckets: IslBuck
     return _panel(pid, figure.title, figure.unit, [(q.bucket, q.expr) for q in qs], desc)
 
 
+def mix_panels(first_id: int, names: MetricNames, buckets: IslBuckets, reference: MixReference) -> list[dict[str, Any]]:
+    """The bucket-mix panels: TTFT p95 and mean of all requests, raw beside mix-adjusted, and each
+    bucket's share of the requests (one query per bucket, numeric order)."""
+    h, m, w = names.ttft_by_isl, GRAFANA_MODEL_MATCHER, GRAFANA_WINDOW
+    raw_p95 = f"histogram_quantile(0.95, sum by (le) (rate({h}_bucket{{{m}}}[{w}])))"
+    raw_mean = f"sum (rate({h}_sum{{{m}}}[{w}])) / sum (rate({h}_count{{{m}}}[{w}]))"
+    why = (f"The raw line is every request's; the adjusted line is each bucket's latency weighted by "
+           f"{reference.describe()}: when the raw line rises and the adjusted one does not, the traffic "
+           "shifted toward longer prompts; when both rise, the buckets got slower. A gap: a bucket with a "
+           "reference share had no request in the window.")
+    return [
+        _panel(first_id, "TTFT p95, all requests: raw and at the reference mix", "s",
+               [("all requests", raw_p95), ("at the reference mix", adjusted_quantile_expr(h, 0.95, reference, w, m))],
+               why),
+        _panel(first_id + 1, "TTFT mean, all requests: raw and at the reference mix", "s",
+               [("all requests", raw_mean), ("at the reference mix", adjusted_mean_expr(h, reference, w, m))], why),
+        _panel(first_id + 2, "Bucket mix: share of the requests per ISL bucket", "percentunit",
+               [(label, bucket_share_expr(h, label, w, m)) for label in buckets.labels],
+               "Each ISL bucket's share of the requests with a first token (TTFT observations), one query per "
+               "bucket in numeric order: the mix the adjusted lines correct for."),
+    ]
+
+
 def grafana_dashboard(
-    names: MetricNames, buckets: IslBuckets, title: str | None = None, uid: str | None = None
+    names: MetricNames, buckets: IslBuckets, title: str | None = None, uid: str | None = None,
+    reference: MixReference | None = None,
 ) -> dict[str, Any]:
     """The dashboard as a JSON-serialisable dict (Grafana dashboard model, schemaVersion 39).
 
@@ -90,6 +124,7 @@ def grafana_dashboard(
         names: metric names (``MetricNames("dynamo_frontend")`` for Dynamo-style names).
         buckets: the ISL buckets the server exports (``--isl-buckets``); one query per bucket.
         title, uid: dashboard title and uid (defaults derive from the prefix).
+        reference: the mix of the mix-adjusted panels (default: the mix over the last 24 h).
     """
     panels = [_figure_panel(i + 1, f, names, buckets) for i, f in enumerate(FIGURES)]
     m = GRAFANA_MODEL_MATCHER
@@ -110,6 +145,7 @@ def grafana_dashboard(
         [("all", count_expr(names.duration, None, w, m, "rate"))],
         "Every finished request (stock request duration histogram).",
     ))
+    panels += mix_panels(len(panels) + 1, names, buckets, reference or DEFAULT_REFERENCE)
     return {
         "title": title or f"servelens: latency by input length ({names.prefix})",
         "uid": uid or f"servelens-isl-{names.prefix}"[:40],

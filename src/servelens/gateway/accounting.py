@@ -19,15 +19,19 @@ or a ``stream`` that is not a boolean -> 400 ``validation``; body over ``max_bod
 model list cannot be fetched); upstream unreachable -> 502 ``unavailable``; no response headers (or
 body, for unary) within ``response_timeout_s``, or silence over ``read_timeout_s`` -> 504
 ``response_timeout``; a unary or error body over
-:data:`~servelens.gateway.upstream_response.MAX_BODY_BYTES` -> 502 ``backend_error``; upstream
-400/4xx -> ``validation``, 404 -> ``not_found``, 429 and 503 -> ``overload``, other 5xx ->
-``backend_error`` (the upstream's status and body are relayed); an ``error`` object or malformed chunk
-inside a 200 stream, or a body in a content coding other than gzip or deflate (which are decoded) or
-that does not decode -> ``backend_error`` (a whole ``application/json`` or ``text/html`` reply to a
-stream request is measured as a unary reply); a stream ending with neither ``finish_reason`` nor
-``[DONE]``, or cut by the upstream -> ``truncated_stream`` (a cut is passed on: the client connection
-is closed without the final chunk); the client going away -> ``cancelled`` (the upstream request is
-closed at once, so the engine stops generating); a bug of ours -> 500 ``internal``.
+:data:`~servelens.gateway.upstream_response.MAX_BODY_BYTES` -> 502 ``backend_error``; upstream 400/4xx
+-> ``validation``, 404 -> ``not_found``, 429 and 503 -> ``overload``, other 5xx -> ``backend_error``
+(the upstream's status and body are relayed); an in-stream error (an ``error`` object, ``"object":
+"error"``, an SSE ``event: error``) or a malformed chunk inside a 200 stream, a 200 stream that produced
+nothing (``[DONE]`` alone, a role-only chunk; docs/counting.md), or a body in a content coding other
+than gzip or deflate (which are decoded) or that does not decode -> ``backend_error`` (a whole
+``application/json`` or ``text/html`` reply to a stream request is measured as a unary reply); a stream
+ending with neither ``finish_reason`` nor ``[DONE]``, or cut by the upstream -> ``truncated_stream`` (a
+cut is passed on: the client connection is closed without the final chunk); the client going away ->
+``cancelled`` (the upstream request is closed at once, so the engine stops generating); a bug of ours ->
+500 ``internal``. A request head aiohttp cannot read (414, 431, 400: :mod:`.connections`) and a
+connection over the open-files budget (503) are answered before any route, so they name no endpoint and
+are not in ``requests_total``: the latter are counted in ``servelens_gateway_accept_failures_total``.
 
 Also here: how many measured requests are being answered now (:attr:`Accounting.active`, waited on
 at shutdown) and a waiter on the count (:meth:`Accounting.wait_finished`, for tests).
@@ -150,6 +154,12 @@ class Accounting:
     def _log_request(self, live: LiveRequest, out: Outcome, rec: RequestRecord) -> None:
         assert self.request_log is not None
         src = live.isl_source
+        offsets: tuple[int, ...] | None = None
+        tokens: tuple[int, ...] | None = None
+        if self.request_log.chunks:
+            timer = live.timer
+            offsets = tuple(t - rec.arrival_ns for t in timer.times_ns)
+            tokens = tuple(timer.chunk_tokens.get(i, 1) for i in range(len(offsets)))
         try:
             self.request_log.write(RequestLogEntry(
                 upstream_request_id=out.upstream_request_id,
@@ -170,6 +180,8 @@ class Accounting:
                 http_status=out.http_status,
                 arrival_ns=rec.arrival_ns,
                 first_output_ns=rec.first_output_ns,
+                chunk_offsets_ns=offsets,
+                chunk_tokens=tokens,
             ))
         except OSError as exc:  # a full disk must not fail requests: stop logging, say so once
             log.warning("request log %s disabled: %s", self.request_log.path, exc)

@@ -52,7 +52,7 @@ class Gateway:
     Args:
         config: the configuration.
         metrics: metrics to record into (default: built from ``config``: prefix, buckets,
-            ``max_models``, stock families unless ``by_isl_only``).
+            edges, ``max_models``, ``max_series``, stock families unless ``by_isl_only``).
 
     Raises ValueError for a tokenizer that cannot be loaded; OSError for a request log that
     cannot be opened.
@@ -63,12 +63,15 @@ class Gateway:
         self.metrics = metrics or FrontendMetrics(
             prefix=config.metrics_prefix,
             isl_buckets=config.isl_buckets,
+            edges=config.metric_edges,
             max_models=config.max_models,
+            max_series=config.max_series,
             stock=not config.by_isl_only,
         )
         self.router = ModelRouter(config, self.metrics)
         self.prompt_counter = PromptCounter(config.tokenizer) if config.tokenizer else None
-        self.accounting = Accounting(self.metrics, RequestLog(config.request_log) if config.request_log else None)
+        self.accounting = Accounting(
+            self.metrics, RequestLog(config.request_log, config.request_log_chunks) if config.request_log else None)
         self._upstream_bases = tuple(u.rstrip("/") for u in config.upstreams)
         self._session: aiohttp.ClientSession | None = None
         self._upstream: UpstreamClient | None = None

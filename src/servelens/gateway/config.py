@@ -9,10 +9,14 @@ YAML file shape (every key optional; CLI flags given explicitly override it)::
       qwen-7b: {upstream: http://127.0.0.1:8001}
     isl_buckets: 512,1024,2048,4096,8192,16384   # or a list; "" or off disables by-ISL series
     metrics_prefix: servelens
+    ttft_edges_s: fine                     # le edges: fine (default), dynamo, or a list of seconds;
+    itl_edges_s: fine                      #   Dynamo's prefix (dynamo_frontend) takes Dynamo's only
+    max_series: 50000                      # series budget: models registered <= max_series / series per model
     continuous_usage: auto                 # auto | on | off
     by_isl_only: false
     tokenizer: /path/to/tokenizer.json
     request_log: /tmp/requests.jsonl
+    request_log_chunks: false              # also log every output chunk's time and tokens
     max_body_bytes: 16777216
     connect_timeout_s: 10
     response_timeout_s: 600
@@ -32,7 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -40,8 +44,10 @@ from urllib.parse import urlsplit
 import yaml
 
 from servelens.core.buckets import DEFAULT_ISL_BOUNDARIES, IslBuckets
+from servelens.core.edges import MetricEdges, parse_edges
 from servelens.core.status import UNKNOWN_MODEL
-from servelens.prometheus.names import DEFAULT_PREFIX, check_prefix
+from servelens.prometheus.frontend import DEFAULT_MAX_SERIES
+from servelens.prometheus.names import DEFAULT_PREFIX, DYNAMO_PREFIX, check_prefix, default_edges
 
 ContinuousUsage = Literal["auto", "on", "off"]
 CONTINUOUS_USAGE_MODES: tuple[str, ...] = ("auto", "on", "off")
@@ -100,6 +106,13 @@ class GatewayConfig:
             default upstream's ``GET /v1/models`` is polled and its models are registered.
         isl_buckets: ISL boundaries spec (``"512,1024,..."``), None disables by-ISL series.
         metrics_prefix: metric name prefix (``dynamo_frontend`` gives Dynamo's names).
+        ttft_edges_s, itl_edges_s: ``le`` edges (seconds) of the TTFT and ITL histograms, stock and
+            by-ISL alike: ``fine``, ``dynamo``, a comma-separated string or a list (None: the
+            prefix's default, :func:`~servelens.prometheus.names.default_edges`). Stored as tuples.
+            With Dynamo's prefix only Dynamo's edges are accepted (its stock twins have them).
+        max_series: series budget of the metrics (see
+            :data:`~servelens.prometheus.frontend.DEFAULT_MAX_SERIES`); with ``max_models`` it caps
+            the models registered.
         by_isl_only: export only the by-ISL families and the assignment counter (sidecar mode).
         continuous_usage: inject ``stream_options.continuous_usage_stats`` (exact tokens per
             chunk for ITL): ``on`` always, ``off`` never, ``auto`` try it and, when an upstream
@@ -109,6 +122,8 @@ class GatewayConfig:
             client's own request only.
         tokenizer: path of a ``tokenizer.json`` to count prompt tokens at arrival.
         request_log: path of a JSONL per-request debug log (None: no log).
+        request_log_chunks: the request log also holds every output chunk's arrival time and tokens
+            (for accuracy checks of ITL against an engine's token times; ~10 bytes per token).
         host, port: where to listen (port 0 picks a free port).
         metrics_port: serve ``/metrics`` on a listener of its own on this port (0 picks a free one)
             and answer 404 for it on the API port, so the API port does not expose the metrics; None
@@ -135,11 +150,15 @@ class GatewayConfig:
     models: tuple[tuple[str, str], ...] = ()
     isl_buckets: str | None = IslBuckets(DEFAULT_ISL_BOUNDARIES).spec
     metrics_prefix: str = DEFAULT_PREFIX
+    ttft_edges_s: tuple[float, ...] | None = None
+    itl_edges_s: tuple[float, ...] | None = None
+    max_series: int = DEFAULT_MAX_SERIES
     by_isl_only: bool = False
     continuous_usage: ContinuousUsage = "auto"
     inject_usage: bool = True
     tokenizer: str | None = None
     request_log: str | None = None
+    request_log_chunks: bool = False
     host: str = "127.0.0.1"
     port: int = 0
     metrics_port: int | None = None
@@ -175,6 +194,13 @@ class GatewayConfig:
             raise ValueError("no upstream: give --upstream URL or map models to upstreams in the config file")
         object.__setattr__(self, "isl_buckets", parse_isl_spec(self.isl_buckets))
         check_prefix(self.metrics_prefix)
+        for name, kind in (("ttft_edges_s", "ttft"), ("itl_edges_s", "itl")):
+            spec = getattr(self, name)
+            if spec is not None:
+                object.__setattr__(self, name, parse_edges(spec, kind))
+        if self.metrics_prefix == DYNAMO_PREFIX and not self.metric_edges.is_dynamo:
+            raise ValueError("with --metrics-prefix dynamo_frontend the TTFT and ITL edges are Dynamo's (the by-ISL "
+                             "twins must share the edges of Dynamo's stock histograms): drop the edges setting")
         if self.by_isl_only and self.isl_buckets is None:
             raise ValueError("--by-isl-only needs ISL bucket boundaries (--isl-buckets)")
         if self.continuous_usage not in CONTINUOUS_USAGE_MODES:
@@ -200,6 +226,8 @@ class GatewayConfig:
             raise ValueError("models_refresh_s, repoll_min_interval_s and shutdown_timeout_s must be >= 0")
         if self.max_models < 1:
             raise ValueError(f"max_models must be >= 1, got {self.max_models}")
+        if self.max_series < 1:
+            raise ValueError(f"max_series must be >= 1, got {self.max_series}")
         if self.tokenizer is not None and not Path(self.tokenizer).is_file():
             raise ValueError(f"tokenizer file not found: {self.tokenizer}")
         ups = [u for _, u in models]
@@ -213,10 +241,10 @@ class GatewayConfig:
             v = getattr(self, name)
             if not isinstance(v, str) and (v is not None or name in ("host", "metrics_prefix")):
                 raise ValueError(f"{name} must be a string, got {v!r}")
-        for name in ("by_isl_only", "inject_usage"):
+        for name in ("by_isl_only", "inject_usage", "request_log_chunks"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
-        for name in ("port", "max_body_bytes", "max_models", "metrics_port"):
+        for name in ("port", "max_body_bytes", "max_models", "max_series", "metrics_port"):
             v = getattr(self, name)
             if v is None and name == "metrics_port":
                 continue
@@ -227,6 +255,12 @@ class GatewayConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or math.isnan(v):
                 raise ValueError(f"{name} must be a number of seconds, got {v!r}")
+
+    @property
+    def metric_edges(self) -> MetricEdges:
+        """The histograms' ``le`` edges: the prefix's defaults with the TTFT and ITL edges set here."""
+        edges = default_edges(self.metrics_prefix)
+        return replace(edges, ttft_s=self.ttft_edges_s or edges.ttft_s, itl_s=self.itl_edges_s or edges.itl_s)
 
     @property
     def upstreams(self) -> tuple[str, ...]:

@@ -59,8 +59,14 @@ def response_headers(headers: MultiMapping[str], upstream_bases: tuple[str, ...]
     """:func:`forward_response_headers`, with a ``Location`` into one of ``upstream_bases`` (base URLs
     without a trailing slash) made relative to the gateway, as nginx's ``proxy_redirect default``
     does: a redirect (FastAPI's 307 for a trailing slash) sends the client back through the gateway,
-    not straight to the engine."""
+    not straight to the engine. An event stream (``text/event-stream``) gets ``X-Accel-Buffering: no``
+    unless the upstream sent its own (an nginx in front of the gateway would otherwise buffer it, its
+    default ``proxy_buffering on``)."""
     out = forward_response_headers(headers)
+    if "X-Accel-Buffering" not in out and out.get("Content-Type", "").lower().startswith("text/event-stream"):
+        # an event stream must not be held by a buffering proxy in front of the gateway (nginx's default
+        # proxy_buffering: tokens arrive in bursts and ITL reads near 0); an engine's own value is kept
+        out["X-Accel-Buffering"] = "no"
     loc = out.get("Location")
     if loc:
         for base in upstream_bases:

@@ -8,8 +8,10 @@ drives a :class:`~servelens.core.state.LiveRequest`:
   each ``data`` payload is read by :func:`~servelens.core.openai.parse_chunk`.
 * TTFT: the first chunk carrying output (content, reasoning, tool-call delta, completion text);
   a role-only chunk is not output (definition in :mod:`servelens.core.timing`).
-* Tokens per chunk for ITL: the increase of the cumulative ``usage.completion_tokens`` when
-  every output chunk so far carried usage (``continuous_usage_stats``), else 1.
+* Tokens per chunk for ITL (:class:`~servelens.core.stream.FirstChoiceTokens`): the increase of the
+  first choice's cumulative ``usage.completion_tokens`` when every output chunk carries usage
+  (``continuous_usage_stats``): a chunk whose count did not move carries no token, one whose count
+  moved carries tokens even with empty text; else one token per output chunk.
 * ISL: ``usage.prompt_tokens`` from the first chunk carrying usage. Source
   ``first_chunk_usage`` when it arrives no later than the first output chunk, else
   ``final_usage`` (the by-ISL TTFT is then observed at that moment).
@@ -18,13 +20,15 @@ drives a :class:`~servelens.core.state.LiveRequest`:
   :attr:`StreamMeter.osl_from_usage` is False.
 * Several choices (``n`` > 1; seen on the first chunk with a choice ``index`` other than 0): the
   choices decode together and their chunks interleave, so TTFT and ITL are those of the first
-  choice (``index`` 0), one token per chunk (vLLM too measures each sequence of a request on its
-  own); OSL is ``usage.completion_tokens`` of a usage-only chunk (``choices`` empty: the sum over
-  choices; vLLM's usage on a chunk with a choice counts that choice alone), else output chunks of
-  every choice; without ``[DONE]`` the stream is complete only when every choice seen finished.
-* Outcome (:meth:`StreamMeter.outcome`): an ``error`` object or a malformed ``data`` payload ->
-  ``backend_error``; a stream with neither ``finish_reason`` nor ``[DONE]`` ->
-  ``truncated_stream``; else success.
+  choice (``index`` 0), from its own cumulative counts (vLLM and SGLang put each choice's own count on
+  its chunks; vLLM too measures each sequence of a request on its own); OSL is
+  ``usage.completion_tokens`` of a usage-only chunk (``choices`` empty: the sum over choices), else
+  output chunks of every choice; without ``[DONE]`` the stream is complete only when every choice seen finished.
+* Outcome (:meth:`StreamMeter.outcome`, :func:`~servelens.core.stream.stream_outcome`): an in-stream
+  error (an ``error`` object, ``"object": "error"``, an SSE ``event: error``) or a malformed ``data``
+  payload -> ``backend_error``; a stream with neither ``finish_reason`` nor ``[DONE]`` ->
+  ``truncated_stream``; a stream that produced nothing (no output chunk, no completion token counted)
+  -> ``backend_error``; else success (docs/counting.md).
 
 When the gateway injected usage the client did not ask for (``strip`` is not
 :data:`~servelens.gateway.usage.STRIP_NONE`), ``feed`` returns the bytes to send instead:
@@ -52,6 +56,7 @@ import msgspec
 from servelens.core.openai import ChunkInfo, choice_index, decode_json, parse_chunk
 from servelens.core.sse import SSEBlock, SSEDecoder
 from servelens.core.state import LiveRequest
+from servelens.core.stream import FirstChoiceTokens, stream_outcome
 from servelens.gateway.usage import (
     STRIP_ALL,
     STRIP_CONTINUOUS_NULL,
@@ -124,9 +129,8 @@ class StreamMeter:
         "_choices_seen",
         "_decoder",
         "_other_outputs",
-        "_prev_completion",
         "_queue",
-        "_usage_per_chunk",
+        "_tokens",
         "blocks",
         "cached_tokens",
         "completion_tokens",
@@ -136,6 +140,7 @@ class StreamMeter:
         "live",
         "malformed",
         "multi",
+        "produced",
         "prompt_tokens",
         "strip",
         "usage_key_on_chunks",
@@ -147,8 +152,7 @@ class StreamMeter:
         self._decoder = SSEDecoder()
         self._queue: list[tuple[int, bytes | SSEBlock]] = []  # read, not yet measured (see relay)
         self._append: Callable[[int], None] | None = None  # bound after the first output chunk
-        self._prev_completion = 0
-        self._usage_per_chunk = True  # every output chunk so far carried cumulative usage
+        self._tokens = FirstChoiceTokens()
         self._other_outputs = 0  # output chunks of choices other than the first (n > 1)
         self._choices_seen: set[int] = set()  # n > 1: the choices' indexes seen, and those finished
         self._choices_done: set[int] = set()
@@ -157,6 +161,8 @@ class StreamMeter:
         self.blocks = 0
         self.done = False
         self.malformed = False
+        self.produced = False
+        """The stream carried output: an output-bearing chunk (any choice), or a completion count > 0."""
         self.error: str | None = None
         self.finish_reason: str | None = None
         self.prompt_tokens: int | None = None
@@ -292,7 +298,7 @@ class StreamMeter:
         self.blocks += 1
         data = blk.data
         assert data is not None
-        info = parse_chunk(data)
+        info = parse_chunk(data, blk.event)
         if info.done:
             self.done = True
             return
@@ -305,11 +311,11 @@ class StreamMeter:
             return
         live = self.live
         usage = info.usage
-        tokens = 1
-        has_output = info.has_output
+        if info.has_output:
+            self.produced = True
         if info.several_choices or self.multi:
             self._several(info)
-            has_output = info.first_output
+        tokens = self._tokens.step(info)
         if usage is not None:
             pt = usage.prompt_tokens
             if pt is not None:
@@ -318,24 +324,19 @@ class StreamMeter:
                     first = live.timer.first_output_ns is None
                     live.set_isl(pt, "first_chunk_usage" if first else "final_usage")
             ct = usage.completion_tokens
-            if ct is not None and (not self.multi or not (info.obj or {}).get("choices")):
-                self.completion_tokens = ct
-                if has_output and self._usage_per_chunk:
-                    tokens = ct - self._prev_completion
-                self._prev_completion = ct
-            elif has_output:
-                self._usage_per_chunk = False
+            if ct is not None:
+                if ct:
+                    self.produced = True
+                if not self.multi or not info.choices:
+                    self.completion_tokens = ct
             if usage.cached_tokens is not None:
                 self.cached_tokens = usage.cached_tokens
-        elif has_output:
-            # usage only on some chunks (e.g. the last one): deltas would not be per chunk
-            self._usage_per_chunk = False
-        if has_output:
+        if tokens:
             append = self._append
-            if append is not None and tokens <= 1:
+            if append is not None and tokens == 1:
                 append(t_ns)  # the per-token hot path: one append (see LiveRequest.chunk_times_ns)
             else:
-                live.output(t_ns, tokens if tokens > 0 else 1)
+                live.output(t_ns, tokens)
                 if append is None:
                     self._append = live.chunk_times_ns.append
         if info.finish_reason is not None and self.finish_reason is None:
@@ -350,9 +351,8 @@ class StreamMeter:
         were seen and which finished; output chunks of the other choices counted."""
         if not self.multi:
             self.multi = True
-            # chunks so far were the first choice's: their usage was its own count (vLLM's continuous
-            # usage is per choice); only a usage-only chunk (choices empty) counts every choice
-            self._usage_per_chunk = False
+            # chunks so far were the first choice's: their usage was its own count (vLLM's and SGLang's
+            # continuous usage is per choice); only a usage-only chunk (choices empty) counts every choice
             self.completion_tokens = None
             self._choices_seen = {0}
             self._choices_done = {0} if self.finish_reason is not None else set()
@@ -378,9 +378,9 @@ class StreamMeter:
         return self.live.timer.output_tokens + self._other_outputs
 
     def outcome(self) -> tuple[str, str]:
-        """``(status, error_type)`` of a stream that ended (see the module docstring)."""
-        if self.error is not None or self.malformed:
-            return "error", "backend_error"
-        if not self.done and (self.finish_reason is None or not self._choices_seen <= self._choices_done):
-            return "error", "truncated_stream"
-        return "success", ""
+        """``(status, error_type)`` of a stream that ended (see the module docstring and
+        :func:`~servelens.core.stream.stream_outcome`)."""
+        complete = self.done or (self.finish_reason is not None and self._choices_seen <= self._choices_done)
+        error_type = stream_outcome(failed=self.error is not None or self.malformed, complete=complete,
+                                    produced=self.produced)
+        return ("error", error_type) if error_type else ("success", "")

@@ -116,29 +116,43 @@ class ModelRouter:
 
     async def poll(self, session: aiohttp.ClientSession) -> PollResult | None:
         """Poll the default upstream's model list now (discovery mode only; one at a time)."""
-        upstream = self.config.upstream
-        if not self.config.discover or upstream is None:
+        if not self.config.discover or self.config.upstream is None:
             return None
         async with self._poll_lock:
-            self._last_poll_at = time.monotonic()
-            result = await fetch_models(session, upstream, min(5.0, self.config.connect_timeout_s))
-            self.last_poll = result
-            if result.ok:
-                for name in result.names:
-                    self._add(name, upstream)
-            return result
+            return await self._poll_locked(session)
+
+    async def _poll_locked(self, session: aiohttp.ClientSession) -> PollResult:
+        upstream = self.config.upstream
+        assert upstream is not None
+        self._last_poll_at = time.monotonic()
+        result = await fetch_models(session, upstream, min(5.0, self.config.connect_timeout_s))
+        self.last_poll = result
+        if result.ok:
+            for name in result.names:
+                self._add(name, upstream)
+        return result
+
+    async def _poll_since(self, session: aiohttp.ClientSession, since: float) -> None:
+        """Wait for a poll that started at or after ``since`` (``time.monotonic()``), starting one when
+        none did: a poll already in flight may have started before the upstream came up, and its
+        failure must not be this request's answer. Polls stay one at a time; requests that arrive
+        together share one (at most two polls per wave of requests)."""
+        async with self._poll_lock:
+            if self._last_poll_at < since:
+                await self._poll_locked(session)
 
     async def resolve(self, name: str, session: aiohttp.ClientSession) -> str | None:
-        """Like :meth:`lookup`, but an unknown name triggers a re-poll (rate-limited)."""
+        """Like :meth:`lookup`, but an unknown name triggers a re-poll: at most once per
+        ``repoll_min_interval_s`` while the upstream answers; while it does not (the latest poll failed, or
+        none ended yet: a gateway started before its engine), always, with a poll that started after this
+        request arrived, so requests are served as soon as the upstream answers."""
         up = self.routes.get(name)
-        if up is not None or not self.config.discover:
+        if up is not None or not self.config.discover or self.config.upstream is None:
             return up
-        if time.monotonic() - self._last_poll_at >= self.config.repoll_min_interval_s:
-            if self._poll_lock.locked():
-                async with self._poll_lock:  # someone is polling: wait for that poll
-                    pass
-            else:
-                await self.poll(session)
+        now = time.monotonic()
+        down = self.last_poll is None or not self.last_poll.ok
+        if down or now - self._last_poll_at >= self.config.repoll_min_interval_s:
+            await self._poll_since(session, now)
         return self.routes.get(name)
 
     async def refresh_forever(self, session: aiohttp.ClientSession) -> None:

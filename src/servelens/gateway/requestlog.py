@@ -7,7 +7,10 @@ bucket label or null), ``ttft_s`` (null without output), ``duration_s``, ``osl``
 ``osl_source`` (``usage`` or ``chunks``), ``cached_tokens`` (null when unknown),
 ``output_chunks``, ``status``, ``error_type``, ``http_status``, ``arrival_ns`` and
 ``first_output_ns`` (``time.perf_counter_ns()`` of the gateway process, CLOCK_MONOTONIC on Linux,
-so they compare with an engine's timestamps on the same machine).
+so they compare with an engine's timestamps on the same machine). With ``chunks`` (the gateway's
+``--request-log-chunks``) also ``chunk_offsets_ns`` (every output chunk's arrival, as read, minus
+``arrival_ns``; of the first choice when ``n`` > 1) and ``chunk_tokens`` (the tokens the gateway
+counted in each), as the bench's results file has them; else both are null.
 Request headers (``Authorization`` included) and bodies are never written.
 """
 
@@ -42,16 +45,23 @@ class RequestLogEntry:
     http_status: int
     arrival_ns: int
     first_output_ns: int | None
+    chunk_offsets_ns: tuple[int, ...] | None = None
+    chunk_tokens: tuple[int, ...] | None = None
 
 
 class RequestLog:
     """Appends :class:`RequestLogEntry` lines to ``path`` (created, or appended to).
 
+    Args:
+        path: the file.
+        chunks: the entries carry every output chunk's time and tokens (see the module docstring).
+
     Raises OSError when the file cannot be opened.
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, chunks: bool = False) -> None:
         self.path = Path(path)
+        self.chunks = chunks
         self._fh: IO[bytes] | None = open(self.path, "ab")  # noqa: SIM115 - closed by close()
         self._encode = msgspec.json.Encoder().encode
 

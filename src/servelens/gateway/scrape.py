@@ -127,7 +127,8 @@ class MetricsScrape:
 
     async def text(self, snap: StateSnapshot) -> list[bytes]:
         """``snap``'s exposition in pieces, formatted :data:`SLICE_BYTES` at a time with a pause after
-        each (:data:`PAUSE_S`, or as long as the slice took)."""
+        each (:data:`PAUSE_S`, or as long as the slice took), then that of the collectors added to the
+        metrics (:meth:`~servelens.prometheus.FrontendMetrics.add_collector`)."""
         parts: list[bytes] = []
         since = 0
         clock = time.perf_counter
@@ -139,6 +140,9 @@ class MetricsScrape:
                 since = 0
                 await asyncio.sleep(max(PAUSE_S, clock() - start))
                 start = clock()
+        added = self.metrics.added_exposition()  # the gateway's connection metrics: a few lines
+        if added:
+            parts.append(added)
         return parts
 
     async def handle(self, request: web.Request) -> web.StreamResponse:

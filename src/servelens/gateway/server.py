@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -12,10 +13,19 @@ from aiohttp import web
 
 from servelens.gateway.app import Gateway
 from servelens.gateway.config import GatewayConfig
+from servelens.gateway.connections import (
+    MAX_FIELD_BYTES,
+    MAX_HEADERS,
+    MAX_REQUEST_LINE_BYTES,
+    ConnectionGuard,
+    GuardedSite,
+    file_budget,
+)
 from servelens.gateway.scrape import MetricsListener, start_metrics_listener
 from servelens.gateway.upstream import redacted_url
 from servelens.prometheus import FrontendMetrics
-from servelens.serving import listen_error, serve_until_signal
+from servelens.prometheus.connections import ConnectionsCollector
+from servelens.serving import listen_error, open_files, raise_open_files_limit, serve_until_signal
 
 CUT_S = 0.5
 """After the drain on shutdown, how long aiohttp waits for a handler before cancelling it (twice)."""
@@ -31,6 +41,10 @@ class RunningGateway:
     runner: web.AppRunner
     host: str
     port: int
+    guard: ConnectionGuard | None = None
+    """The connection budget and the accept failures counted (see :mod:`.connections`)."""
+    previous_handler: Any = None
+    """The event loop's exception handler before the gateway set its own (restored by :meth:`close`)."""
     metrics_listener: MetricsListener | None = None
 
     @property
@@ -67,6 +81,8 @@ class RunningGateway:
         await self.runner.cleanup()
         if self.metrics_listener is not None:  # scraped to the end, the drain included
             await self.metrics_listener.close()
+        if self.guard is not None:
+            asyncio.get_running_loop().set_exception_handler(self.previous_handler)
 
 
 async def start_gateway(config: GatewayConfig, metrics: FrontendMetrics | None = None) -> RunningGateway:
@@ -85,13 +101,21 @@ async def start_gateway(config: GatewayConfig, metrics: FrontendMetrics | None =
     runner = web.AppRunner(
         gateway.app, handler_cancellation=True, access_log=None, shutdown_timeout=CUT_S,
         keepalive_timeout=config.client_timeout_s, lingering_time=min(10.0, config.client_timeout_s),
+        max_line_size=MAX_REQUEST_LINE_BYTES, max_field_size=MAX_FIELD_BYTES, max_headers=MAX_HEADERS,
     )
     await runner.setup()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    guard = ConnectionGuard(file_budget(soft, hard, open_files() or 0))
+    gateway.metrics.add_collector(ConnectionsCollector(lambda: guard.failures, guard.budget.max_connections))
+    loop = asyncio.get_running_loop()
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(guard.exception_handler(previous))
     try:
-        site = web.TCPSite(runner, config.host, config.port, backlog=1024)
+        site = GuardedSite(runner, config.host, config.port, guard, backlog=1024)
         await site.start()
     except BaseException as exc:
         await runner.cleanup()
+        loop.set_exception_handler(previous)
         if isinstance(exc, OSError):
             raise listen_error(config.host, config.port, exc) from None
         raise
@@ -102,28 +126,39 @@ async def start_gateway(config: GatewayConfig, metrics: FrontendMetrics | None =
         listener = await start_metrics_listener(gateway.scrape, config) if config.metrics_port is not None else None
     except BaseException:
         await runner.cleanup()
+        loop.set_exception_handler(previous)
         raise
-    return RunningGateway(gateway, runner, host, int(port), listener)
+    return RunningGateway(gateway, runner, host, int(port), guard, previous, listener)
 
 
 async def serve_forever(config: GatewayConfig) -> None:
-    """Run until SIGTERM/SIGINT; print ``servelens gateway listening on URL`` once ready."""
+    """Run until SIGTERM/SIGINT; print ``servelens gateway listening on URL`` once ready. The soft
+    open-files limit is raised to the hard one first (:func:`~servelens.serving.raise_open_files_limit`)."""
+    raise_open_files_limit()
     running = await start_gateway(config)
     print(startup_summary(running), file=sys.stderr, flush=True)
     await serve_until_signal("gateway", running.url, running.close)
 
 
 def startup_summary(running: RunningGateway) -> str:
-    """One line for stderr at start: where requests go, the models known so far, the ISL buckets and
-    the metric prefix (the ready line on stdout stays exactly ``servelens gateway listening on URL``)."""
+    """One line for stderr at start: where requests go, the models known so far, the ISL buckets, the
+    metric prefix, the histograms' edges with the series per model and the models they allow, and the
+    open-files limit with the streams it allows (the ready line on stdout stays
+    exactly ``servelens gateway listening on URL``)."""
     cfg = running.gateway.config
     models = [m if m.isprintable() else repr(m) for m in sorted(running.gateway.router.routes)]  # one line
-    buckets = running.metrics.isl_buckets
+    metrics = running.metrics
+    buckets = metrics.isl_buckets
+    edges = metrics.state.edges
+    b = running.guard.budget if running.guard is not None else None
     return (f"servelens gateway: upstream {', '.join(redacted_url(u) for u in cfg.upstreams)}; "
             f"models {', '.join(models) if models else 'none yet (polling /v1/models)'}; "
             f"ISL buckets {', '.join(buckets.labels) if buckets else 'off'}; "
             f"metrics {cfg.metrics_prefix}_*{' (by-ISL only)' if cfg.by_isl_only else ''}"
-            f"{f' at {running.metrics_url}' if running.metrics_listener is not None else ''}")
+            f"{f' at {running.metrics_url}' if running.metrics_listener is not None else ''}, "
+            f"{len(edges.ttft_s)} TTFT and {len(edges.itl_s)} ITL le edges, {metrics.series_per_model:,} series "
+            f"per model, at most {metrics.max_models} models"
+            + (f"; open files {b.soft} (hard {b.hard}): up to {b.max_connections} streams" if b else ""))
 
 
 def run(config: GatewayConfig, use_uvloop: bool = True) -> None:

@@ -175,6 +175,8 @@ class ScriptedUpstream:
     closed_at_ns: list[int] = field(default_factory=list)  # when a stream handler saw its client go
     closed: asyncio.Event = field(default_factory=asyncio.Event)
     models_status: int = 200
+    stream_headers: dict[str, str] = field(default_factory=dict)  # added to a stream's response headers
+    port: int = 0  # 0: a free one
     url: str = ""
     _runner: web.AppRunner | None = None
 
@@ -266,7 +268,7 @@ class ScriptedUpstream:
                                       "created": 1700000000, "model": body.get("model"), "choices": [choice],
                                       "usage": usage}, headers={"x-request-id": "req-unary"})
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "x-request-id": "req-stream",
-                                           "X-Custom": "kept"})
+                                           "X-Custom": "kept", **self.stream_headers})
         await resp.prepare(request)
         events = self.raw_stream if self.raw_stream is not None else self.events(body, chat)
         try:
@@ -296,7 +298,7 @@ class ScriptedUpstream:
         app.router.add_route("*", "/tokenize", self._echo)  # an engine's own non-/v1 endpoint (vLLM has it)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self.url = f"http://127.0.0.1:{port}"

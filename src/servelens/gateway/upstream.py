@@ -392,6 +392,12 @@ class UpstreamClient:
         self._all.add(proto)
         return proto
 
+    @property
+    def connections(self) -> tuple[int, int]:
+        """``(in use, idle)`` connections to the upstreams now (tests check that none is left in use)."""
+        idle = sum(len(v) for v in self._idle.values())
+        return len(self._all) - idle, idle
+
     def _park(self, conn: _Connection) -> None:
         self._idle.setdefault(conn.key, []).append(conn)
 

@@ -21,8 +21,8 @@ from itertools import accumulate
 
 from prometheus_client.utils import floatToGoString
 
+from servelens.core.edges import MetricEdges
 from servelens.core.snapshot import HistogramCopy, StateSnapshot
-from servelens.core.state import MetricEdges
 from servelens.core.status import UNKNOWN_MODEL
 from servelens.prometheus.collector import format_le
 from servelens.prometheus.names import HELP, MetricNames

@@ -6,13 +6,44 @@ import time
 from collections.abc import Iterable, Sequence
 
 from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector
 
 from servelens.core.buckets import IslBuckets
+from servelens.core.edges import MetricEdges
 from servelens.core.snapshot import ModelSnapshot, StateSnapshot, take_snapshot
-from servelens.core.state import DEFAULT_MAX_MODELS, FrontendState, LiveRequest, MetricEdges
+from servelens.core.state import DEFAULT_MAX_MODELS, ISL_SOURCES, FrontendState, LiveRequest
 from servelens.prometheus.collector import FrontendCollector
 from servelens.prometheus.exposition import TextExposition
-from servelens.prometheus.names import DEFAULT_PREFIX, MetricNames
+from servelens.prometheus.names import DEFAULT_PREFIX, DYNAMO_PREFIX, MetricNames, default_edges
+
+DEFAULT_MAX_SERIES = 50_000
+"""Series budget of one :class:`FrontendMetrics` (the models it registers times
+:func:`series_per_model`). The old guard, 64 models of ~700 series each with Dynamo's edges, allowed
+~45,000; with the fine edges and seven ISL buckets (~2,600 series per model) this allows 19 models."""
+
+
+def series_per_model(
+    edges: MetricEdges, buckets: IslBuckets | None, stock: bool = True, by_isl: bool = True
+) -> int:
+    """Series one registered model adds to ``/metrics``: each histogram has one ``_bucket`` series per
+    ``le`` edge plus ``+Inf``, a ``_sum`` and a ``_count``; stock: six histograms (label ``model``),
+    ``inflight_requests`` and ``output_tokens_total``; by-ISL: five histograms per ISL bucket and the
+    assignment counter (one series per source). ``requests_total`` is not counted: its series appear
+    as outcomes happen (at most 2 endpoints x 2 request types x (success + each error type)).
+    """
+    def hist(e: tuple[float, ...]) -> int:
+        return len(e) + 3
+
+    n = 0
+    if stock:
+        n += sum(hist(e) for e in (edges.ttft_s, edges.itl_s, edges.duration_s, edges.isl_tokens,
+                                   edges.osl_tokens, edges.cached_tokens)) + 2
+    if by_isl and buckets is not None:
+        per_bucket = sum(hist(e) for e in (edges.ttft_s, edges.itl_s, edges.duration_s, edges.osl_tokens,
+                                           edges.cached_tokens))
+        n += per_bucket * len(buckets.labels) + len(ISL_SOURCES)
+    return n
 
 
 class FrontendMetrics:
@@ -35,13 +66,19 @@ class FrontendMetrics:
         isl_buckets: boundaries in tokens (``"512,1024"``, a sequence, or :class:`IslBuckets`);
             None or the empty string disables the by-ISL families entirely (an empty sequence
             raises ValueError, as any invalid boundaries do).
-        edges: histogram ``le`` edges (Dynamo 1.6.1's by default).
+        edges: histogram ``le`` edges (default: :func:`~servelens.prometheus.names.default_edges` of
+            the prefix: Dynamo 1.6.1's for ``dynamo_frontend``, else the fine TTFT and ITL edges).
+            With Dynamo's prefix only Dynamo's edges are accepted.
         max_models: cardinality guard for :meth:`register_model`.
+        max_series: series budget (:data:`DEFAULT_MAX_SERIES`): at most ``max_series //``
+            :attr:`series_per_model` models are registered (and ``max_models`` at most).
         stock, by_isl: which families to export (``stock=False`` is the sidecar mode that adds
             only the by-ISL series to an engine that already exports the stock ones).
 
     Raises:
-        ValueError: bad boundaries, edges or prefix; ``by_isl`` export without buckets is ignored.
+        ValueError: bad boundaries, edges or prefix; edges other than Dynamo's with Dynamo's prefix;
+            one model needing more series than ``max_series``; ``by_isl`` export without buckets is
+            ignored.
     """
 
     def __init__(
@@ -53,6 +90,7 @@ class FrontendMetrics:
         max_models: int = DEFAULT_MAX_MODELS,
         stock: bool = True,
         by_isl: bool = True,
+        max_series: int = DEFAULT_MAX_SERIES,
     ) -> None:
         buckets: IslBuckets | None
         if isl_buckets is None or isl_buckets == "":
@@ -64,22 +102,49 @@ class FrontendMetrics:
         if not stock and buckets is None:
             raise ValueError("exporting only the by-ISL families needs ISL bucket boundaries")
         self.names = MetricNames(prefix)
-        self.state = FrontendState(buckets, edges, max_models)
+        if edges is None:
+            edges = default_edges(prefix)
+        elif prefix == DYNAMO_PREFIX and not edges.is_dynamo:
+            raise ValueError("with Dynamo's metric names (prefix dynamo_frontend) the le edges are Dynamo's: the "
+                             "by-ISL twins must share the edges of Dynamo's own stock histograms")
+        self.series_per_model = series_per_model(edges, buckets, stock, by_isl)
+        """Series one registered model adds (:func:`series_per_model`)."""
+        by_budget = max_series // self.series_per_model
+        if by_budget < 1:
+            raise ValueError(f"one model needs {self.series_per_model:,} series, over max_series {max_series:,}")
+        self.state = FrontendState(
+            buckets, edges, min(max_models, by_budget),
+            limit_reason=(f"{self.series_per_model:,} series per model within max_series {max_series:,}"
+                          if by_budget < max_models else ""),
+        )
         self.collector = FrontendCollector(self.state, self.names, stock=stock, by_isl=by_isl)
         self.text = TextExposition(self.names, self.state.edges, stock=stock, by_isl=self.collector.by_isl)
         """Writes the exposition of :meth:`snapshot` (what :meth:`exposition` and the gateway serve)."""
         self._last: StateSnapshot | None = None
         self.registry = registry
+        self._extra: list[Collector] = []
         if registry is not None:
             registry.register(self.collector)
+
+    def add_collector(self, collector: Collector) -> None:
+        """Export ``collector`` with these metrics (in :meth:`exposition`, and in the registry if any);
+        the gateway adds its connection metrics so. Raises ValueError for a name already exported."""
+        if self.registry is not None:
+            self.registry.register(collector)
+        self._extra.append(collector)
 
     @property
     def isl_buckets(self) -> IslBuckets | None:
         """The configured buckets, or None when by-ISL metrics are off."""
         return self.state.isl_buckets
 
+    @property
+    def max_models(self) -> int:
+        """How many models can be registered (``max_models``, or fewer by the series budget)."""
+        return self.state.max_models
+
     def register_model(self, name: str) -> None:
-        """Create every series of ``name`` at zero. Raises ValueError past ``max_models``."""
+        """Create every series of ``name`` at zero. Raises ValueError past :attr:`max_models`."""
         self.state.register_model(name)
 
     def begin(
@@ -107,8 +172,19 @@ class FrontendMetrics:
         """The latest :meth:`snapshot` (None before the first)."""
         return self._last
 
+    def added_exposition(self) -> bytes:
+        """The text exposition of the collectors added (:meth:`add_collector`) alone, by prometheus_client
+        (``b""`` when there are none)."""
+        if not self._extra:
+            return b""
+        reg = CollectorRegistry(auto_describe=False)
+        for extra in self._extra:
+            reg.register(extra)
+        return generate_latest(reg)
+
     def exposition(self) -> bytes:
-        """The Prometheus text exposition (format 0.0.4) of these metrics alone: the bytes that
-        ``prometheus_client.generate_latest`` writes for :attr:`collector`, written by :attr:`text` from
-        a :meth:`snapshot` (~25x faster when every series changed, more when few did)."""
-        return self.text.render(self.snapshot())
+        """The Prometheus text exposition (format 0.0.4) of these metrics and the collectors added
+        (:meth:`add_collector`): the bytes ``prometheus_client.generate_latest`` writes for
+        :attr:`collector` and them, the frontend's written by :attr:`text` from a :meth:`snapshot` (~25x
+        faster when every series changed, more when few did)."""
+        return self.text.render(self.snapshot()) + self.added_exposition()

@@ -10,13 +10,16 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from servelens.core.state import (
+from servelens.core.edges import (
     CACHED_EDGES_TOKENS,
     DURATION_EDGES_S,
+    FINE_ITL_EDGES_S,
+    FINE_TTFT_EDGES_S,
     ISL_EDGES_TOKENS,
     ITL_EDGES_S,
     OSL_EDGES_TOKENS,
     TTFT_EDGES_S,
+    MetricEdges,
 )
 
 DEFAULT_PREFIX = "servelens"
@@ -28,12 +31,15 @@ __all__ = [
     "DEFAULT_PREFIX",
     "DURATION_EDGES_S",
     "DYNAMO_PREFIX",
+    "FINE_ITL_EDGES_S",
+    "FINE_TTFT_EDGES_S",
     "ISL_EDGES_TOKENS",
     "ITL_EDGES_S",
     "OSL_EDGES_TOKENS",
     "TTFT_EDGES_S",
     "MetricNames",
     "check_prefix",
+    "default_edges",
 ]
 
 
@@ -45,6 +51,13 @@ def check_prefix(prefix: str) -> str:
             "(letters, digits and _, not starting with a digit, no trailing _)"
         )
     return prefix
+
+
+def default_edges(prefix: str) -> MetricEdges:
+    """The ``le`` edges for a prefix: Dynamo 1.6.1's, all six sets, for Dynamo's names (the by-ISL
+    twins share their stock twin's edges, and Dynamo's own stock histograms have those); otherwise
+    :class:`~servelens.core.edges.MetricEdges`' defaults (the fine TTFT and ITL edges)."""
+    return MetricEdges.dynamo() if prefix == DYNAMO_PREFIX else MetricEdges()
 
 
 @dataclass(frozen=True)

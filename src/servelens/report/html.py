@@ -2,7 +2,10 @@
 opens without network access.
 
 Content: the per-bucket table; TTFT p50/p95/p99 per bucket; ITL p50/p95 per bucket; requests per
-bucket; mean cached tokens per bucket; and p95 TTFT per bucket over time when given. Buckets are in
+bucket; mean cached tokens per bucket; and p95 TTFT per bucket over time when given. With an
+all-requests series (:mod:`servelens.report.over_time`) the time charts come as the "without and
+with" pair: first the single TTFT p95 of every request beside the same at a reference mix, then the
+per-bucket lines; ``marks`` draw labelled vertical lines (the demo's phases). Buckets are in
 numeric order everywhere (categorical axes with an explicit category array, legends in bucket order).
 """
 
@@ -18,6 +21,7 @@ import plotly.graph_objects as go
 from servelens.core.buckets import label_sort_key
 from servelens.core.summary import ALL_LABEL, LOW_COUNT, BucketRow
 from servelens.formats.table import HEADERS, row_cells
+from servelens.report.over_time import AllRequestsSeries
 from servelens.report.sources import TimeSeries
 
 _CSS = """
@@ -51,11 +55,44 @@ def _bars(
     return fig
 
 
+def _utc(t: float) -> datetime:
+    return datetime.fromtimestamp(t, UTC)
+
+
+def _mark(fig: go.Figure, marks: Sequence[tuple[float, str]]) -> None:
+    for t, text in marks:
+        fig.add_vline(x=_utc(t), line_dash="dot", line_color="#888")
+        fig.add_annotation(x=_utc(t), y=1, yref="paper", text=text, showarrow=False, xanchor="left",
+                           yanchor="bottom", font={"size": 11})
+
+
+def overall_figure(series: AllRequestsSeries, marks: Sequence[tuple[float, str]] = ()) -> go.Figure:
+    """The "without per-bucket metrics" chart: one TTFT line for every prompt, and the same at the
+    reference mix (the line a traffic shift cannot move)."""
+    fig = go.Figure()
+    x = [_utc(t) for t in series.times_s]
+    tag = f"p{series.q * 100:g}"
+    fig.add_trace(go.Scatter(name=f"all requests, TTFT {tag}", mode="lines+markers", x=x,
+                             y=[_ms(v) for v in series.raw_s], connectgaps=False, line={"width": 3}))
+    fig.add_trace(go.Scatter(name=f"at {series.reference}", mode="lines+markers", x=x,
+                             y=[_ms(v) for v in series.adjusted_s], connectgaps=False, line={"dash": "dash"},
+                             marker={"symbol": ["circle-open" if b else "circle" for b in series.borrowed]},
+                             hovertext=["a bucket borrowed from its phase" if b else "" for b in series.borrowed]))
+    fig.update_layout(title=f"Without per-bucket metrics: TTFT {tag} of all requests over time, and at the "
+                      "reference mix", height=420, legend={"traceorder": "normal"})
+    fig.update_xaxes(title="time (UTC)")
+    fig.update_yaxes(title=f"TTFT {tag} (ms)")
+    _mark(fig, marks)
+    return fig
+
+
 def _figures(
     rows: Sequence[BucketRow],
     timeseries: Sequence[TimeSeries] | None,
     compare_rows: Sequence[BucketRow] | None,
     names: tuple[str, str],
+    overall: AllRequestsSeries | None = None,
+    marks: Sequence[tuple[float, str]] = (),
 ) -> list[go.Figure]:
     labels = bucket_order(list(rows) + list(compare_rows or []))
     sets: list[tuple[str, dict[str, BucketRow]]] = [(names[0], {r.bucket: r for r in rows})]
@@ -90,18 +127,22 @@ def _figures(
                 [(by[label].mean_cached_tokens if label in by else None) for label in labels])
                for src, by in sets]),
     ]
+    if overall is not None:
+        figs.append(overall_figure(overall, marks))
     if timeseries:
         fig = go.Figure()
         for ts in sorted(timeseries, key=lambda s: label_sort_key(s.bucket)):
             fig.add_trace(go.Scatter(
                 name=ts.bucket, mode="lines+markers", connectgaps=False,
-                x=[datetime.fromtimestamp(t, UTC) for t in ts.times_s],
+                x=[_utc(t) for t in ts.times_s],
                 y=[_ms(v) for v in ts.ttft_p95_s],
             ))
-        fig.update_layout(title="p95 TTFT by input length over time", height=420,
+        title = "p95 TTFT by input length over time"
+        fig.update_layout(title=f"With per-bucket metrics: {title}" if overall is not None else title, height=420,
                           legend={"traceorder": "normal", "title": {"text": "bucket (tokens)"}})
         fig.update_xaxes(title="time (UTC)")
         fig.update_yaxes(title="TTFT p95 (ms)")
+        _mark(fig, marks)
         figs.append(fig)
     return figs
 
@@ -123,6 +164,10 @@ def render_html(
     source: str = "",
     compare_rows: Sequence[BucketRow] | None = None,
     names: tuple[str, str] = ("client", "server"),
+    overall: AllRequestsSeries | None = None,
+    marks: Sequence[tuple[float, str]] = (),
+    notes: Sequence[str] = (),
+    extra_tables: Sequence[tuple[str, Sequence[BucketRow]]] = (),
 ) -> str:
     """The report as one HTML document (string), plotly JS inlined once.
 
@@ -133,6 +178,10 @@ def render_html(
         source: a line saying where the figures come from.
         compare_rows: a second set of rows (e.g. the gateway's view) drawn beside ``rows``.
         names: legend names of ``rows`` and ``compare_rows``.
+        overall: the all-requests TTFT over time, raw and at a reference mix (first time chart).
+        marks: ``(unix time, label)`` vertical lines on the time charts.
+        notes: lines shown under the title (e.g. ``servelens explain``'s verdicts).
+        extra_tables: more ``(caption, rows)`` tables after the first ones.
     """
     ordered = sorted(rows, key=lambda r: (r.bucket == ALL_LABEL, label_sort_key(r.bucket)))
     parts = [
@@ -142,15 +191,20 @@ def render_html(
     ]
     if source:
         parts.append(f"<p class='note'>{html.escape(source)}</p>")
+    if notes:
+        parts.append("<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>")
     exact = all(r.exact for r in rows)
     note = f"* fewer than {LOW_COUNT} requests" + ("" if exact else "; percentiles interpolated from le buckets")
     parts.append(_table_html(ordered, names[0] if compare_rows is not None else "Per input-length bucket"))
     if compare_rows is not None:
         parts.append(_table_html(
             sorted(compare_rows, key=lambda r: (r.bucket == ALL_LABEL, label_sort_key(r.bucket))), names[1]))
+    for caption, extra in extra_tables:
+        parts.append(_table_html(sorted(extra, key=lambda r: (r.bucket == ALL_LABEL, label_sort_key(r.bucket))),
+                                 caption))
     parts.append(f"<p class='note'>{html.escape(note)}. Generated "
                  f"{datetime.now(UTC).strftime('%Y-%m-%d %H:%M:%S')} UTC.</p>")
-    for i, fig in enumerate(_figures(rows, timeseries, compare_rows, names)):
+    for i, fig in enumerate(_figures(rows, timeseries, compare_rows, names, overall, marks)):
         parts.append(fig.to_html(full_html=False, include_plotlyjs=(i == 0)))
     parts.append("</body></html>")
     return "\n".join(parts)
@@ -164,6 +218,10 @@ def write_html(
     source: str = "",
     compare_rows: Sequence[BucketRow] | None = None,
     names: tuple[str, str] = ("client", "server"),
+    overall: AllRequestsSeries | None = None,
+    marks: Sequence[tuple[float, str]] = (),
+    notes: Sequence[str] = (),
+    extra_tables: Sequence[tuple[str, Sequence[BucketRow]]] = (),
 ) -> Path:
     """Write :func:`render_html` to ``path`` (parent folders created). Returns the path.
 
@@ -171,5 +229,6 @@ def write_html(
     """
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(render_html(rows, timeseries, title, source, compare_rows, names), encoding="utf-8")
+    p.write_text(render_html(rows, timeseries, title, source, compare_rows, names, overall, marks, notes,
+                             extra_tables), encoding="utf-8")
     return p

@@ -22,6 +22,7 @@ from servelens.core.summary import ALL_LABEL, BucketRow, rows_from_histograms, r
 from servelens.dashboards.queries import FIGURE_BY_KEY, model_matcher
 from servelens.formats.metrics_text import Scrape, bucket_histograms, parse_scrape
 from servelens.prometheus.names import MetricNames
+from servelens.report.over_time import time_bins
 from servelens.report.promapi import PromClient, parse_duration_s
 from servelens.report.results import TimedSample, load_timed_samples
 
@@ -64,10 +65,7 @@ def p95_over_time(
     timed = [s for s in samples if s.send_time_s is not None and s.sample.isl is not None]
     if not timed:
         return ()
-    t0 = min(s.send_time_s for s in timed if s.send_time_s is not None)
-    t1 = max(s.send_time_s for s in timed if s.send_time_s is not None)
-    width = max((t1 - t0) / bins, min_bin_s)
-    n = int((t1 - t0) // width) + 1
+    t0, width, n = time_bins(timed, bins, min_bin_s)
     per: dict[str, list[list[float]]] = {label: [[] for _ in range(n)] for label in buckets.labels}
     for s in timed:
         assert s.send_time_s is not None and s.sample.isl is not None
@@ -117,7 +115,8 @@ def read_metrics_text(source: str, timeout_s: float = 10.0) -> str:
         raise ValueError(f"cannot read metrics file {source}: {exc.strerror or exc}") from None
 
 
-def _scrape(source: str) -> Scrape:
+def scrape(source: str) -> Scrape:
+    """A parsed scrape of a ``/metrics`` URL or file. Raises ValueError naming the source."""
     try:
         return parse_scrape(read_metrics_text(source))
     except ValueError as exc:
@@ -138,8 +137,8 @@ def report_from_metrics(
     Raises ValueError when a source cannot be read or parsed, or has no by-ISL families of
     ``names`` (wrong ``--metrics-prefix``, or bucketing off).
     """
-    after = _scrape(source)
-    earlier = _scrape(before) if before else None
+    after = scrape(source)
+    earlier = scrape(before) if before else None
     per_bucket, all_h = bucket_histograms(after, names, earlier, model)
     if not per_bucket:
         raise ValueError(
@@ -213,11 +212,12 @@ def counter_increase(points: Sequence[tuple[float, float]], start: float | None)
     return total
 
 
-def exact_counts(
-    client: PromClient, counter: str, model: str, window: str, at_s: float, by: str | None = "isl_bucket"
-) -> dict[str, float]:
-    """Observations counted by ``counter`` (a ``_count`` series) in ``(at_s - window, at_s]``, per
-    value of label ``by`` (``""`` key for ``by`` None), summed over series (models, instances).
+def exact_increases(
+    client: PromClient, counter: str, model: str, window: str, at_s: float, by: tuple[str, ...] = ("isl_bucket",)
+) -> dict[tuple[str, ...], float]:
+    """How much the counter ``counter`` (a ``_count``, ``_sum`` or ``_bucket`` series) grew in
+    ``(at_s - window, at_s]``, per value of the labels ``by`` (``()``: one total), summed over series
+    (models, instances).
 
     Per series: its raw samples in the window (``counter[window]``) minus its value at or before the
     window start (``counter offset window``, within the server's lookback); falling back to the
@@ -228,14 +228,22 @@ def exact_counts(
     """
     sel = f"{counter}{{{model}}}"
     before = {_series_key(s.labels): s.value for s in client.query(f"{sel} offset {window}", at_s)}
-    out: dict[str, float] = {}
+    out: dict[tuple[str, ...], float] = {}
     for s in client.query(f"{sel}[{window}]", at_s):
         start = before.get(_series_key(s.labels))
         if start is not None and math.isnan(start):
             start = None
-        key = s.labels.get(by, "") if by else ""
+        key = tuple(s.labels.get(label, "") for label in by)
         out[key] = out.get(key, 0.0) + counter_increase([p for p in s.points if not math.isnan(p[1])], start)
     return out
+
+
+def exact_counts(
+    client: PromClient, counter: str, model: str, window: str, at_s: float, by: str | None = "isl_bucket"
+) -> dict[str, float]:
+    """:func:`exact_increases` per value of one label ``by`` (``""`` key for ``by`` None)."""
+    got = exact_increases(client, counter, model, window, at_s, (by,) if by else ())
+    return {(key[0] if key else ""): v for key, v in got.items()}
 
 
 def _prom_row(

@@ -37,6 +37,7 @@ from aiohttp import web
 from servelens.core.openai import decode_json, error_body
 from servelens.serving import unreadable_body
 from servelens.sim import faults as F
+from servelens.sim.answers import answered
 from servelens.sim.faults import FaultPlan
 from servelens.sim.prefix_cache import block_hashes
 from servelens.sim.replies import Outcome, error_response, stream_reply, whole_reply
@@ -102,6 +103,12 @@ async def _handle(request: web.Request, endpoint: str) -> web.StreamResponse:
             osl, finish = (natural, "stop") if natural < p.max_tokens else (p.max_tokens, "length")
         if "tool_calls" in plan and endpoint == "chat_completions":
             finish = "tool_calls"
+        # an eval item with an answer key: the key's right or wrong reply instead of generated words
+        answer = (answered(st.answers, st.answer_policy, obj.get("messages"), p.max_tokens)
+                  if endpoint == "chat_completions" else None)
+        if answer is not None:
+            words, finish = answer
+            osl = len(words)
         ev = asyncio.Event()
         sreq = SimRequest(rid, block_hashes(p.prompt_ids, cfg.params.block_size), isl, osl, arrival,
                           tokens_per_step=F.MULTI_TOKENS_PER_STEP if "multi_token" in plan else 1,
@@ -111,7 +118,8 @@ async def _handle(request: web.Request, endpoint: str) -> web.StreamResponse:
             sreq = None
             return error_response(400, f"prompt plus max_tokens exceeds the KV cache capacity of "
                                   f"{cfg.params.kv_capacity_tokens} tokens", "BadRequestError", rid)
-        words = generated_words(osl, (p.seed, prompt_crc), multibyte_only="split" in plan)
+        if answer is None:
+            words = generated_words(osl, (p.seed, prompt_crc), multibyte_only="split" in plan)
         if "slow_headers" in plan:  # nothing sent and no engine work until the delay is over
             await asyncio.sleep(plan.delay_ms / 1000)
         if p.stream:

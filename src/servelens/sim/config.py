@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from servelens.sim import faults as F
+from servelens.sim.answers import AnswerPolicy
 from servelens.sim.model import MIN_SPEEDUP, ModelParams
 from servelens.sim.presets import DEFAULT_PRESET, get_preset
 
@@ -33,6 +34,10 @@ class SimConfig:
         keepalive_timeout_s: an idle keep-alive connection, or one without a whole request head, is
             closed after this many seconds (nginx's default, 75; aiohttp's own would be an hour).
             vLLM's API server (uvicorn) closes idle connections after 5 s.
+        answer_key: a JSONL answer key (:mod:`~servelens.sim.answers`): chat requests that are eval items
+            get the key's right or wrong reply instead of generated words (None: none).
+        answer_accuracy, answer_independence, answer_shared_seed: how this deployment answers them
+            (:class:`~servelens.sim.answers.AnswerPolicy`; its own draws come from ``seed``).
     """
 
     host: str = "127.0.0.1"
@@ -52,6 +57,10 @@ class SimConfig:
     fault_modes: tuple[str, ...] = ()
     spin_us: int = 1000
     keepalive_timeout_s: float = 75.0
+    answer_key: str | None = None
+    answer_accuracy: float = 1.0
+    answer_independence: float = 1.0
+    answer_shared_seed: int = 0
 
     def __post_init__(self) -> None:
         if not self.speedup >= MIN_SPEEDUP:
@@ -73,6 +82,11 @@ class SimConfig:
         F.parse_modes(self.fault_modes)
         if not 0.0 <= self.fault_rate <= 1.0:
             raise ValueError(f"fault rate must be in [0, 1], got {self.fault_rate!r}")
+        self.answer_policy()  # checks accuracy and independence
+
+    def answer_policy(self) -> AnswerPolicy:
+        """How this deployment answers eval items (raises ValueError for values outside [0, 1])."""
+        return AnswerPolicy(self.answer_accuracy, self.seed, self.answer_shared_seed, self.answer_independence)
 
     @classmethod
     def build(cls, **overrides: Any) -> SimConfig:

@@ -8,6 +8,7 @@ import time
 from aiohttp import web
 
 from servelens.prometheus.sim_engine import SimMetrics
+from servelens.sim.answers import AnswerKey
 from servelens.sim.config import SimConfig
 from servelens.sim.faults import FaultInjector
 from servelens.sim.scheduler import Engine
@@ -16,7 +17,7 @@ from servelens.sim.truth import TruthLog
 
 
 class SimState:
-    """Per-app state: engine, loop, truth log, metrics, faults."""
+    """Per-app state: engine, loop, truth log, metrics, faults, the eval answer key (None: none)."""
 
     def __init__(self, config: SimConfig) -> None:
         self.config = config
@@ -26,6 +27,8 @@ class SimState:
         self.metrics = SimMetrics(config.model, config.max_model_len)
         self.faults = FaultInjector(config.fault_rate, config.fault_modes, config.seed)
         self.created = int(time.time())
+        self.answers = AnswerKey.read(config.answer_key) if config.answer_key else None
+        self.answer_policy = config.answer_policy()
 
 
 SIM_STATE: web.AppKey[SimState] = web.AppKey("servelens_sim_state", SimState)

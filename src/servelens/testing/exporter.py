@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from servelens.core.buckets import IslBuckets
-from servelens.core.state import MetricEdges
+from servelens.core.edges import MetricEdges
 from servelens.core.summary import RequestSample
 from servelens.core.timing import NS_PER_S
 from servelens.prometheus.frontend import FrontendMetrics
@@ -67,30 +67,22 @@ def feed(metrics: FrontendMetrics, samples: Sequence[RequestSample], model: str 
         t = now + NS_PER_S // 100
 
 
-def fine_edges(low: float, high: float, per_octave: int = 8) -> tuple[float, ...]:
-    """``0``, then edges ``2 ** (1 / per_octave)`` apart from ``low`` to ``high`` (4 significant figures):
-    the shape of finer ``le`` edges for accurate quantiles (``fine_edges(2**-10, 2**7)``: 138 edges,
-    ~1 ms to 128 s)."""
-    steps = round(np.log2(high / low) * per_octave)
-    return (0.0, *(float(f"{low * 2 ** (k / per_octave):.4g}") for k in range(steps + 1)))
-
-
-FINE_EDGES = MetricEdges(ttft_s=fine_edges(2**-10, 2**7), itl_s=fine_edges(2**-13, 2**3))
-"""TTFT ~1 ms-128 s and ITL ~0.12 ms-8 s, 2^(1/8) apart (138 and 130 edges); the other sets Dynamo's."""
 MANY_BOUNDARIES = tuple(512 * (i + 1) for i in range(32))
 """32 ISL boundaries (the most allowed), 512 tokens apart: 33 buckets."""
 
 
 def many_series_metrics(models: int = 10, boundaries: Sequence[int] = MANY_BOUNDARIES,
-                        edges: MetricEdges = FINE_EDGES, requests_per_model: int = 99, seed: int = 0,
+                        edges: MetricEdges | None = None, requests_per_model: int = 99, seed: int = 0,
                         **kwargs: Any) -> FrontendMetrics:
     """A :class:`FrontendMetrics` at a large configuration, every series' histogram fed: ``models``
     models (``model-0``, ...) x the ISL buckets of ``boundaries``, ``edges``, each model fed
     ``requests_per_model`` requests spread over every bucket (:func:`synthetic_samples`, one in ten
-    failed), and a request for an unknown model. Defaults: 10 models x 33 buckets x fine TTFT/ITL edges,
-    ~107,000 lines of exposition (11 MB). ``kwargs``: more :class:`FrontendMetrics` arguments."""
+    failed), and a request for an unknown model; the series budget is set to hold them all. Defaults: 10
+    models x 33 buckets x the default (fine) edges, ~109,000 lines of exposition (11.6 MB). ``kwargs``:
+    more :class:`FrontendMetrics` arguments."""
     buckets = IslBuckets(tuple(boundaries))
-    metrics = FrontendMetrics(isl_buckets=buckets, edges=edges, max_models=max(models, 64), **kwargs)
+    metrics = FrontendMetrics(isl_buckets=buckets, edges=edges, max_models=max(models, 64),
+                              max_series=10**9, **kwargs)
     for k in range(models):
         name = f"model-{k}"
         metrics.register_model(name)

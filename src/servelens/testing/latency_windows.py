@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from servelens.core.buckets import IslBuckets
+from servelens.core.edges import TTFT_EDGES_S
 from servelens.core.histogram import HistogramState
-from servelens.core.state import TTFT_EDGES_S
 from servelens.core.summary import CumulativeHistogram
 from servelens.core.windows import BucketSamples, HistogramWindow, SampleWindow
 

@@ -1,0 +1,159 @@
+"""How far the gateway's per-bucket percentiles (its ``/metrics``) are from the client's exact ones in
+``servelens demo``: TTFT p50/p95/p99 and ITL p50/p95/p99 per ISL bucket, and the buckets' ranking.
+
+Runs the demo (or reads the output folder of one: ``--dir``) and compares, per bucket and percentile:
+
+* client: the bench's exact percentile (numpy's linear method, as the demo's table);
+* server: ``histogram_quantile`` over the gateway's by-ISL histograms (the difference of the bench's
+  two scrapes: the demo's "server" column, from ``summary.json``);
+* the order statistic ``histogram_quantile`` estimates: the ceil(q * n)-th smallest client value
+  (numpy's ``inverted_cdf``). With few requests in a bucket (33-112 in the demo) the client's linear
+  p99 lies between its two largest values, and the two differ by more than 10 % in some buckets: no
+  choice of edges closes that gap, it is the definition of a percentile of few values;
+* Dynamo's edges: the gateway's exact TTFTs (its request log) and the client's ITL values binned with
+  Dynamo's ``le`` edges, what the same run would have shown with ``--ttft-edges dynamo --itl-edges dynamo``
+  (ITL approximately: the gateway's own per-token values are not logged by the demo).
+
+Usage: ``python benchmarks/demo_accuracy.py [--dir servelens-demo]`` (without ``--dir`` it runs the demo
+into a temporary folder first, about 80 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from servelens.core.buckets import IslBuckets
+from servelens.core.edges import ITL_EDGES_S, TTFT_EDGES_S
+from servelens.core.histogram import HistogramState
+from servelens.core.quantiles import histogram_quantile
+from servelens.formats.results import load_results
+from servelens.gateway.requestlog import read_request_log
+
+QUANTILES = (50, 95, 99)
+
+
+def _binned(values: list[float], edges: tuple[float, ...], q: float) -> float:
+    h = HistogramState(tuple(float(e) for e in edges))
+    for v in values:
+        h.observe(v)
+    return histogram_quantile(q, h.cumulative())
+
+
+def _pct(got: float | None, want: float) -> float:
+    return math.nan if got is None or not want else (got - want) / want * 100
+
+
+def _ranked(table: dict[str, Any], labels: list[str], key: str, who: str) -> list[str]:
+    """Bucket labels by one figure, highest first."""
+    return sorted(labels, key=lambda b: -float(table[b][key][who]))
+
+
+def _swaps(table: dict[str, Any], labels: list[str], key: str, who: str) -> list[float]:
+    """For each pair of buckets that ``who`` orders the other way round from the client: how far apart
+    the client's two figures are (%). A histogram cannot order figures closer than about one bucket
+    width (9.8 % for the fine edges)."""
+    out = []
+    for a in labels:
+        for b in labels:
+            ca, cb = table[a][key]["client"], table[b][key]["client"]
+            if ca > cb and table[a][key][who] < table[b][key][who]:
+                out.append(round((ca / cb - 1) * 100, 1))
+    return sorted(out)
+
+
+def compare(out: Path) -> dict[str, Any]:
+    """Per bucket, kind and percentile: client, server, order statistic, Dynamo-edge figures and errors."""
+    summary = json.loads((out / "summary.json").read_text())
+    buckets = IslBuckets(tuple(summary.get("isl_buckets") or IslBuckets.default().boundaries))
+    server = {r["bucket"]: r for r in summary["server_rows"]}
+    records = [r for r in load_results(out / "results.jsonl") if r.ok]
+    gw_ttft: dict[str, list[float]] = {}
+    for e in read_request_log(out / "gateway-requests.jsonl"):
+        if e["status"] == "success" and e["ttft_s"] is not None and e["bucket"] is not None:
+            gw_ttft.setdefault(str(e["bucket"]), []).append(float(e["ttft_s"]))  # type: ignore[arg-type]
+    table: dict[str, Any] = {}
+    for label in buckets.labels:
+        rs = [r for r in records if buckets.label(r.isl) == label]
+        if not rs:
+            continue
+        values = {"ttft": [r.ttft_s for r in rs if r.ttft_s is not None],
+                  "itl": [v for r in rs for v in r.itl_values_s()]}
+        dynamo_source = {"ttft": gw_ttft.get(label, []), "itl": values["itl"]}
+        row: dict[str, Any] = {"requests": len(rs)}
+        for kind, edges in (("ttft", TTFT_EDGES_S), ("itl", ITL_EDGES_S)):
+            for q in QUANTILES:
+                client = float(np.percentile(values[kind], q))
+                order_stat = float(np.percentile(values[kind], q, method="inverted_cdf"))
+                srv = server[label].get(f"{kind}_p{q}_s")
+                dyn = _binned(dynamo_source[kind], edges, q / 100)
+                row[f"{kind}_p{q}"] = {
+                    "client": client, "server": srv, "order_statistic": order_stat, "dynamo_edges": dyn,
+                    "server_vs_client_pct": _pct(srv, client), "server_vs_order_statistic_pct": _pct(srv, order_stat),
+                    "order_statistic_vs_client_pct": _pct(order_stat, client),
+                    "dynamo_vs_client_pct": _pct(dyn, client),
+                }
+        table[label] = row
+    ranks: dict[str, Any] = {}
+    for kind in ("ttft", "itl"):
+        for q in QUANTILES:
+            key = f"{kind}_p{q}"
+            have = [b for b in table if table[b][key]["server"] is not None]
+            ranks[key] = {who: _ranked(table, have, key, who) for who in ("client", "server", "dynamo_edges")}
+            for who in ("server", "dynamo_edges"):
+                ranks[key][f"{who}_swaps"] = _swaps(table, have, key, who)
+    return {"buckets": table, "ranks": ranks}
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1e3:.1f}" if v < 10 else f"{v * 1e3:.0f}"
+
+
+def print_tables(c: dict[str, Any]) -> None:
+    print("| bucket | requests | figure | client (ms) | server (ms) | server vs client | order statistic vs client "
+          "| server vs order statistic | Dynamo's edges vs client |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
+    for label, row in c["buckets"].items():
+        for kind in ("ttft", "itl"):
+            for q in QUANTILES:
+                f = row[f"{kind}_p{q}"]
+                print(f"| {label} | {row['requests']} | {kind.upper()} p{q} | {_ms(f['client'])} | {_ms(f['server'])} "
+                      f"| {f['server_vs_client_pct']:+.1f} % | {f['order_statistic_vs_client_pct']:+.1f} % "
+                      f"| {f['server_vs_order_statistic_pct']:+.1f} % | {f['dynamo_vs_client_pct']:+.1f} % |")
+    print("\nbuckets by figure, worst first:")
+    for key, r in c["ranks"].items():
+        server = "same" if r["server"] == r["client"] else " > ".join(r["server"])
+        dynamo = "same" if r["dynamo_edges"] == r["client"] else " > ".join(r["dynamo_edges"])
+        print(f"  {key}: client {' > '.join(r['client'])}; server {server}; Dynamo's edges {dynamo}")
+        print(f"    pairs the other way round (client figures apart, %): server {r['server_swaps']}, "
+              f"Dynamo's edges {r['dynamo_edges_swaps']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dir", type=Path, help="a demo's --output-dir (default: run the demo now)")
+    ap.add_argument("--json", type=Path, help="also write the figures as JSON")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = args.dir
+        if out is None:
+            out = Path(tmp) / "demo"
+            subprocess.run([sys.executable, "-m", "servelens", "demo", "--output-dir", str(out)], check=True,
+                           stdout=subprocess.DEVNULL)
+        c = compare(out)
+    print_tables(c)
+    if args.json:
+        args.json.write_text(json.dumps(c, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

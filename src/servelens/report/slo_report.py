@@ -1,0 +1,96 @@
+"""SLO attainment for ``servelens report`` (one window): exact from a bench results file, bounds
+from the by-ISL histograms of a ``/metrics`` scrape (or two) or a Prometheus range (exact counter
+deltas over ``--window``), with lines that say which figures are bounds and why."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from servelens.core.buckets import IslBuckets
+from servelens.core.slo import Attainment, AttainmentBounds, Slo, attainment, histogram_attainment, threshold_note
+from servelens.core.summary import CumulativeHistogram
+from servelens.core.windows import ExplainError, HistogramWindow
+from servelens.dashboards.queries import model_matcher
+from servelens.formats.metrics_text import bucket_histograms
+from servelens.formats.results import to_slo_request
+from servelens.prometheus.names import MetricNames
+from servelens.report.explain_windows import prometheus_window, read_records, span_s
+from servelens.report.promapi import PromClient, parse_duration_s
+from servelens.report.sources import scrape
+
+
+@dataclass(frozen=True)
+class SloReport:
+    """Attainment rows (exact, or bounds) of one window, and the lines that qualify them."""
+
+    slo: Slo
+    exact: tuple[Attainment, ...] | None
+    bounds: tuple[AttainmentBounds, ...] | None
+    notes: tuple[str, ...]
+
+
+def slo_from_results(path: str, buckets: IslBuckets, slo: Slo) -> SloReport:
+    """Exact attainment and goodput of a bench run (goodput over first send to last end).
+    Raises ValueError for a missing, empty or malformed file."""
+    records = read_records(path)
+    span = span_s(records)
+    rows = attainment([to_slo_request(r) for r in records], buckets, slo, span if span > 0 else 1e-9)
+    return SloReport(slo, rows, None, ())
+
+
+def histogram_notes(slo: Slo, ttft_edges: tuple[float, ...], itl_edges: tuple[float, ...], buckets: IslBuckets,
+                    length_known: bool) -> tuple[str, ...]:
+    """The lines that say which histogram SLO figures are bounds, and why."""
+    notes = []
+    for metric, th, edges in (("TTFT", slo.ttft, ttft_edges), ("ITL", slo.itl, itl_edges)):
+        if th is not None:
+            note = threshold_note(metric, th, edges, buckets)
+            if note:
+                notes.append(note)
+    if slo.itl is not None:
+        notes.append("ITL attainment from histograms is the share of tokens (the histogram counts tokens), not "
+                     "of requests whose mean ITL met it; goodput with an ITL SLO needs per-request data")
+    elif not length_known:
+        notes.append("goodput needs the window's length, which a scrape does not carry")
+    return tuple(notes)
+
+
+def _from_histograms(ttft: dict[str, CumulativeHistogram], itl: dict[str, CumulativeHistogram],
+                     buckets: IslBuckets, slo: Slo, length_s: float | None) -> SloReport:
+    missing = [label for label in buckets.labels if label not in ttft or label not in itl]
+    if len(missing) == len(buckets):
+        raise ExplainError("no by-ISL TTFT and ITL histograms to judge the SLOs from")
+    proto_t, proto_i = next(iter(ttft.values())), next(iter(itl.values()))
+
+    def get(d: dict[str, CumulativeHistogram], label: str, proto: CumulativeHistogram) -> CumulativeHistogram:
+        return d.get(label) or CumulativeHistogram(tuple((le, 0.0) for le, _ in proto.buckets), 0.0)
+
+    t = [get(ttft, label, proto_t) for label in buckets.labels]
+    i = [get(itl, label, proto_i) for label in buckets.labels]
+    rows = histogram_attainment(t, i, buckets, slo, length_s)
+    edges_t = tuple(le for le, _ in proto_t.buckets)
+    edges_i = tuple(le for le, _ in proto_i.buckets)
+    return SloReport(slo, None, rows, histogram_notes(slo, edges_t, edges_i, buckets, length_s is not None))
+
+
+def slo_from_metrics(source: str, names: MetricNames, before: str | None, model: str | None,
+                     buckets: IslBuckets, slo: Slo) -> SloReport:
+    """Bounds from a scrape (since-start counts) or the difference of two. Raises ValueError."""
+    per_bucket, _ = bucket_histograms(scrape(source), names, scrape(before) if before else None, model)
+    ttft = {label: h.ttft for label, h in per_bucket.items() if h.ttft is not None}
+    itl = {label: h.itl for label, h in per_bucket.items() if h.itl is not None}
+    return _from_histograms(ttft, itl, buckets, slo, None)
+
+
+def slo_from_prometheus(url: str, names: MetricNames, window: str, model: str | None, buckets: IslBuckets,
+                        slo: Slo, end_s: float | None = None) -> SloReport:
+    """Bounds from exact counter deltas over the last ``window`` (goodput over the window's length).
+    Raises ValueError."""
+    span = parse_duration_s(window)
+    end = time.time() if end_s is None else end_s
+    windows = prometheus_window(PromClient(url), names, model_matcher(model), end - span, end, buckets.labels)
+    ttft, itl = windows["TTFT"], windows["ITL"]
+    assert isinstance(ttft, HistogramWindow) and isinstance(itl, HistogramWindow)
+    return _from_histograms(dict(zip(ttft.labels, ttft.histograms, strict=True)),
+                            dict(zip(itl.labels, itl.histograms, strict=True)), buckets, slo, span)

@@ -1,0 +1,85 @@
+"""Bench runs whose truth is known: the simulated engine's step planner run in virtual time
+(:func:`servelens.sim.scheduler.simulate`, no server, no clock), one request at a time, turned into
+bench results records (and, fed to a :class:`~servelens.prometheus.frontend.FrontendMetrics`, into
+``/metrics`` scrapes).
+
+One request at a time (each starts 1 ms after the previous one ends) means no request waits for
+another: a request's TTFT and ITL are the engine model's for its own prompt, so between two runs
+on the same engine each bucket's latency distribution is the same, whatever the bucket mix, as
+long as the prompt lengths inside a bucket are drawn alike (uniform over the bucket here). A run
+on an engine with other parameters (prefill cost doubled, attention slower) changes the latency
+of exactly the buckets the model says. The results are deterministic for a seed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from servelens.core.buckets import IslBuckets
+from servelens.core.timing import NS_PER_S
+from servelens.formats.results import BenchRecord
+from servelens.prometheus.frontend import FrontendMetrics
+from servelens.sim.model import ModelParams
+from servelens.sim.presets import DEFAULT_PRESET, get_preset
+from servelens.sim.scheduler import Engine, SimRequest, simulate
+
+BASE = get_preset(DEFAULT_PRESET).params.with_overrides(prefix_cache_blocks=0)
+"""The default preset without a prefix cache (every prompt is prefilled in full)."""
+GAP_NS = 1_000_000
+WALL_START_NS = 1_767_225_600 * NS_PER_S  # 2026-01-01 UTC: wall-clock send times for "over time" charts
+
+
+def slowed(prefill: float = 1.0, attention: float = 1.0, params: ModelParams = BASE) -> ModelParams:
+    """``params`` with the linear prefill cost times ``prefill`` and the attention cost (which grows
+    with the prompt, so it slows long prompts most) times ``attention``."""
+    return params.with_overrides(prefill_s_per_token=params.prefill_s_per_token * prefill,
+                                 prefill_attn_s_per_token_pair=params.prefill_attn_s_per_token_pair * attention)
+
+
+def bucket_isls(rng: np.random.Generator, buckets: IslBuckets, mix: Sequence[float], n: int) -> np.ndarray:
+    """``n`` prompt lengths: a bucket drawn from ``mix`` (relative weights), then a length uniform
+    over it (the open top bucket: up to twice its lower bound)."""
+    p = np.asarray(mix, dtype=float) / float(np.sum(mix))
+    ks = rng.choice(len(buckets), size=n, p=p)
+    lows = np.array([1, *(b + 1 for b in buckets.boundaries)])
+    highs = np.array([*buckets.boundaries, 2 * buckets.boundaries[-1]])
+    return rng.integers(lows[ks], highs[ks] + 1)
+
+
+def run_phase(
+    seed: int, buckets: IslBuckets, mix: Sequence[float], n: int, params: ModelParams = BASE, osl: int = 16,
+    start_ns: int = 0,
+) -> list[BenchRecord]:
+    """``n`` requests one after another on an engine with ``params``, prompt lengths from ``mix``
+    (see :func:`bucket_isls`), ``osl`` output tokens each; starting at ``start_ns`` (virtual)."""
+    rng = np.random.default_rng(seed)
+    isls = bucket_isls(rng, buckets, mix, n)
+    engine = Engine(params)
+    now = start_ns
+    out = []
+    for i, isl in enumerate(int(x) for x in isls):
+        req = SimRequest(f"r{seed}-{i}", (), isl, osl, now)
+        end = simulate(engine, [req], now)
+        times = req.token_times_ns
+        out.append(BenchRecord(
+            index=i, request_id=req.request_id, scheduled_ns=now - start_ns, send_ns=now,
+            wall_send_ns=WALL_START_NS + now, first_output_ns=times[0], end_ns=end,
+            chunk_offsets_ns=tuple(t - now for t in times), chunk_tokens=(1,) * len(times),
+            tokens_from_usage=True, isl_target=isl, isl_server=isl, osl_target=osl, osl=len(times),
+            cached_tokens=req.cached_tokens, status="success",
+        ))
+        now = end + GAP_NS
+    return out
+
+
+def feed_records(metrics: FrontendMetrics, records: Sequence[BenchRecord], model: str = "test-model") -> None:
+    """Record each bench record on ``metrics`` as the gateway would have seen it (arrival at the
+    send time, one output chunk per recorded chunk), with the records' own integer timestamps."""
+    for r in records:
+        req = metrics.begin(model, "chat_completions", "stream", arrival_ns=r.send_ns)
+        for off, tokens in zip(r.chunk_offsets_ns, r.chunk_tokens, strict=True):
+            req.output(r.send_ns + off, tokens)
+        req.finish(r.end_ns, "success" if r.ok else "error", "" if r.ok else "internal",
+                   isl=r.isl, osl=r.osl, cached_tokens=r.cached_tokens)

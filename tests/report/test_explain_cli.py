@@ -1,0 +1,144 @@
+"""`servelens explain` on bad input: one clear line and exit status 2, or a stated limitation in the
+output, never a traceback or a silent number; the JSON carries every figure (inf and NaN as null);
+a reference mix shows both windows at it."""
+
+from __future__ import annotations
+
+import io
+import json
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import pytest
+
+from servelens.cli.main import main
+from servelens.core.buckets import IslBuckets
+from servelens.formats.mix_file import read_mix
+from servelens.formats.results import write_results
+from servelens.prometheus.frontend import FrontendMetrics
+from servelens.testing.latency_windows import EARLY_MIX, LATE_MIX
+from servelens.testing.sim_runs import feed_records, run_phase
+
+BUCKETS = IslBuckets.default()
+
+
+def cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        try:
+            rc = main(["explain", *argv])
+        except SystemExit as exc:  # argparse's usage errors exit
+            rc = int(exc.code or 0)
+    return rc, out.getvalue(), err.getvalue()
+
+
+def one_line_error(argv: list[str], message: str) -> None:
+    rc, out, err = cli(*argv)
+    assert rc == 2 and out == "", out
+    assert err.startswith("servelens: error:") and err.count("\n") == 1 and message in err, err
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    tmp = tmp_path_factory.mktemp("runs")
+    out = {}
+    for name, seed, mix in (("a", 1, EARLY_MIX), ("b", 2, LATE_MIX), ("no_top", 3, (*EARLY_MIX[:-1], 0))):
+        write_results(tmp / name / "results.jsonl", run_phase(seed, BUCKETS, mix, 200))
+        out[name] = str(tmp / name)
+    # the same run bucketed differently by the bench that wrote it
+    write_results(tmp / "other" / "results.jsonl", run_phase(4, BUCKETS, LATE_MIX, 200))
+    (tmp / "other" / "summary.json").write_text(json.dumps({"config": {"isl_buckets": [1024, 4096]}}))
+    (tmp / "a" / "summary.json").write_text(json.dumps({"config": {"isl_buckets": list(BUCKETS.boundaries)}}))
+    out["other"] = str(tmp / "other")
+    (tmp / "empty.jsonl").write_text("")
+    out["empty"] = str(tmp / "empty.jsonl")
+    # scrapes: one server with the default buckets, one with others
+    for name, buckets in (("s", BUCKETS), ("t", IslBuckets.parse("1024,4096"))):
+        m = FrontendMetrics(isl_buckets=buckets)
+        m.register_model("test-model")
+        (tmp / f"{name}0.txt").write_bytes(m.exposition())
+        feed_records(m, run_phase(5, BUCKETS, EARLY_MIX, 100))
+        (tmp / f"{name}1.txt").write_bytes(m.exposition())
+        out[f"{name}0"], out[f"{name}1"] = str(tmp / f"{name}0.txt"), str(tmp / f"{name}1.txt")
+    (tmp / "mix-bad.yml").write_text("shares:\n  0-1024: 1\n  1025+: 2\n")
+    (tmp / "mix-good.yml").write_text("shares:\n" + "".join(f"  {label}: 1\n" for label in BUCKETS.labels))
+    (tmp / "mix-text.yml").write_text("just words\n")
+    out.update(bad=str(tmp / "mix-bad.yml"), good=str(tmp / "mix-good.yml"), text=str(tmp / "mix-text.yml"))
+    return out
+
+
+def test_windows_without_data_are_one_line(runs: dict[str, str]) -> None:
+    one_line_error(["--results", runs["empty"], runs["a"]], "no requests in it")
+    one_line_error(["--results", runs["a"], "/nonexistent/results.jsonl"], "cannot read results file")
+    # a scrape pair with nothing between them
+    one_line_error(["--metrics", runs["s0"], runs["s0"], runs["s0"], runs["s1"]],
+                   "the earlier window has no TTFT observations")
+    one_line_error(["--metrics", runs["s1"], runs["s0"], runs["s0"], runs["s1"]], "counters decreased")
+
+
+def test_boundaries_that_differ_between_windows_are_one_line(runs: dict[str, str]) -> None:
+    one_line_error(["--results", runs["a"], runs["other"]], "the two runs used different ISL buckets")
+    one_line_error(["--metrics", runs["s0"], runs["s1"], runs["t0"], runs["t1"]], "the ISL buckets differ between")
+    one_line_error(["--metrics", runs["s0"], runs["s1"], runs["s0"], runs["s1"], "--isl-buckets", "100,200"],
+                   "does not match the server's ISL buckets")
+    # raw per-request data can be put into the same buckets
+    rc, out, _ = cli("--results", runs["a"], runs["other"], "--isl-buckets", BUCKETS.spec, "--metric", "ttft")
+    assert rc == 0 and out.startswith("TTFT p95")
+
+
+def test_reference_mix_that_does_not_match_is_one_line(runs: dict[str, str]) -> None:
+    one_line_error(["--results", runs["a"], runs["b"], "--reference-mix", runs["bad"]],
+                   "the reference mix does not match the ISL buckets")
+    one_line_error(["--results", runs["a"], runs["b"], "--reference-mix", runs["text"]],
+                   "must map ISL bucket labels to shares")
+    one_line_error(["--results", runs["a"], runs["b"], "--reference-mix", "/nonexistent.yml"],
+                   "cannot read reference mix")
+
+
+def test_flags_that_do_not_fit_are_one_line(runs: dict[str, str]) -> None:
+    one_line_error(["--results", runs["a"], runs["b"], "--before", "1h"], "--before and --after go with --prometheus")
+    one_line_error(["--prometheus", "http://127.0.0.1:1"], "needs --before RANGE and --after RANGE")
+    one_line_error(["--prometheus", "http://127.0.0.1:1", "--before", "1q", "--after", "10m"], "a range is DURATION")
+    one_line_error(["--results", runs["a"], runs["b"], "--metric", "tpot"], "unknown metric 'tpot'")
+    one_line_error(["--results", runs["a"], runs["b"], "--slo-ttft", "fast"], "SLO threshold 'fast'")
+    one_line_error(["--results", runs["a"], runs["b"], "--quantile", "95"], "--quantile must be within (0, 1)")
+    one_line_error(["--metrics", runs["s0"]], "expected 4 arguments")
+
+
+def test_a_bucket_empty_in_one_window_is_stated(runs: dict[str, str]) -> None:
+    rc, out, _ = cli("--results", runs["no_top"], runs["b"], "--metric", "ttft")
+    assert rc == 0
+    assert "note: bucket 16385+ has no TTFT observations in the earlier window" in out
+    assert "16385+" in out.split("by ISL bucket")[1].splitlines()[3 + BUCKETS.labels.index("16385+")]
+    doc = json.loads(cli("--results", runs["no_top"], runs["b"], "--metric", "ttft", "--format", "json")[1])
+    top = doc["metrics"]["TTFT"]["buckets"][-1]
+    assert top["change"] == "only in the later window" and top["mean_before_s"] is None
+    assert top["mean_change_ci_s"] is None and top["latency_effect_s"] == 0
+
+
+def test_json_has_every_figure_and_no_nan(runs: dict[str, str]) -> None:
+    rc, out, _ = cli("--results", runs["no_top"], runs["b"], "--format", "json", "--slo-ttft", "0.5")
+    assert rc == 0 and "NaN" not in out and "Infinity" not in out
+    doc = json.loads(out)
+    assert set(doc["metrics"]) == {"TTFT", "ITL", "duration"}
+    ttft = doc["metrics"]["TTFT"]
+    for key in ("mix_effect_s", "latency_effect_s", "verdict", "mix_effect_ci_s", "latency_effect_ci_s",
+                "counterfactual", "buckets", "ranked", "verdict_line", "quantiles", "limitations"):
+        assert key in ttft, key
+    assert ttft["verdict"] in ("mix", "latency", "both", "none")
+    assert [b["label"] for b in ttft["buckets"]] == list(BUCKETS.labels)
+    assert doc["slo"]["exact"] is True and doc["slo"]["before"][-1]["label"] == "all"
+
+
+def test_reference_mix_shows_both_windows_at_it(runs: dict[str, str], tmp_path: Path) -> None:
+    rc, _, err = cli("--results", runs["a"], runs["b"], "--metric", "ttft", "--write-mix", str(tmp_path / "m.yml"))
+    assert rc == 0 and "wrote" in err
+    written = read_mix(tmp_path / "m.yml")
+    assert written.labels == BUCKETS.labels
+    # the earlier window at its own mix is itself; the later at it is the counterfactual
+    doc = json.loads(cli("--results", runs["a"], runs["b"], "--metric", "ttft", "--format", "json",
+                         "--reference-mix", str(tmp_path / "m.yml"))[1])["metrics"]["TTFT"]
+    assert doc["at_reference"]["before"]["mean_s"] == pytest.approx(doc["mean_before_s"], rel=1e-5)
+    assert doc["at_reference"]["after"]["mean_s"] == pytest.approx(doc["counterfactual_mean_s"], rel=1e-5)
+    rc, text, _ = cli("--results", runs["a"], runs["b"], "--metric", "ttft", "--reference-mix", runs["good"])
+    assert rc == 0 and "TTFT at the reference mix" in text
