@@ -23,6 +23,9 @@ def add_parser(subparsers: Any) -> None:
                    help="a model served by --upstream (repeatable; default: what its /v1/models lists)")
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (0: pick a free one; default 8080)")
+    p.add_argument("--metrics-port", type=int, metavar="PORT",
+                   help="serve /metrics on a listener of its own on PORT (0: a free one), not on --port")
+    p.add_argument("--metrics-host", metavar="HOST", help="bind address of the metrics listener (default --host)")
     p.add_argument("--isl-buckets", metavar="B1,B2,...",
                    help="ISL bucket upper bounds in tokens (default 512,1024,2048,4096,8192,16384; 'off' disables)")
     p.add_argument("--metrics-prefix", metavar="P", help="metric name prefix (default servelens; "
@@ -67,6 +70,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 _FLAGS = (
+    "metrics_port", "metrics_host",  # the metrics listener
     "upstream", "host", "port", "isl_buckets", "metrics_prefix", "ttft_edges_s", "itl_edges_s", "max_series",
     "by_isl_only", "continuous_usage", "inject_usage", "tokenizer", "request_log", "request_log_chunks",
     "max_body_bytes", "connect_timeout_s", "response_timeout_s",

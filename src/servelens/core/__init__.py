@@ -8,7 +8,8 @@ the bench client, the simulator and library users alike.
   the TTFT/ITL definitions), :mod:`.sse` (the incremental SSE decoder), :mod:`.openai` (reading
   chunks: output, usage, errors), :mod:`.status` (Dynamo's outcome vocabulary).
 - Aggregating: :mod:`.histogram` (owned histogram state), :mod:`.state` (per-model, per-bucket
-  state the exporters read), :mod:`.quantiles` (exact and ``histogram_quantile``), :mod:`.summary`
+  state the exporters read), :mod:`.snapshot` (a copy of its exported values, what a scrape formats),
+  :mod:`.quantiles` (exact and ``histogram_quantile``), :mod:`.summary`
   (the per-bucket table as data).
 - Analysis: :mod:`.windows` (inputs), :mod:`.decompose` and :mod:`.uncertainty` (a latency change
   split into traffic mix and latency, ``servelens explain``), :mod:`.verdict` (its one line),

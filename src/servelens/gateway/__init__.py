@@ -6,7 +6,8 @@ Where to read what:
 * ``measured``: what happens to a chat or completions request, top to bottom; ``relay``: a stream,
   chunk by chunk; ``meter``: what a stream's bytes say (TTFT, ITL, usage, outcome); ``usage``: the
   usage injected into requests and cut from streams; ``accounting``: how a request is counted, once.
-* ``admin``: ``/health``, ``/ready``, ``/metrics``, ``/v1/models``; ``passthrough``: every other path.
+* ``admin``: ``/health``, ``/ready``, ``/v1/models``; ``scrape``: ``/metrics`` (in slices, gzip, the
+  metrics listener of ``metrics_port``); ``passthrough``: every other path.
 * ``upstream``, ``upstream_response``, ``inflate``: the HTTP/1.1 client of measured requests.
 * ``http``: forwarded headers, error replies, request bodies; ``models``: model discovery and routing;
   ``prompt``: prompt tokens at arrival (``--tokenizer``); ``requestlog``: the JSONL request log;

@@ -1,6 +1,7 @@
 """The gateway's own endpoints: ``GET /health`` (the gateway is up), ``GET /ready`` (every upstream
-answers), ``GET /metrics`` (Prometheus text), ``GET /v1/models`` (the upstream's list, merged over
-upstreams when models are mapped to several), and the 405 for other methods on a measured path."""
+answers), ``GET /v1/models`` (the upstream's list, merged over upstreams when models are mapped to
+several), the 405 for other methods on a measured path, and the 404 for ``/metrics`` on the API port
+of a gateway with a metrics listener (the scrape itself: :mod:`.scrape`)."""
 
 from __future__ import annotations
 
@@ -18,9 +19,6 @@ from servelens.gateway.upstream import redacted_url
 
 if TYPE_CHECKING:
     from servelens.gateway.app import Gateway
-
-METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-
 
 class AdminEndpoints:
     """Handlers of the gateway's own endpoints (see the module docstring)."""
@@ -53,9 +51,11 @@ class AdminEndpoints:
             status=200 if ok else 503,
         )
 
-    async def metrics(self, request: web.Request) -> web.Response:
-        """``GET /metrics``: Prometheus text exposition of the gateway's metrics."""
-        return web.Response(body=self.gateway.metrics.exposition(), headers={"Content-Type": METRICS_CONTENT_TYPE})
+    async def metrics_elsewhere(self, request: web.Request) -> web.Response:
+        """``/metrics`` on the API port of a gateway with a metrics listener: 404, so that the API port
+        exposes no metrics (nor the engine's own ``/metrics``, which the gateway's shadows)."""
+        return openai_error(404, "not found: this gateway serves /metrics on its metrics listener",
+                            "invalid_request_error", "not_found")
 
     async def list_models(self, request: web.Request) -> web.StreamResponse:
         """``GET /v1/models``: passed through (one upstream) or merged (models on several)."""

@@ -6,7 +6,8 @@ Routes, and the module that answers each:
   (:mod:`.measured`: the request flow, top to bottom; :mod:`.relay`: a stream, chunk by chunk, byte for
   byte, the only change being the removal of usage the gateway injected, :mod:`.usage`;
   :mod:`.accounting`: how each request is counted, once).
-* ``GET /metrics``, ``GET /health``, ``GET /ready``, ``GET /v1/models`` (merged over upstreams when
+* ``GET /metrics`` (on the metrics listener instead, with ``metrics_port``): :mod:`.scrape`.
+* ``GET /health``, ``GET /ready``, ``GET /v1/models`` (merged over upstreams when
   models are mapped to several), and the 405 for other methods on a measured path: :mod:`.admin`.
 * Any other path (other ``/v1/*`` and the engine's own endpoints): relayed unmeasured,
   :mod:`.passthrough`.
@@ -36,6 +37,7 @@ from servelens.gateway.models import ModelRouter
 from servelens.gateway.passthrough import Passthrough
 from servelens.gateway.prompt import PromptCounter
 from servelens.gateway.requestlog import RequestLog
+from servelens.gateway.scrape import MetricsScrape
 from servelens.gateway.upstream import UpstreamClient, redacted_url
 from servelens.prometheus import FrontendMetrics
 
@@ -76,6 +78,7 @@ class Gateway:
         self.measured = MeasuredEndpoints(self)
         self.passthrough = Passthrough(self)
         self.admin = AdminEndpoints(self)
+        self.scrape = MetricsScrape(self.metrics)
         self.app = self._build_app()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -87,7 +90,8 @@ class Gateway:
         for path in MEASURED_PATHS:  # other methods: an OpenAI error, not text
             app.router.add_route("*", path, self.admin.post_only)
         app.router.add_get("/v1/models", self.admin.list_models)
-        app.router.add_get("/metrics", self.admin.metrics)
+        app.router.add_get("/metrics", self.scrape.handle if self.config.metrics_port is None
+                           else self.admin.metrics_elsewhere)
         app.router.add_get("/health", self.admin.health)
         app.router.add_get("/ready", self.admin.ready)
         app.router.add_route("*", "/v1/{tail:.*}", self.passthrough.handle)

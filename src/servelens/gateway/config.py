@@ -24,6 +24,8 @@ YAML file shape (every key optional; CLI flags given explicitly override it)::
     client_timeout_s: 60
     models_refresh_s: 30
     shutdown_timeout_s: 25
+    metrics_port: 9100                     # serve /metrics there only (the API port answers 404 for it)
+    metrics_host: 127.0.0.1                # where that listener binds (default: host)
 
 Upstream URLs are base URLs (``http://host:port``); a trailing ``/v1`` (the OpenAI SDK's
 ``base_url`` habit) is accepted and removed, since the gateway forwards the client's ``/v1/...``
@@ -123,6 +125,10 @@ class GatewayConfig:
         request_log_chunks: the request log also holds every output chunk's arrival time and tokens
             (for accuracy checks of ITL against an engine's token times; ~10 bytes per token).
         host, port: where to listen (port 0 picks a free port).
+        metrics_port: serve ``/metrics`` on a listener of its own on this port (0 picks a free one)
+            and answer 404 for it on the API port, so the API port does not expose the metrics; None
+            (default): ``/metrics`` on the API port.
+        metrics_host: the address of that listener (None: ``host``).
         max_body_bytes: request bodies above this get 413.
         connect_timeout_s: TCP connect to the upstream.
         response_timeout_s: until the upstream's response headers (stream) or whole body (unary).
@@ -155,6 +161,8 @@ class GatewayConfig:
     request_log_chunks: bool = False
     host: str = "127.0.0.1"
     port: int = 0
+    metrics_port: int | None = None
+    metrics_host: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     connect_timeout_s: float = 10.0
     response_timeout_s: float = 600.0
@@ -201,6 +209,14 @@ class GatewayConfig:
             )
         if not 0 <= int(self.port) <= 65535:
             raise ValueError(f"port must be 0..65535, got {self.port}")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics_port must be 0..65535, got {self.metrics_port}")
+        if self.metrics_port is not None and self.metrics_port == self.port != 0 and (
+                self.metrics_host in (None, self.host)):
+            raise ValueError(f"metrics_port must differ from port ({self.port}): the metrics listener is a port "
+                             "of its own")
+        if self.metrics_host is not None and self.metrics_port is None:
+            raise ValueError("metrics_host needs metrics_port (a metrics listener of its own)")
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes must be at least 1024, got {self.max_body_bytes}")
         for name in ("connect_timeout_s", "response_timeout_s", "read_timeout_s", "client_timeout_s"):
@@ -221,15 +237,17 @@ class GatewayConfig:
 
     def _check_types(self) -> None:
         """ValueError (one line) for a setting of the wrong type (a YAML file can hold anything)."""
-        for name in ("host", "metrics_prefix", "tokenizer", "request_log"):
+        for name in ("host", "metrics_prefix", "tokenizer", "request_log", "metrics_host"):
             v = getattr(self, name)
             if not isinstance(v, str) and (v is not None or name in ("host", "metrics_prefix")):
                 raise ValueError(f"{name} must be a string, got {v!r}")
         for name in ("by_isl_only", "inject_usage", "request_log_chunks"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
-        for name in ("port", "max_body_bytes", "max_models", "max_series"):
+        for name in ("port", "max_body_bytes", "max_models", "max_series", "metrics_port"):
             v = getattr(self, name)
+            if v is None and name == "metrics_port":
+                continue
             if isinstance(v, bool) or not isinstance(v, int):
                 raise ValueError(f"{name} must be an integer, got {v!r}")
         for name in ("connect_timeout_s", "response_timeout_s", "read_timeout_s", "client_timeout_s",

@@ -21,6 +21,7 @@ from servelens.gateway.connections import (
     GuardedSite,
     file_budget,
 )
+from servelens.gateway.scrape import MetricsListener, start_metrics_listener
 from servelens.gateway.upstream import redacted_url
 from servelens.prometheus import FrontendMetrics
 from servelens.prometheus.connections import ConnectionsCollector
@@ -44,11 +45,17 @@ class RunningGateway:
     """The connection budget and the accept failures counted (see :mod:`.connections`)."""
     previous_handler: Any = None
     """The event loop's exception handler before the gateway set its own (restored by :meth:`close`)."""
+    metrics_listener: MetricsListener | None = None
 
     @property
     def url(self) -> str:
         """Base URL of the gateway (``http://127.0.0.1:<port>``)."""
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        """Where the gateway serves ``/metrics``: its metrics listener's, or on :attr:`url`."""
+        return self.metrics_listener.url if self.metrics_listener is not None else f"{self.url}/metrics"
 
     @property
     def metrics(self) -> FrontendMetrics:
@@ -72,6 +79,8 @@ class RunningGateway:
         if not await self.gateway.drain(self.gateway.config.shutdown_timeout_s):
             log.warning("stopping with %d request(s) in flight: cut and counted cancelled", self.gateway.active)
         await self.runner.cleanup()
+        if self.metrics_listener is not None:  # scraped to the end, the drain included
+            await self.metrics_listener.close()
         if self.guard is not None:
             asyncio.get_running_loop().set_exception_handler(self.previous_handler)
 
@@ -113,7 +122,13 @@ async def start_gateway(config: GatewayConfig, metrics: FrontendMetrics | None =
     server: Any = site._server  # aiohttp exposes the bound socket only here (asyncio or uvloop Server)
     port = server.sockets[0].getsockname()[1]
     host = config.host if config.host not in ("0.0.0.0", "") else "127.0.0.1"
-    return RunningGateway(gateway, runner, host, int(port), guard, previous)
+    try:
+        listener = await start_metrics_listener(gateway.scrape, config) if config.metrics_port is not None else None
+    except BaseException:
+        await runner.cleanup()
+        loop.set_exception_handler(previous)
+        raise
+    return RunningGateway(gateway, runner, host, int(port), guard, previous, listener)
 
 
 async def serve_forever(config: GatewayConfig) -> None:
@@ -139,7 +154,8 @@ def startup_summary(running: RunningGateway) -> str:
     return (f"servelens gateway: upstream {', '.join(redacted_url(u) for u in cfg.upstreams)}; "
             f"models {', '.join(models) if models else 'none yet (polling /v1/models)'}; "
             f"ISL buckets {', '.join(buckets.labels) if buckets else 'off'}; "
-            f"metrics {cfg.metrics_prefix}_*{' (by-ISL only)' if cfg.by_isl_only else ''}, "
+            f"metrics {cfg.metrics_prefix}_*{' (by-ISL only)' if cfg.by_isl_only else ''}"
+            f"{f' at {running.metrics_url}' if running.metrics_listener is not None else ''}, "
             f"{len(edges.ttft_s)} TTFT and {len(edges.itl_s)} ITL le edges, {metrics.series_per_model:,} series "
             f"per model, at most {metrics.max_models} models"
             + (f"; open files {b.soft} (hard {b.hard}): up to {b.max_connections} streams" if b else ""))

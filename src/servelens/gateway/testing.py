@@ -38,12 +38,14 @@ class GatewayHandle:
         metrics: the :class:`~servelens.prometheus.FrontendMetrics` it records into.
         gateway: the :class:`~servelens.gateway.app.Gateway` (config, router, session).
         port: the bound port.
+        metrics_url: where ``/metrics`` is served (``url + "/metrics"``, or the metrics listener's).
     """
 
     url: str
     metrics: FrontendMetrics
     gateway: Gateway
     port: int
+    metrics_url: str
 
 
 @asynccontextmanager
@@ -63,7 +65,7 @@ async def run_gateway(
     cfg = GatewayConfig.from_mapping(values)
     running = await start_gateway(cfg, metrics)
     try:
-        yield GatewayHandle(running.url, running.metrics, running.gateway, running.port)
+        yield GatewayHandle(running.url, running.metrics, running.gateway, running.port, running.metrics_url)
     finally:
         await running.close()
 

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
 from servelens.core.buckets import IslBuckets
+from servelens.core.edges import MetricEdges
 from servelens.core.summary import RequestSample
 from servelens.core.timing import NS_PER_S
 from servelens.prometheus.frontend import FrontendMetrics
@@ -62,3 +65,28 @@ def feed(metrics: FrontendMetrics, samples: Sequence[RequestSample], model: str 
         req.finish(now + 1000, "success" if s.ok else "error", "" if s.ok else "internal",
                    isl=s.isl, osl=1 + len(s.itl_s), cached_tokens=s.cached_tokens)
         t = now + NS_PER_S // 100
+
+
+MANY_BOUNDARIES = tuple(512 * (i + 1) for i in range(32))
+"""32 ISL boundaries (the most allowed), 512 tokens apart: 33 buckets."""
+
+
+def many_series_metrics(models: int = 10, boundaries: Sequence[int] = MANY_BOUNDARIES,
+                        edges: MetricEdges | None = None, requests_per_model: int = 99, seed: int = 0,
+                        **kwargs: Any) -> FrontendMetrics:
+    """A :class:`FrontendMetrics` at a large configuration, every series' histogram fed: ``models``
+    models (``model-0``, ...) x the ISL buckets of ``boundaries``, ``edges``, each model fed
+    ``requests_per_model`` requests spread over every bucket (:func:`synthetic_samples`, one in ten
+    failed), and a request for an unknown model; the series budget is set to hold them all. Defaults: 10
+    models x 33 buckets x the default (fine) edges, ~109,000 lines of exposition (11.6 MB). ``kwargs``:
+    more :class:`FrontendMetrics` arguments."""
+    buckets = IslBuckets(tuple(boundaries))
+    metrics = FrontendMetrics(isl_buckets=buckets, edges=edges, max_models=max(models, 64),
+                              max_series=10**9, **kwargs)
+    for k in range(models):
+        name = f"model-{k}"
+        metrics.register_model(name)
+        samples = synthetic_samples(requests_per_model, buckets, seed=seed + k)
+        feed(metrics, [s if i % 10 else replace(s, ok=False) for i, s in enumerate(samples)], model=name)
+    metrics.begin("no-such-model", "completions", "unary", 0).finish(1_000_000, "error", "not_found")
+    return metrics
