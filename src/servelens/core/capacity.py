@@ -50,6 +50,9 @@ FIT_MAX_POINTS = 2000
 """Theil-Sen compares every pair of points (n^2 / 2): above this many, an evenly spaced subset
 (every k-th request in order) is fitted."""
 
+LOOSE_FIT = 2.0
+"""A fit whose throughput interval spans more than this factor is reported with a note."""
+
 QUEUE = "queue"
 PREFILL = "prefill"
 
@@ -160,8 +163,9 @@ def fit_prefill(uncached: Sequence[float], ttft_s: Sequence[float],
                 x: str = "uncached") -> tuple[PrefillFit | None, str | None]:
     """Theil-Sen fit of TTFT (s) against uncached tokens, one point per request.
 
-    Returns ``(fit, None)`` or ``(None, note)``: fewer than :data:`MIN_FIT_REQUESTS` points, one
-    prompt length only, or TTFT not growing with the prompt (slope <= 0: the wait swamps prefill).
+    Returns ``(fit, None)``, ``(None, note)`` (fewer than :data:`MIN_FIT_REQUESTS` points, one
+    prompt length only, or TTFT not growing with the prompt: slope <= 0, the wait swamps prefill),
+    or ``(fit, note)`` for a loose fit (its interval's ends more than :data:`LOOSE_FIT` x apart).
     Raises ValueError when the two sequences differ in length.
     """
     if len(uncached) != len(ttft_s):
@@ -182,8 +186,13 @@ def fit_prefill(uncached: Sequence[float], ttft_s: Sequence[float],
     if not slope > 0:
         return None, ("prefill throughput: TTFT does not grow with the uncached tokens (the fitted slope is "
                       f"{slope:.3g} s/token): waiting swamps prefill, no throughput can be read")
-    return PrefillFit(n, 1.0 / slope, 1.0 / high if high > 0 else 0.0, 1.0 / low if low > 0 else math.inf,
-                      intercept, x, "theil-sen"), None
+    fit = PrefillFit(n, 1.0 / slope, 1.0 / high if high > 0 else 0.0, 1.0 / low if low > 0 else math.inf,
+                     intercept, x, "theil-sen")
+    assert fit.throughput_low_tps is not None and fit.throughput_high_tps is not None
+    if fit.throughput_high_tps > LOOSE_FIT * fit.throughput_low_tps:
+        return fit, (f"prefill throughput: a loose fit (95% interval {fit.throughput_low_tps:,.0f}-"
+                     f"{fit.throughput_high_tps:,.0f} tokens/s): TTFT here is mostly waiting, not prefill")
+    return fit, None
 
 
 def fit_bucket_means(uncached_mean: Sequence[float], ttft_mean_s: Sequence[float], counts: Sequence[float],

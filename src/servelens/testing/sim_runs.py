@@ -21,6 +21,7 @@ from servelens.core.buckets import IslBuckets
 from servelens.core.timing import NS_PER_S
 from servelens.formats.results import BenchRecord
 from servelens.prometheus.frontend import FrontendMetrics
+from servelens.prometheus.sim_engine import SimMetrics
 from servelens.sim.model import ModelParams
 from servelens.sim.presets import DEFAULT_PRESET, get_preset
 from servelens.sim.scheduler import Engine, SimRequest, simulate
@@ -144,3 +145,17 @@ def run_loaded(
                 sent += 1
     out.sort(key=lambda r: r.index)
     return out, times
+
+
+def engine_exposition(records: Sequence[BenchRecord], times: dict[str, tuple[float | None, float | None]],
+                      model: str = "test-model") -> bytes:
+    """The sim engine's own ``/metrics`` (vLLM's names) after ``records``, with their queue and
+    prefill ``times`` (:func:`run_loaded`) in ``vllm:request_queue_time_seconds`` and
+    ``vllm:request_prefill_time_seconds``."""
+    m = SimMetrics(model, 131072)
+    for r in records:
+        q, _ = times.get(r.request_id or "", (None, None))
+        admitted = None if q is None else r.send_ns + round(q * NS_PER_S)
+        m.observe_request(r.send_ns, tuple(r.send_ns + off for off in r.chunk_offsets_ns), r.end_ns, r.isl,
+                          r.cached_tokens or 0, "length", admitted)
+    return m.exposition(0, 0, 0.0, 0, 0)
