@@ -155,6 +155,13 @@ def _within(th: Threshold | None, r: SloRequest, label: str | None, value: float
     return value <= th.limit_s(r.isl, label)
 
 
+def meets(slo: Slo, r: SloRequest, label: str | None) -> tuple[bool, bool]:
+    """Whether request ``r`` (in bucket ``label``; None: no bucket) meets the TTFT SLO and the ITL
+    SLO (True for a metric without one): the per-request rule of the module docstring, shared by
+    :func:`attainment` and the gateway's per-bucket SLO counters."""
+    return (_within(slo.ttft, r, label, r.ttft_s, missing=False), _within(slo.itl, r, label, r.itl_s, missing=True))
+
+
 def attainment(
     requests: Iterable[SloRequest], buckets: IslBuckets, slo: Slo, duration_s: float
 ) -> tuple[Attainment, ...]:
@@ -171,8 +178,7 @@ def attainment(
     tally = {label: [0, 0, 0, 0] for label in (*buckets.labels, ALL_LABEL)}
     for r in requests:
         label = buckets.label(r.isl) if r.isl is not None else None
-        ttft = _within(slo.ttft, r, label, r.ttft_s, missing=False)
-        itl = _within(slo.itl, r, label, r.itl_s, missing=True)
+        ttft, itl = meets(slo, r, label)
         for key in (label, ALL_LABEL) if label else (ALL_LABEL,):
             t = tally[key]
             t[0] += 1
