@@ -5,6 +5,9 @@ both exposition paths write the same lines; bad settings are one-line errors."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -123,3 +126,33 @@ async def test_through_the_gateway_in_front_of_the_sim() -> None:
 
 def met_sim(m: FrontendMetrics, kind: str) -> float:
     return value(samples(m), m.names.slo_by_isl, model="sim-model", isl_bucket="0-512", slo=kind)
+
+
+def test_report_reads_the_counters_exactly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    slo = Slo(parse_threshold("0.5+0.0002*isl", BUCKETS), parse_threshold("0.01", BUCKETS))
+    m = FrontendMetrics(isl_buckets=BUCKETS, slo=slo)
+    m.register_model("m")
+    (tmp_path / "s0.txt").write_bytes(m.exposition())
+    judged = feed(m)
+    (tmp_path / "s1.txt").write_bytes(m.exposition())
+    flags = ["--isl-buckets", "1000,4000", "--slo-ttft", "0.5+0.0002*isl", "--slo-itl", "0.01"]
+    assert main(["report", "--metrics", str(tmp_path / "s1.txt"), "--metrics-before", str(tmp_path / "s0.txt"),
+                 "--slo-from", "counters", "--format", "json", *flags]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["slo"]["exact"] is True
+    got = {r["label"]: r for r in doc["slo"]["rows"]}
+    for a in attainment(judged, BUCKETS, slo, 1.0)[:-1]:
+        row = got[a.label]
+        assert (row["requests"], row["ttft_met"], row["itl_met"], row["all_met"]) == (
+            a.requests, a.ttft_met, a.itl_met, a.all_met)
+        assert row["goodput_rps"] is None  # a scrape has no window length
+    assert got["all"]["all_met"] == sum(a.all_met for a in attainment(judged, BUCKETS, slo, 1.0)[:-1])
+    # the flags must name the SLOs the gateway counts
+    assert main(["report", "--metrics", str(tmp_path / "s1.txt"), "--slo-from", "counters",
+                 "--isl-buckets", "1000,4000", "--slo-ttft", "1"]) == 2
+    assert "the gateway counts slo=all,itl,ttft" in capsys.readouterr().err
+    off = FrontendMetrics(isl_buckets=BUCKETS)
+    off.register_model("m")
+    (tmp_path / "off.txt").write_bytes(off.exposition())
+    assert main(["report", "--metrics", str(tmp_path / "off.txt"), "--slo-from", "counters", *flags]) == 2
+    assert "no SLO counters" in capsys.readouterr().err

@@ -13,7 +13,7 @@ from servelens.core.slo import Slo, parse_threshold
 from servelens.formats.results import summary_isl_buckets
 from servelens.formats.table import FORMATS, format_rows, output_width
 from servelens.prometheus.names import DEFAULT_PREFIX, MetricNames
-from servelens.report import capacity_report, compare
+from servelens.report import capacity_report, compare, slo_report
 from servelens.report.capacity_output import capacity_dict, capacity_markdown, capacity_text
 from servelens.report.html import write_html
 from servelens.report.promapi import parse_duration_s
@@ -62,6 +62,9 @@ def add_parser(subparsers: Any) -> None:
                    "exact from --results, bounds from histograms (exact only at an le edge)")
     p.add_argument("--slo-itl", metavar="SPEC",
                    help="ITL SLO, as --slo-ttft (--results: each request's mean ITL; histograms: each token)")
+    p.add_argument("--slo-from", choices=("histograms", "counters"), default="histograms",
+                   help="with --metrics/--prometheus: histograms (default; bounds, exact at an le edge) or counters "
+                   "(exact: the gateway's --slo-ttft/--slo-itl counters; give the gateway's SLOs here)")
     p.add_argument("--capacity", action="store_true",
                    help="where the capacity is short: per bucket, TTFT split into queue and prefill time, and the "
                    "prefill throughput fitted from TTFT against uncached prompt tokens")
@@ -115,6 +118,8 @@ def _buckets_of(report: Report, given: IslBuckets | None) -> IslBuckets:
 def build_slo(args: argparse.Namespace, report: Report) -> SloReport | None:
     """SLO attainment for parsed arguments (None without an SLO flag). Raises ValueError."""
     if not (args.slo_ttft or args.slo_itl):
+        if args.slo_from != "histograms":
+            raise ValueError("--slo-from counters: give the SLOs the gateway counts (--slo-ttft/--slo-itl)")
         return None
     if args.format == "csv":
         raise ValueError("SLO attainment is printed with --format table, markdown or json, not csv")
@@ -128,7 +133,15 @@ def build_slo(args: argparse.Namespace, report: Report) -> SloReport | None:
               parse_threshold(args.slo_itl, buckets) if args.slo_itl else None)
     names = MetricNames(args.metrics_prefix)
     if args.results:
+        if args.slo_from != "histograms":
+            raise ValueError("--slo-from counters reads a gateway's counters: give --metrics or --prometheus")
         return slo_from_results(args.results, buckets, slo)
+    if args.slo_from == "counters":
+        if args.metrics:
+            return slo_report.counters_from_metrics(args.metrics, names, args.metrics_before, args.model, buckets,
+                                                    slo)
+        return slo_report.counters_from_prometheus(args.prometheus, names, args.window or "5m", args.model,
+                                                   buckets, slo)
     if args.metrics:
         return slo_from_metrics(args.metrics, names, args.metrics_before, args.model, buckets, slo)
     return slo_from_prometheus(args.prometheus, names, args.window or "5m", args.model, buckets, slo)
