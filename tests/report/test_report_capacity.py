@@ -124,3 +124,25 @@ def test_an_engine_log_of_another_run_is_an_error(runs: dict[str, str], tmp_path
     other.write_text('{"request_id": "nobody", "queue_s": 1.0, "prefill_s": 0.1}\n')
     rc, _, err = cli("--results", runs["queue"], "--capacity", "--engine-log", str(other))
     assert rc == 2 and "no request id of" in err
+
+
+def test_explain_shows_each_windows_capacity(runs: dict[str, str]) -> None:
+    pre, que = runs["prefill"], runs["queue"]
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        rc = main(["explain", "--results", pre, que, "--metric", "ttft", "--resamples", "50", "--capacity",
+                   "--engine-log", pre + "/engine.jsonl", que + "/engine.jsonl", "--format", "json"])
+    assert rc == 0, err.getvalue()
+    cap = json.loads(out.getvalue())["capacity"]
+    assert cap["before"]["prefilling"] == list(BUCKETS.labels) and cap["after"]["waiting"] == list(BUCKETS.labels)
+    out = io.StringIO()
+    with redirect_stdout(out), redirect_stderr(io.StringIO()):
+        assert main(["explain", "--metrics", pre + "/g0.txt", pre + "/g1.txt", que + "/g0.txt", que + "/g1.txt",
+                     "--metric", "ttft", "--capacity"]) == 0
+    text = out.getvalue()
+    assert "earlier window: where the capacity is short" in text and "later window:" in text
+    assert "note: no queue or prefill times from the engine" in text
+    err = io.StringIO()
+    with redirect_stdout(io.StringIO()), redirect_stderr(err):
+        assert main(["explain", "--results", pre, que, "--engine-log", "a", "b"]) == 2
+    assert "--engine-log goes with --results and --capacity" in err.getvalue()
