@@ -146,3 +146,23 @@ def test_explain_shows_each_windows_capacity(runs: dict[str, str]) -> None:
     with redirect_stdout(io.StringIO()), redirect_stderr(err):
         assert main(["explain", "--results", pre, que, "--engine-log", "a", "b"]) == 2
     assert "--engine-log goes with --results and --capacity" in err.getvalue()
+
+
+def test_scrapes_with_a_prompt_token_counter_fit_over_bucket_means(tmp_path: Path) -> None:
+    # alone on an engine without attention cost, TTFT is linear in the prompt: the bucket means are too
+    linear = BASE.with_overrides(prefill_attn_s_per_token_pair=0.0)
+    recs, _ = run_loaded(3, BUCKETS, EVEN, 210, 1, linear)
+    m = FrontendMetrics(isl_buckets=BUCKETS)
+    m.register_model("test-model")
+    feed_records(m, recs)
+    prompt = {label: sum(r.isl for r in recs if BUCKETS.label(r.isl) == label) for label in BUCKETS.labels}
+    text = m.exposition().decode() + "# TYPE servelens_prompt_tokens_by_isl_total counter\n" + "".join(
+        f'servelens_prompt_tokens_by_isl_total{{isl_bucket="{label}",model="test-model"}} {v}\n'
+        for label, v in prompt.items())
+    (tmp_path / "g.txt").write_text(text)
+    cap = capacity_json("--metrics", str(tmp_path / "g.txt"))
+    fit = cap["fit"]
+    assert isinstance(fit, dict) and fit["method"] == "wls-bucket-means"
+    assert fit["throughput_tps"] == pytest.approx(1 / linear.prefill_s_per_token, rel=0.01)
+    buckets = cap["buckets"]
+    assert isinstance(buckets, list) and all(b["split"] == "fit" for b in buckets)
