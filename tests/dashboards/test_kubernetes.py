@@ -352,10 +352,13 @@ def test_dockerfile_runs_as_a_numeric_non_root_user_a_valid_gateway() -> None:
     last_from = max(i for i, (op, _) in enumerate(steps) if op == "FROM")
     users = [rest for op, rest in steps[last_from:] if op == "USER"]
     assert users, "no USER in the final stage"
-    uid = users[-1].split(":")[0]
+    uid, _, gid = users[-1].partition(":")
     assert uid.isdigit() and int(uid) > 0  # numeric: runAsNonRoot can check it
     (gw,) = _gateways(_pods(render(DEPLOY / "overlays" / "gateway"))[0])
-    assert int(uid) == gw["securityContext"]["runAsUser"]
+    assert (int(uid), int(gid)) == (gw["securityContext"]["runAsUser"], gw["securityContext"]["runAsGroup"])
+    # the user and group the image creates are those it runs as
+    runs = " ".join(rest for op, rest in steps[last_from:] if op == "RUN")
+    assert f"--uid {uid}" in runs and f"--gid {gid}" in runs
     entry = json.loads(next(rest for op, rest in steps if op == "ENTRYPOINT"))
     cmd = json.loads(next(rest for op, rest in steps if op == "CMD"))
     assert entry == gw["command"] == ["servelens"]
