@@ -9,10 +9,12 @@ from typing import Any
 from servelens.core.buckets import DEFAULT_ISL_BOUNDARIES, IslBuckets
 from servelens.core.edges import parse_edges
 from servelens.core.slo import Slo, parse_threshold
+from servelens.dashboards.kubernetes import KubernetesOptions, kubernetes_files, write_kubernetes
 from servelens.dashboards.mix import MixReference
-from servelens.dashboards.output import write_dashboard_files
+from servelens.dashboards.output import dashboard_documents, write_dashboard_files
 from servelens.dashboards.rules import DEFAULT_TARGET, SLO_SOURCES
 from servelens.formats.mix_file import read_mix
+from servelens.gateway.config import normalize_upstream
 from servelens.prometheus.names import DEFAULT_PREFIX, MetricNames, default_edges
 from servelens.report.promapi import parse_duration_s
 
@@ -30,6 +32,12 @@ def add_parser(subparsers: Any) -> None:
         "below --attainment-target).",
     )
     p.add_argument("--output-dir", default=".", help="directory for the three files (default: .)")
+    p.add_argument("--kubernetes", metavar="DIR",
+                   help="instead, write Kubernetes manifests into DIR (kustomize: base/ with a PrometheusRule and the "
+                   "dashboard ConfigMap, overlays/gateway and overlays/vllm-sidecar); the repository's deploy/ is "
+                   "this with the defaults")
+    p.add_argument("--engine-url", default=KubernetesOptions.engine_url, metavar="URL",
+                   help="with --kubernetes: the engine Service the gateway Deployment relays to (default: %(default)s)")
     p.add_argument("--metrics-prefix", default=DEFAULT_PREFIX,
                    help="metric name prefix (dynamo_frontend gives Dynamo names; default: servelens)")
     p.add_argument("--isl-buckets", default=",".join(str(b) for b in DEFAULT_ISL_BOUNDARIES),
@@ -76,8 +84,15 @@ def run(args: argparse.Namespace) -> int:
     if args.ttft_edges or args.itl_edges:
         edges = replace(edges, **({"ttft_s": parse_edges(args.ttft_edges, "ttft")} if args.ttft_edges else {}),
                         **({"itl_s": parse_edges(args.itl_edges, "itl")} if args.itl_edges else {}))
-    files = write_dashboard_files(args.output_dir, names, buckets, args.ttft_p95_slo, reference=reference, slo=slo,
-                                  target=args.attainment_target, edges=edges, slo_source=args.slo_from)
-    for path in (files.dashboard, files.recording_rules, files.alert_rules):
+    if args.kubernetes:
+        docs = dashboard_documents(names, buckets, args.ttft_p95_slo, reference=reference, slo=slo,
+                                   target=args.attainment_target, edges=edges, slo_source=args.slo_from)
+        opts = KubernetesOptions(engine_url=normalize_upstream(args.engine_url))
+        paths = write_kubernetes(args.kubernetes, kubernetes_files(names, buckets, docs, opts))
+    else:
+        files = write_dashboard_files(args.output_dir, names, buckets, args.ttft_p95_slo, reference=reference,
+                                      slo=slo, target=args.attainment_target, edges=edges, slo_source=args.slo_from)
+        paths = [files.dashboard, files.recording_rules, files.alert_rules]
+    for path in paths:
         print(path)
     return 0

@@ -3,7 +3,9 @@
 
 - :mod:`.queries`: the per-bucket PromQL (one query per bucket, in numeric order).
 - :mod:`.grafana`: the dashboard JSON; :mod:`.rules`: recording and alert rules;
-  :mod:`.output`: writing them into a folder (``servelens dashboard``).
+  :mod:`.output`: writing them into a folder (``servelens dashboard``); :mod:`.kubernetes`: the same
+  documents as a PrometheusRule and a dashboard ConfigMap, beside the gateway's Deployment, Service,
+  sidecar pod and monitors (``servelens dashboard --kubernetes``, the repository's ``deploy/``).
 
 May import: :mod:`servelens.core`, :mod:`servelens.prometheus`; nothing above them.
 """

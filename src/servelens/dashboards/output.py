@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from servelens.core.buckets import IslBuckets
 from servelens.core.edges import MetricEdges
@@ -29,6 +30,38 @@ class DashboardFiles:
     alert_rules: Path
 
 
+@dataclass(frozen=True)
+class DashboardDocuments:
+    """The dashboard and the two rules files as documents (dicts), before they are written."""
+
+    dashboard: dict[str, Any]
+    recording_rules: dict[str, Any]
+    alert_rules: dict[str, Any]
+
+
+def dashboard_documents(
+    names: MetricNames,
+    buckets: IslBuckets,
+    ttft_p95_slo_s: float,
+    window: str = "5m",
+    reference: MixReference = DEFAULT_REFERENCE,
+    slo: Slo | None = None,
+    target: float = DEFAULT_TARGET,
+    edges: MetricEdges | None = None,
+    slo_source: str = "histograms",
+) -> DashboardDocuments:
+    """The Grafana dashboard, the recording rules and the alert rules that :func:`write_dashboard_files`
+    writes (and :mod:`servelens.dashboards.kubernetes` wraps in a ConfigMap and a PrometheusRule).
+    Raises ValueError as :func:`write_dashboard_files`."""
+    if reference.mix is not None:
+        reference = MixReference(mix=aligned_mix(reference.mix, buckets.labels))
+    alerts = alert_rules(names, ttft_p95_slo_s, window, slo=slo, target=target, buckets=buckets, edges=edges,
+                         slo_source=slo_source)
+    rules = recording_rules(names, window, reference=reference, slo=slo, buckets=buckets, edges=edges,
+                            slo_source=slo_source)
+    return DashboardDocuments(grafana_dashboard(names, buckets, reference=reference), rules, alerts)
+
+
 def write_dashboard_files(
     output_dir: str | Path,
     names: MetricNames,
@@ -47,18 +80,12 @@ def write_dashboard_files(
     default the prefix's; ``slo_source="counters"``: from the gateway's exact SLO counters instead).
     Raises OSError when it cannot be written and ValueError for an SLO that is not a finite number
     > 0 or below every edge, or a target outside (0, 1]; nothing is written then."""
-    if reference.mix is not None:
-        reference = MixReference(mix=aligned_mix(reference.mix, buckets.labels))
     # built first: bad values raise before anything is written
-    alerts = alert_rules(names, ttft_p95_slo_s, window, slo=slo, target=target, buckets=buckets, edges=edges,
-                         slo_source=slo_source)
-    rules = recording_rules(names, window, reference=reference, slo=slo, buckets=buckets, edges=edges,
-                            slo_source=slo_source)
-    dash = grafana_dashboard(names, buckets, reference=reference)
+    docs = dashboard_documents(names, buckets, ttft_p95_slo_s, window, reference, slo, target, edges, slo_source)
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     files = DashboardFiles(out / DASHBOARD_FILE, out / RECORDING_FILE, out / ALERT_FILE)
-    files.dashboard.write_text(json.dumps(dash, indent=2) + "\n")
-    files.recording_rules.write_text(to_yaml(rules))
-    files.alert_rules.write_text(to_yaml(alerts))
+    files.dashboard.write_text(json.dumps(docs.dashboard, indent=2) + "\n")
+    files.recording_rules.write_text(to_yaml(docs.recording_rules))
+    files.alert_rules.write_text(to_yaml(docs.alert_rules))
     return files

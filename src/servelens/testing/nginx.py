@@ -9,7 +9,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,17 +52,19 @@ class Nginx:
 
 
 @contextmanager
-def run_nginx(upstream_url: str, location: str = UNBUFFERED) -> Iterator[Nginx]:
-    """Start nginx on 127.0.0.1 (a free port) proxying every path to ``upstream_url`` (``http://host:port``)
-    with the directives ``location`` (upstream block name ``engine``); stop it on exit. Raises
-    RuntimeError when nginx is not installed or does not start within 10 s."""
+def run_nginx(upstream_url: str | Sequence[str], location: str = UNBUFFERED) -> Iterator[Nginx]:
+    """Start nginx on 127.0.0.1 (a free port) proxying every path to ``upstream_url`` (``http://host:port``;
+    several: nginx's round robin over them, one request each in turn) with the directives ``location``
+    (upstream block name ``engine``); stop it on exit. Raises RuntimeError when nginx is not installed
+    or does not start within 10 s."""
     binary = nginx_binary()
     if binary is None:
         raise RuntimeError("nginx is not installed (Debian package nginx)")
     prefix = Path(tempfile.mkdtemp(prefix="servelens-nginx-"))
     os.chmod(prefix, 0o777)
     port = free_port()
-    up = upstream_url.removeprefix("http://")
+    urls = [upstream_url] if isinstance(upstream_url, str) else list(upstream_url)
+    servers = " ".join(f"server {u.removeprefix('http://')};" for u in urls)
     conf = prefix / "nginx.conf"
     conf.write_text(f"""
 worker_processes 1;
@@ -77,7 +79,7 @@ http {{
     fastcgi_temp_path {prefix}/fastcgi;
     uwsgi_temp_path {prefix}/uwsgi;
     scgi_temp_path {prefix}/scgi;
-    upstream engine {{ server {up}; keepalive 1024; }}
+    upstream engine {{ {servers} keepalive 1024; }}
     server {{
         listen 127.0.0.1:{port} backlog=2048;
         location / {{{location}        }}
