@@ -33,6 +33,8 @@ STOCK_HISTOGRAMS = 6
 """Stock histograms per model: TTFT, ITL, duration, ISL, OSL, cached tokens."""
 BY_ISL_HISTOGRAMS = 5
 """By-ISL histograms per model and bucket: TTFT, ITL, duration, OSL, cached tokens."""
+BY_UNCACHED_HISTOGRAMS = 3
+"""By-uncached histograms per model and uncached bucket: TTFT, ITL, duration."""
 
 
 class HistogramCopy(NamedTuple):
@@ -65,6 +67,10 @@ class ModelSnapshot:
         requests: ``(RequestKey, count)`` sorted by key (series appear on first use).
         inflight: requests in flight.
         output_tokens: output tokens counted.
+        prompt_tokens_by_isl: the prompt-token counter per ISL bucket, in bucket order (``()`` with buckets off).
+        uncached: per uncached bucket in bucket order its TTFT, ITL, duration (``()`` with them off):
+            family ``i``'s series are ``uncached[i::3]``.
+        uncached_sources: ``(source, count)`` of the uncached bucket latches, in ``UNCACHED_SOURCES`` order.
     """
 
     name: str
@@ -73,6 +79,9 @@ class ModelSnapshot:
     requests: tuple[tuple[RequestKey, int], ...]
     inflight: int
     output_tokens: int
+    prompt_tokens_by_isl: tuple[int, ...] = ()
+    uncached: tuple[HistogramCopy, ...] = ()
+    uncached_sources: tuple[tuple[str, int], ...] = ()
 
     @property
     def stock(self) -> tuple[HistogramCopy, ...]:
@@ -82,6 +91,10 @@ class ModelSnapshot:
     def by_isl(self, family: int) -> tuple[HistogramCopy, ...]:
         """By-ISL family ``family`` (0 TTFT, 1 ITL, 2 duration, 3 OSL, 4 cached), one per bucket in order."""
         return self.histograms[STOCK_HISTOGRAMS + family::BY_ISL_HISTOGRAMS]
+
+    def by_uncached(self, family: int) -> tuple[HistogramCopy, ...]:
+        """By-uncached family ``family`` (0 TTFT, 1 ITL, 2 duration), one per uncached bucket in order."""
+        return self.uncached[family::BY_UNCACHED_HISTOGRAMS]
 
 
 @dataclass(frozen=True)
@@ -96,6 +109,7 @@ class StateSnapshot:
         unknown_requests: ``(RequestKey, count)`` of requests naming an unknown model, sorted by key.
         unknown_duration: their durations (None until the first one).
         disconnected_clients: clients that left before their response was complete.
+        uncached_labels: the uncached bucket labels in bucket order (``()`` with them off).
     """
 
     edges: MetricEdges
@@ -104,6 +118,7 @@ class StateSnapshot:
     unknown_requests: tuple[tuple[RequestKey, int], ...]
     unknown_duration: HistogramCopy | None
     disconnected_clients: int
+    uncached_labels: tuple[str, ...] = ()
 
 
 _new = tuple.__new__
@@ -125,6 +140,8 @@ def _live_histograms(ms: ModelState) -> list[HistogramState]:
     out = [s.ttft, s.itl, s.duration, s.isl, s.osl, s.cached]
     if ms.by_isl is not None:
         out += [h for b in ms.by_isl.values() for h in (b.ttft, b.itl, b.duration, b.osl, b.cached)]
+    if ms.by_uncached is not None:
+        out += [h for u in ms.by_uncached.values() for h in (u.ttft, u.itl, u.duration)]
     return out
 
 
@@ -136,7 +153,8 @@ def copy_model(state: FrontendState, name: str, previous: ModelSnapshot | None =
     """
     ms = state.models[name]
     hists = _live_histograms(ms)
-    prev = previous.histograms if previous is not None else (None,) * len(hists)
+    n_uncached = BY_UNCACHED_HISTOGRAMS * len(ms.by_uncached) if ms.by_uncached is not None else 0
+    prev = (previous.histograms + previous.uncached) if previous is not None else (None,) * len(hists)
     out: list[HistogramCopy] = []
     add = out.append
     with state.lock:
@@ -148,13 +166,17 @@ def copy_model(state: FrontendState, name: str, previous: ModelSnapshot | None =
                 add(p)
             else:
                 add(_new(HistogramCopy, (tuple(counts), s, total)))
+        split = len(out) - n_uncached
         return ModelSnapshot(
             name=name,
-            histograms=tuple(out),
+            histograms=tuple(out[:split]),
             isl_sources=tuple(ms.isl_sources.items()) if ms.isl_sources is not None else (),
             requests=tuple(sorted(ms.requests.items())),
             inflight=ms.inflight,
             output_tokens=ms.output_tokens,
+            prompt_tokens_by_isl=tuple(b.prompt_tokens for b in ms.by_isl.values()) if ms.by_isl is not None else (),
+            uncached=tuple(out[split:]),
+            uncached_sources=tuple(ms.uncached_sources.items()) if ms.uncached_sources is not None else (),
         )
 
 
@@ -168,7 +190,9 @@ def take_snapshot(state: FrontendState, previous: StateSnapshot | None = None,
     ValueError when ``previous`` has other edges or buckets.
     """
     labels = state.isl_buckets.labels if state.isl_buckets is not None else ()
-    if previous is not None and (previous.edges != state.edges or previous.isl_labels != labels):
+    ulabels = state.uncached_buckets.labels if state.uncached_buckets is not None else ()
+    if previous is not None and (previous.edges != state.edges or previous.isl_labels != labels
+                                 or previous.uncached_labels != ulabels):
         raise ValueError("the previous snapshot is of a state with other edges or ISL buckets")
     if models is None:
         prev_models = {m.name: m for m in previous.models} if previous is not None else {}
@@ -183,4 +207,5 @@ def take_snapshot(state: FrontendState, previous: StateSnapshot | None = None,
             unknown_requests=tuple(sorted(state.unknown_requests.items())),
             unknown_duration=copy_histogram(unknown, prev_unknown) if unknown is not None else None,
             disconnected_clients=state.disconnected_clients,
+            uncached_labels=ulabels,
         )
