@@ -34,6 +34,8 @@ def add_parser(subparsers: Any) -> None:
                    help="metric name prefix (dynamo_frontend gives Dynamo names; default: servelens)")
     p.add_argument("--isl-buckets", default=",".join(str(b) for b in DEFAULT_ISL_BOUNDARIES),
                    help="ISL bucket boundaries in tokens, as the server exports them (default: %(default)s)")
+    p.add_argument("--uncached-buckets", metavar="B1,B2,...",
+                   help="the gateway's --uncached-buckets: also panels and rules per uncached bucket (default: none)")
     p.add_argument("--ttft-p95-slo", type=float, default=2.0, metavar="SECONDS",
                    help="alert when a bucket's TTFT p95 over 5m exceeds this (default: 2.0)")
     ref = p.add_mutually_exclusive_group()
@@ -59,6 +61,10 @@ def run(args: argparse.Namespace) -> int:
     """Write the files and print their paths."""
     names = MetricNames(args.metrics_prefix)
     buckets = IslBuckets.parse(args.isl_buckets)
+    try:
+        uncached = IslBuckets.parse(args.uncached_buckets) if args.uncached_buckets else None
+    except ValueError as exc:
+        raise ValueError(f"--uncached-buckets: {exc}") from None
     if args.reference_mix:
         reference = MixReference(mix=read_mix(args.reference_mix))
     else:
@@ -73,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         edges = replace(edges, **({"ttft_s": parse_edges(args.ttft_edges, "ttft")} if args.ttft_edges else {}),
                         **({"itl_s": parse_edges(args.itl_edges, "itl")} if args.itl_edges else {}))
     files = write_dashboard_files(args.output_dir, names, buckets, args.ttft_p95_slo, reference=reference, slo=slo,
-                                  target=args.attainment_target, edges=edges)
+                                  target=args.attainment_target, edges=edges, uncached_buckets=uncached)
     for path in (files.dashboard, files.recording_rules, files.alert_rules):
         print(path)
     return 0
