@@ -25,9 +25,9 @@ from servelens.dashboards.mix import (
 )
 from servelens.dashboards.queries import (
     FIGURES,
-    UNCACHED_FIGURES,
     GRAFANA_MODEL_MATCHER,
     GRAFANA_WINDOW,
+    UNCACHED_FIGURES,
     Figure,
     bucket_queries,
     count_expr,
