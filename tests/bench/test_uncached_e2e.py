@@ -87,3 +87,25 @@ async def test_uncached_buckets_and_hit_ratio_client_and_server_agree(tmp_path: 
     every = [s1.value(name) - s0.value(name) for name in (n.cached_by_isl + "_sum", n.prompt_tokens_by_isl)]
     assert isl_rows["all"]["cache_hit_ratio"] == pytest.approx(every[0] / every[1])  # the probes too
     assert isl_rows["513-1024"]["cache_hit_ratio"] is None  # no request there: unknown, not 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--by", "isl", "--uncached-buckets", "512"], "--uncached-buckets goes with --by uncached"),
+    (["--by", "uncached", "--isl-buckets", "512"], "not --isl-buckets"),
+    (["--uncached-buckets", "512,100"], "--uncached-buckets: ISL bucket boundaries must be strictly increasing"),
+    (["--by", "uncached", "--slo-ttft", "1"], "SLO attainment is per ISL bucket"),
+])
+def test_report_by_uncached_bad_input_is_one_line(tmp_path: Path, argv: list[str], message: str) -> None:
+    results = tmp_path / "results.jsonl"
+    results.write_text("")
+    err = io.StringIO()
+    from contextlib import redirect_stderr
+    with redirect_stderr(err), redirect_stdout(io.StringIO()):
+        assert main(["report", "--results", str(results), *argv]) != 0
+    assert message in err.getvalue() and len(err.getvalue().strip().splitlines()) == 1, err.getvalue()
+
+
+def test_bench_config_checks_uncached_buckets() -> None:
+    with pytest.raises(ValueError, match="--uncached-buckets: at most 32"):
+        BenchConfig(url="http://127.0.0.1:1", uncached_buckets=tuple(range(1, 34)))
+    assert BenchConfig(url="http://127.0.0.1:1").uncached_buckets is None

@@ -20,7 +20,7 @@ from servelens.core.buckets import IslBuckets
 from servelens.core.edges import ITL_EDGES_S, TTFT_EDGES_S  # compared at Dynamo's (coarser) le resolution
 from servelens.dashboards.grafana import grafana_dashboard, substitute_variables
 from servelens.dashboards.output import write_dashboard_files
-from servelens.dashboards.rules import record_name
+from servelens.dashboards.rules import hit_ratio_record_name, record_name
 from servelens.formats.metrics_text import parse_scrape
 from servelens.gateway.testing import run_gateway
 from servelens.prometheus.names import MetricNames
@@ -95,6 +95,8 @@ async def test_report_and_rules_agree_with_bench_through_gateway(tmp_path: Path)
                         assert _near(edges, r[f], getattr(c, f)), (s.kind, r["bucket"], f, r[f], getattr(c, f))
                     if c.mean_cached_tokens is not None:
                         assert r["mean_cached_tokens"] == pytest.approx(c.mean_cached_tokens, rel=1e-6)
+                    if c.cache_hit_ratio is not None:  # rate ratio; +-: the probe request
+                        assert r["cache_hit_ratio"] == pytest.approx(c.cache_hit_ratio, abs=0.05), (s.kind, r)
             # recording rules (Prometheus evaluates them; VictoriaMetrics needs vmalert)
             for label in USED:
                 for hist, stat, field, edges in (
@@ -106,6 +108,9 @@ async def test_report_and_rules_agree_with_bench_through_gateway(tmp_path: Path)
                 ):
                     got = prom.client.scalar(f'sum({record_name(hist, stat)}{{isl_bucket="{label}"}})')
                     assert _near(edges, got, getattr(client[label], field)), (label, stat, field, got)
+                hit = prom.client.scalar(f'sum({hit_ratio_record_name(NAMES)}{{isl_bucket="{label}"}})')
+                want = client[label].cache_hit_ratio
+                assert want is not None and hit == pytest.approx(want, abs=0.05), (label, hit, want)
             # the dashboard's per-bucket panels on both servers: each query returns its own bucket,
             # so a panel's series come in query order, which is numeric order
             dash = grafana_dashboard(NAMES, BUCKETS)

@@ -85,6 +85,8 @@ def build_report(args: argparse.Namespace) -> Report:
     names = MetricNames(args.metrics_prefix)
     by = _by(args)
     if by == "uncached":
+        if args.slo_ttft or args.slo_itl:
+            raise ValueError("SLO attainment is per ISL bucket: drop --by uncached (or the SLO flags)")
         if args.isl_buckets:
             raise ValueError("--by uncached takes its boundaries from --uncached-buckets, not --isl-buckets")
         try:
@@ -127,8 +129,6 @@ def build_slo(args: argparse.Namespace, report: Report) -> SloReport | None:
     """SLO attainment for parsed arguments (None without an SLO flag). Raises ValueError."""
     if not (args.slo_ttft or args.slo_itl):
         return None
-    if _by(args) == "uncached":
-        raise ValueError("SLO attainment is per ISL bucket: drop --by uncached (or the SLO flags)")
     if args.format == "csv":
         raise ValueError("SLO attainment is printed with --format table, markdown or json, not csv")
     given = IslBuckets.parse(args.isl_buckets) if args.isl_buckets else None
