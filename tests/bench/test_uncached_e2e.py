@@ -73,6 +73,12 @@ async def test_uncached_buckets_and_hit_ratio_client_and_server_agree(tmp_path: 
     assert [r["bucket"] for r in rows] == [*UNCACHED.labels, "all"] and rows[0]["requests"] == 6
     out = io.StringIO()
     with redirect_stdout(out):
+        assert main(["report", "--metrics", str(a), "--metrics-before", str(b), "--by", "uncached",
+                     "--format", "markdown"]) == 0
+    assert out.getvalue().splitlines()[2].startswith("| Uncached prompt (tokens) | Requests |")
+    assert "| 0-256 |" in out.getvalue()
+    out = io.StringIO()
+    with redirect_stdout(out):
         assert main(["report", "--metrics", str(a), "--metrics-before", str(b), "--format", "json"]) == 0
     isl_rows = {r["bucket"]: r for r in json.loads(out.getvalue())}
     # the hit ratio from the known scrape: cached_tokens_by_isl_sum / prompt_tokens_by_isl_total
