@@ -68,7 +68,8 @@ async def test_uncached_buckets_and_hit_ratio_client_and_server_agree(tmp_path: 
     out = io.StringIO()
     with redirect_stdout(out):
         assert main(["report", "--results", str(tmp_path / "warm"), "--uncached-buckets", UNCACHED.spec,
-                     "--format", "json"]) == 0
+                     "--format", "json", "--html", str(tmp_path / "r.html")]) == 0
+    assert "<th>Uncached prompt (tokens)</th>" in (tmp_path / "r.html").read_text()
     rows = json.loads(out.getvalue())
     assert [r["bucket"] for r in rows] == [*UNCACHED.labels, "all"] and rows[0]["requests"] == 6
     out = io.StringIO()

@@ -189,6 +189,7 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.write(slo_markdown(slo) if args.format == "markdown" else slo_text(slo, width))
     sys.stdout.flush()
     if args.html:
-        path = write_html(args.html, report.rows, report.timeseries, args.title, report.source)
+        path = write_html(args.html, report.rows, report.timeseries, args.title, report.source,
+                          label_header=UNCACHED_HEADER if _by(args) == "uncached" else ISL_HEADER)
         print(f"wrote {path}", file=sys.stderr)
     return 0
