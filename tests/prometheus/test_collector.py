@@ -253,3 +253,25 @@ def test_model_past_max_models_creates_no_series() -> None:
         m.register_model("b")
     assert generate_latest(reg) == before
     assert 'model="b"' not in before.decode()
+
+
+def test_uncached_families_at_zero_on_registration_and_counted_in_the_budget() -> None:
+    reg = CollectorRegistry()
+    m = FrontendMetrics(registry=reg, isl_buckets=BUCKETS, uncached_buckets="256,4096")
+    m.register_model("m")
+    fams = families(reg)
+    n = MetricNames()
+    labels = ["0-256", "257-4096", "4097+"]
+    for name in n.by_uncached_histograms():
+        samples = fams[name]
+        assert samples and all(s.value == 0 for s in samples), name
+        assert list(dict.fromkeys(s.labels["uncached_bucket"] for s in samples)) == labels, name
+        assert all("isl_bucket" not in s.labels for s in samples)
+    sources = fams[n.uncached_assignments.removesuffix("_total")]
+    assert {s.labels["source"]: s.value for s in sources} == {
+        "first_chunk_usage": 0, "final_usage": 0, "no_cached_tokens": 0, "unknown": 0}
+    per_model = sum(len(v) for k, v in fams.items() if k not in (n.disconnected, n.requests.removesuffix("_total")))
+    assert m.series_per_model == per_model
+    assert FrontendMetrics(isl_buckets=BUCKETS).series_per_model + 3 * (143 + 137 + 13) + 4 == per_model
+    with pytest.raises(ValueError, match="uncached buckets: ISL bucket boundaries must be strictly increasing"):
+        FrontendMetrics(uncached_buckets="512,256")
