@@ -236,3 +236,58 @@ def test_cli_attainment_counts_at_the_edges_given(tmp_path: Path) -> None:
     with redirect_stderr(err), redirect_stdout(io.StringIO()):
         assert main(["dashboard", "--output-dir", str(tmp_path / "x"), "--ttft-edges", "1,0.5"]) == 2
     assert "ttft edges" in err.getvalue() and err.getvalue().count("\n") == 1
+
+
+def test_hit_ratio_panel_and_rule_are_cached_over_prompt_tokens_per_bucket() -> None:
+    buckets = IslBuckets.parse("512,1024,2048,4096,8192,16384,32768")
+    dash = grafana_dashboard(MetricNames(), buckets)
+    panel = next(p for p in dash["panels"] if "hit ratio" in p["title"])
+    assert panel["fieldConfig"]["defaults"]["unit"] == "percentunit"
+    assert [t["legendFormat"] for t in panel["targets"]] == list(buckets.labels)  # numeric order
+    expr = panel["targets"][1]["expr"]
+    assert expr == ('sum by (isl_bucket) (rate(servelens_cached_tokens_by_isl_sum{isl_bucket="513-1024",'
+                    'model=~"$model"}[$__rate_interval])) / sum by (isl_bucket) (rate('
+                    'servelens_prompt_tokens_by_isl_total{isl_bucket="513-1024",model=~"$model"}[$__rate_interval]))')
+    rules = recording_rules(MetricNames("dynamo_frontend"))["groups"][0]["rules"]
+    hit = next(r for r in rules if r["record"].endswith(":hit_ratio_rate5m"))
+    assert hit["record"] == "model_isl_bucket:dynamo_frontend_cached_tokens_by_isl:hit_ratio_rate5m"
+    assert "dynamo_frontend_prompt_tokens_by_isl_total[5m]" in hit["expr"]
+
+
+def test_uncached_panels_only_when_asked_in_numeric_order_and_promtool_clean(tmp_path: Path) -> None:
+    assert not any("uncached" in e for _, _, e in panel_queries(grafana_dashboard(MetricNames(), BUCKETS)))
+    assert "uncached" not in to_yaml(recording_rules(MetricNames()))
+    uncached = IslBuckets.parse("256,512,1024,2048,4096,8192,16384")
+    out = tmp_path / "dash"
+    with redirect_stdout(io.StringIO()):
+        rc = main(["dashboard", "--output-dir", str(out), "--uncached-buckets", uncached.spec])
+    assert rc == 0
+    dash = json.loads((out / "grafana-dashboard.json").read_text())
+    panels = [p for p in dash["panels"] if "by uncached prompt tokens" in p["title"]]
+    assert [p["title"] for p in panels][:2] == ["TTFT mean by uncached prompt tokens",
+                                                "TTFT p50 by uncached prompt tokens"]
+    for p in panels:
+        legends = [t["legendFormat"] for t in p["targets"]]
+        assert legends == list(uncached.labels) and legends != sorted(legends)
+        for t in p["targets"]:
+            assert f'uncached_bucket="{t["legendFormat"]}"' in t["expr"] and "isl_bucket" not in t["expr"]
+            assert "_by_uncached_seconds" in t["expr"]
+    assert len({p["id"] for p in dash["panels"]}) == len(dash["panels"])
+    res = _promtool_check(tmp_path, out / "recording-rules.yml", out / "alert-rules.yml")
+    assert res.returncode == 0, res.stdout + res.stderr
+    groups = yaml.safe_load((out / "recording-rules.yml").read_text())["groups"]
+    unc = next(g for g in groups if g["name"] == "servelens_uncached_bucket_latency")
+    assert "model_uncached_bucket:servelens_time_to_first_token_by_uncached_seconds:p95_rate5m" in [
+        r["record"] for r in unc["rules"]]
+    # every panel query of the dashboard with uncached panels parses as PromQL
+    rules = {"groups": [{"name": "panels", "rules": [
+        {"record": f"panel:query{i}", "expr": substitute_variables(expr, "5m", ".*")}
+        for i, (_, _, expr) in enumerate(panel_queries(dash))]}]}
+    f = tmp_path / "panels.yml"
+    f.write_text(to_yaml(rules))
+    res = _promtool_check(tmp_path, f)
+    assert res.returncode == 0, res.stdout + res.stderr
+    err = io.StringIO()
+    with redirect_stderr(err):
+        assert main(["dashboard", "--output-dir", str(tmp_path / "x"), "--uncached-buckets", "9,3"]) != 0
+    assert "--uncached-buckets" in err.getvalue() and len(err.getvalue().strip().splitlines()) == 1

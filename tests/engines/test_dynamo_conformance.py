@@ -348,11 +348,11 @@ def test_sidecar_with_prometheus(dyn_stack: Any, tmp_path: Path) -> None:
         dyn_names = _sample_names(_get(f"{dyn_stack.frontend_url}/metrics"))
         assert gw_names and not (gw_names & dyn_names), sorted(gw_names & dyn_names)
         names = MetricNames(DYNAMO_PREFIX)
-        # exactly the five by-ISL histograms and the bucket-assignment counter, nothing stock; beside them
-        # only the gateway's own health series, which name the gateway (README, sidecar mode)
+        # exactly the five by-ISL histograms, the bucket-assignment and prompt-token counters, nothing stock;
+        # beside them only the gateway's own health series, which name the gateway (README, sidecar mode)
         expected = {f"{h}{suffix}" for h in names.by_isl_histograms() for suffix in ("_bucket", "_sum", "_count")}
         health = {"servelens_gateway_accept_failures_total", "servelens_gateway_max_connections"}
-        want = expected | {names.isl_assignments} | health
+        want = expected | {names.isl_assignments, names.prompt_tokens_by_isl} | health
         assert gw_names == want, sorted(gw_names ^ want)
 
         with run_prometheus([f"{dyn_stack.frontend_url}/metrics", f"{gw.url}/metrics"]) as prom:

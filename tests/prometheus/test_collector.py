@@ -58,7 +58,11 @@ def test_series_count_one_model_seven_buckets(prefix: str, by_isl_series: int, s
     assert got_stock == stock_hist == stock_series
     # series_per_model is what one model adds to the scrape (requests_total appears on use)
     per_model = sum(len(v) for k, v in fams.items() if k not in (n.disconnected, n.requests.removesuffix("_total")))
-    assert m.series_per_model == per_model == by_isl_series + stock_series + 2 + 4
+    # + the prompt-token counter per bucket (the hit ratio's denominator), at zero too
+    prompt = fams[n.prompt_tokens_by_isl.removesuffix("_total")]
+    assert [s.labels["isl_bucket"] for s in prompt] == list(IslBuckets.parse(BUCKETS).labels)
+    assert all(s.value == 0 for s in prompt)
+    assert m.series_per_model == per_model == by_isl_series + 7 + stock_series + 2 + 4
 
 
 def test_off_means_nothing_by_isl_registered() -> None:
@@ -148,17 +152,17 @@ def test_dynamo_names_refuse_other_edges() -> None:
 
 
 def test_series_budget_caps_models() -> None:
-    m = FrontendMetrics(isl_buckets=BUCKETS, max_series=3 * 2589 + 100)
-    assert m.series_per_model == 2589 and m.max_models == 3
+    m = FrontendMetrics(isl_buckets=BUCKETS, max_series=3 * 2596 + 100)
+    assert m.series_per_model == 2596 and m.max_models == 3
     for i in range(3):
         m.register_model(f"m{i}")
-    with pytest.raises(ValueError, match=r"at most 3 models \(2,589 series per model within max_series 7,867\)"):
+    with pytest.raises(ValueError, match=r"at most 3 models \(2,596 series per model within max_series 7,888\)"):
         m.register_model("m3")
     m.register_model("m0")  # registered already: not a new model
     dyn = FrontendMetrics(isl_buckets=BUCKETS, prefix="dynamo_frontend")
-    assert dyn.series_per_model == 701 and dyn.max_models == 64  # Dynamo's edges: max_models decides, as before
+    assert dyn.series_per_model == 708 and dyn.max_models == 64  # Dynamo's edges: max_models decides, as before
     assert FrontendMetrics(isl_buckets=BUCKETS, max_models=5).max_models == 5
-    with pytest.raises(ValueError, match="one model needs 2,589 series, over max_series 1,000"):
+    with pytest.raises(ValueError, match="one model needs 2,596 series, over max_series 1,000"):
         FrontendMetrics(isl_buckets=BUCKETS, max_series=1000)
 
 
@@ -249,3 +253,25 @@ def test_model_past_max_models_creates_no_series() -> None:
         m.register_model("b")
     assert generate_latest(reg) == before
     assert 'model="b"' not in before.decode()
+
+
+def test_uncached_families_at_zero_on_registration_and_counted_in_the_budget() -> None:
+    reg = CollectorRegistry()
+    m = FrontendMetrics(registry=reg, isl_buckets=BUCKETS, uncached_buckets="256,4096")
+    m.register_model("m")
+    fams = families(reg)
+    n = MetricNames()
+    labels = ["0-256", "257-4096", "4097+"]
+    for name in n.by_uncached_histograms():
+        samples = fams[name]
+        assert samples and all(s.value == 0 for s in samples), name
+        assert list(dict.fromkeys(s.labels["uncached_bucket"] for s in samples)) == labels, name
+        assert all("isl_bucket" not in s.labels for s in samples)
+    sources = fams[n.uncached_assignments.removesuffix("_total")]
+    assert {s.labels["source"]: s.value for s in sources} == {
+        "first_chunk_usage": 0, "final_usage": 0, "no_cached_tokens": 0, "unknown": 0}
+    per_model = sum(len(v) for k, v in fams.items() if k not in (n.disconnected, n.requests.removesuffix("_total")))
+    assert m.series_per_model == per_model
+    assert FrontendMetrics(isl_buckets=BUCKETS).series_per_model + 3 * (143 + 137 + 13) + 4 == per_model
+    with pytest.raises(ValueError, match="uncached buckets: ISL bucket boundaries must be strictly increasing"):
+        FrontendMetrics(uncached_buckets="512,256")

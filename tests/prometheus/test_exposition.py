@@ -83,7 +83,24 @@ def nothing_registered() -> FrontendMetrics:
     return FrontendMetrics(isl_buckets=BUCKETS)
 
 
-@pytest.mark.parametrize("build", [default_config, awkward_values, sidecar, buckets_off, nothing_registered])
+def uncached_on() -> FrontendMetrics:
+    """The opt-in buckets by uncached prompt tokens, beside the ISL buckets, and in the sidecar mode."""
+    m = FrontendMetrics(isl_buckets=BUCKETS, uncached_buckets="256,4096")
+    for name in ("llama", 'quo"te'):
+        m.register_model(name)
+    feed(m, synthetic_samples(30, IslBuckets.parse(BUCKETS), seed=4), model="llama")
+    return m
+
+
+def uncached_sidecar() -> FrontendMetrics:
+    m = FrontendMetrics(prefix="dynamo_frontend", isl_buckets=BUCKETS, uncached_buckets=BUCKETS, stock=False)
+    m.register_model("m")
+    feed(m, synthetic_samples(10, IslBuckets.parse(BUCKETS)), model="m")
+    return m
+
+
+@pytest.mark.parametrize("build", [default_config, awkward_values, sidecar, buckets_off, nothing_registered,
+                                   uncached_on, uncached_sidecar])
 def test_same_exposition_as_prometheus_client(build: Callable[[], FrontendMetrics]) -> None:
     m = build()
     assert_same_exposition(m)

@@ -18,10 +18,12 @@ from servelens.bench import BenchConfig, run_bench
 from servelens.cli.main import main
 from servelens.core.buckets import IslBuckets
 from servelens.core.edges import ITL_EDGES_S, TTFT_EDGES_S  # compared at Dynamo's (coarser) le resolution
+from servelens.core.summary import rows_from_samples
 from servelens.dashboards.grafana import grafana_dashboard, substitute_variables
 from servelens.dashboards.output import write_dashboard_files
-from servelens.dashboards.rules import record_name
+from servelens.dashboards.rules import hit_ratio_record_name, record_name
 from servelens.formats.metrics_text import parse_scrape
+from servelens.formats.results import to_samples
 from servelens.gateway.testing import run_gateway
 from servelens.prometheus.names import MetricNames
 from servelens.sim.testing import run_sim
@@ -32,6 +34,7 @@ pytestmark = pytest.mark.prometheus
 BUCKETS = IslBuckets.default()
 NAMES = MetricNames()
 USED = ["0-512", "513-1024", "1025-2048", "2049-4096"]
+UNCACHED = IslBuckets.parse("256,1024,2048")
 
 
 def _le_index(edges: tuple[float, ...], x: float) -> int:
@@ -47,7 +50,8 @@ def _near(edges: tuple[float, ...], server: float | None, client: float | None) 
 
 async def test_report_and_rules_agree_with_bench_through_gateway(tmp_path: Path) -> None:
     files = write_dashboard_files(tmp_path / "dash", NAMES, BUCKETS, ttft_p95_slo_s=10.0)
-    async with run_sim(seed=3) as sim, run_gateway(sim.url, isl_buckets=BUCKETS.spec) as gw:
+    async with run_sim(seed=3) as sim, run_gateway(sim.url, isl_buckets=BUCKETS.spec,
+                                                   uncached_buckets=UNCACHED.spec) as gw:
         metrics_url = gw.url + "/metrics"
         stack = ExitStack()
         try:
@@ -95,6 +99,23 @@ async def test_report_and_rules_agree_with_bench_through_gateway(tmp_path: Path)
                         assert _near(edges, r[f], getattr(c, f)), (s.kind, r["bucket"], f, r[f], getattr(c, f))
                     if c.mean_cached_tokens is not None:
                         assert r["mean_cached_tokens"] == pytest.approx(c.mean_cached_tokens, rel=1e-6)
+                    if c.cache_hit_ratio is not None:  # rate ratio; +-: the probe request
+                        assert r["cache_hit_ratio"] == pytest.approx(c.cache_hit_ratio, abs=0.05), (s.kind, r)
+            # by uncached prompt tokens: the same requests per bucket as the client's usage says, numeric order
+            want_uncached = {r.bucket: r.requests
+                             for r in rows_from_samples(to_samples(result.records), UNCACHED, "uncached")}
+            for s in (prom, vm):
+                buf = io.StringIO()
+                with redirect_stdout(buf):
+                    rc = await asyncio.to_thread(main, [
+                        "report", "--prometheus", s.url, "--window", "5m", "--by", "uncached", "--format", "json"])
+                assert rc == 0
+                rows = json.loads(buf.getvalue())
+                assert [r["bucket"] for r in rows] == [*UNCACHED.labels, "all"], s.kind
+                for r in rows[:-1]:  # +1: the bench's probe request
+                    assert want_uncached[r["bucket"]] <= r["requests"] <= want_uncached[r["bucket"]] + 1, (s.kind, r)
+                    if r["requests"] >= 5:
+                        assert r["ttft_p50_s"] is not None, (s.kind, r)
             # recording rules (Prometheus evaluates them; VictoriaMetrics needs vmalert)
             for label in USED:
                 for hist, stat, field, edges in (
@@ -106,6 +127,9 @@ async def test_report_and_rules_agree_with_bench_through_gateway(tmp_path: Path)
                 ):
                     got = prom.client.scalar(f'sum({record_name(hist, stat)}{{isl_bucket="{label}"}})')
                     assert _near(edges, got, getattr(client[label], field)), (label, stat, field, got)
+                hit = prom.client.scalar(f'sum({hit_ratio_record_name(NAMES)}{{isl_bucket="{label}"}})')
+                want = client[label].cache_hit_ratio
+                assert want is not None and hit == pytest.approx(want, abs=0.05), (label, hit, want)
             # the dashboard's per-bucket panels on both servers: each query returns its own bucket,
             # so a panel's series come in query order, which is numeric order
             dash = grafana_dashboard(NAMES, BUCKETS)

@@ -40,6 +40,9 @@ class BenchConfig:
         max_context: requests whose ISL + OSL exceeds this are dropped or clipped
             (``long_requests``); None: the ``max_model_len`` that ``/v1/models`` reports, if any.
         isl_buckets: ISL bucket boundaries for the table.
+        uncached_buckets: boundaries of a second table by uncached prompt tokens (ISL minus cached
+            tokens, from each response's usage; server side the gateway's ``--uncached-buckets``
+            families); None (default): no such table.
         metrics_url: a ``/metrics`` URL scraped before and after the run (server-side table).
         metrics_prefix: metric-name prefix of the by-ISL families at ``metrics_url``.
         output_dir: where ``results.jsonl`` and ``summary.json`` go (None: not written).
@@ -76,6 +79,7 @@ class BenchConfig:
     max_context: int | None = None
     long_requests: str = "drop"
     isl_buckets: tuple[int, ...] = DEFAULT_ISL_BOUNDARIES
+    uncached_buckets: tuple[int, ...] | None = None
     metrics_url: str | None = None
     metrics_prefix: str = DEFAULT_PREFIX
     output_dir: str | None = None
@@ -127,6 +131,11 @@ class BenchConfig:
         if self.metrics_url is not None:
             check_url("--metrics-url", self.metrics_url)
         object.__setattr__(self, "isl_buckets", IslBuckets.parse(self.isl_buckets).boundaries)
+        if self.uncached_buckets is not None:
+            try:
+                object.__setattr__(self, "uncached_buckets", IslBuckets.parse(self.uncached_buckets).boundaries)
+            except ValueError as exc:
+                raise ValueError(f"--uncached-buckets: {exc}") from None
         parse_length_dist(self.isl)
         parse_length_dist(self.osl)
         MetricNames(self.metrics_prefix)

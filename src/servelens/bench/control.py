@@ -119,9 +119,11 @@ async def quiet_scrape(session: aiohttp.ClientSession, config: BenchConfig) -> S
 
 async def fetch_server_rows(
     session: aiohttp.ClientSession, config: BenchConfig, before: Scrape, expect: int
-) -> tuple[BucketRow, ...]:
+) -> tuple[tuple[BucketRow, ...], tuple[BucketRow, ...] | None]:
     """Rows from ``after - before``; waits (bounded, 3 s) until the server has recorded ``expect`` requests,
-    since a proxy records a request just after its last bytes reach the client."""
+    since a proxy records a request just after its last bytes reach the client. Second: the rows per
+    uncached bucket from the same scrapes when ``config.uncached_buckets`` is set (empty when the
+    server has no such families), else None."""
     assert config.metrics_url is not None
     names = MetricNames(config.metrics_prefix)
     deadline = time.monotonic() + 3.0
@@ -134,4 +136,9 @@ async def fetch_server_rows(
         if seen >= expect or time.monotonic() > deadline:
             break
         await asyncio.sleep(0.05)
-    return tuple(rows_from_histograms(per_bucket, all_h if all_h.duration or all_h.ttft else None))
+    all_row = all_h if all_h.duration or all_h.ttft else None
+    rows = tuple(rows_from_histograms(per_bucket, all_row))
+    if config.uncached_buckets is None:
+        return rows, None
+    per_uncached, _ = bucket_histograms(after, names, before, by="uncached")
+    return rows, tuple(rows_from_histograms(per_uncached, all_row)) if per_uncached else ()

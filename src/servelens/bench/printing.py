@@ -8,7 +8,7 @@ from rich.console import Console
 from servelens.bench.summary import BenchResult
 from servelens.core.clumping import detect_clumping
 from servelens.formats.slo_table import attainment_table
-from servelens.formats.table import fit_to, rich_table, side_by_side
+from servelens.formats.table import UNCACHED_HEADER, fit_to, rich_table, side_by_side
 
 
 def print_result(result: BenchResult, console: Console | None = None) -> None:
@@ -54,6 +54,8 @@ def print_result(result: BenchResult, console: Console | None = None) -> None:
         elif result.server_rows is not None:
             console.print("server side: the /metrics endpoint has no servelens by-ISL histograms "
                           f"(prefix {s['config']['metrics_prefix']!r})")
+    if result.uncached_client_rows is not None:
+        _print_uncached(result, console)
     if result.attainment is not None and result.slo is not None:
         table = attainment_table(result.attainment, result.slo, "SLO attainment (client, exact)")
         fit_to(table, console.width)
@@ -65,3 +67,20 @@ def print_result(result: BenchResult, console: Console | None = None) -> None:
     )
     if result.results_path is not None:
         console.print(f"results: {result.results_path}  summary: {result.summary_path}")
+
+
+def _print_uncached(result: BenchResult, console: Console) -> None:
+    """The second table: by uncached prompt tokens (ISL minus cached tokens), client beside server when
+    the server has the by-uncached families (the gateway's ``--uncached-buckets``)."""
+    assert result.uncached_client_rows is not None
+    title = "By uncached prompt tokens (ISL - cached tokens; requests without cached tokens: 'all' only)"
+    server = result.uncached_server_rows
+    table = (side_by_side(result.uncached_client_rows, server, title=title + "\nClient vs server (gateway /metrics)",
+                          label_header=UNCACHED_HEADER) if server else None)
+    if table is None or not fit_to(table, console.width):
+        table = rich_table(result.uncached_client_rows, label_header=UNCACHED_HEADER,
+                           title=title + ("\nClient (exact percentiles)" if server else ""))
+        fit_to(table, console.width)
+    console.print(table)
+    if server is not None and not server:
+        console.print("server side by uncached prompt tokens: none (run the gateway with --uncached-buckets)")

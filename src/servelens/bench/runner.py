@@ -20,6 +20,7 @@ import json
 import signal
 import threading
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -144,15 +145,18 @@ async def run_bench(config: BenchConfig) -> BenchResult:
         if config.output_dir:  # before the server scrape: an interrupt or a failed scrape loses nothing
             results_path = write_results(Path(config.output_dir) / RESULTS_FILE, done)
         server_rows = None
+        server_uncached = None
         server_error = None
         if config.metrics_url and before is not None:
             expect = sum(1 for r in done if r.http_status is not None)
             try:
-                server_rows = await fetch_server_rows(session, config, before, expect)
+                server_rows, server_uncached = await fetch_server_rows(session, config, before, expect)
             except ValueError as exc:  # the server's side is missing, the client's figures stand
                 server_error = str(exc)
     buckets = IslBuckets(config.isl_buckets)
     client_rows = tuple(rows_from_samples(to_samples(done), buckets))
+    client_uncached = (tuple(rows_from_samples(to_samples(done), IslBuckets(config.uncached_buckets), "uncached"))
+                       if config.uncached_buckets is not None else None)
     elapsed = (max(r.end_ns for r in done) - min(r.send_ns for r in done)) / NS_PER_S if done else 0.0
     deviation = PromptDeviation.of(done)
     summary = build_summary(config, model, done, client_rows, server_rows, lag_report, dropped, clipped, elapsed,
@@ -160,6 +164,10 @@ async def run_bench(config: BenchConfig) -> BenchResult:
 
     if server_error is not None:
         summary["server_error"] = server_error
+    if client_uncached is not None:
+        summary["client_rows_by_uncached"] = [asdict(r) for r in client_uncached]
+        summary["server_rows_by_uncached"] = ([asdict(r) for r in server_uncached]
+                                              if server_uncached is not None else None)
     slo = config.slo
     attained = None
     if slo is not None and done:
@@ -175,6 +183,7 @@ async def run_bench(config: BenchConfig) -> BenchResult:
         results_path=results_path, summary_path=summary_path, summary=summary, model=model,
         endpoint=config.endpoint, dropped=dropped, clipped=clipped, elapsed_s=elapsed,
         prompt_deviation=deviation, continuous_usage=continuous, slo=slo, attainment=attained,
+        uncached_client_rows=client_uncached, uncached_server_rows=server_uncached,
     )
 
 

@@ -77,6 +77,9 @@ class BenchResult:
         continuous_usage: whether continuous usage was requested.
         slo: the SLOs judged (None: none given); attainment: per bucket, then "all" (exact, from
             the records), None without an SLO.
+        uncached_client_rows, uncached_server_rows: the rows per uncached bucket (client: exact, from
+            each response's usage; server: the gateway's by-uncached families, empty when it has none),
+            None without ``uncached_buckets``.
     """
 
     records: tuple[BenchRecord, ...]
@@ -95,6 +98,8 @@ class BenchResult:
     continuous_usage: bool
     slo: Slo | None = None
     attainment: tuple[Attainment, ...] | None = None
+    uncached_client_rows: tuple[BucketRow, ...] | None = None
+    uncached_server_rows: tuple[BucketRow, ...] | None = None
 
     @property
     def errors(self) -> int:

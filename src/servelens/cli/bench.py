@@ -67,6 +67,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     m = p.add_argument_group("measurement and output")
     m.add_argument("--isl-buckets", default=",".join(str(b) for b in DEFAULT_ISL_BOUNDARIES),
                    help="ISL bucket boundaries (tokens)")
+    m.add_argument("--uncached-buckets", metavar="B1,B2,...",
+                   help="also a table by uncached prompt tokens (ISL minus cached tokens; default: none)")
     m.add_argument("--metrics-url", help="a gateway's or engine's /metrics, scraped before and after the run")
     m.add_argument("--metrics-prefix", default="servelens", help="metric-name prefix at --metrics-url")
     m.add_argument("--output-dir", default="bench-results", help="where results.jsonl and summary.json go")
@@ -113,6 +115,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         max_context=args.max_context,
         long_requests=args.long_requests,
         isl_buckets=args.isl_buckets,  # type: ignore[arg-type]  # parsed in __post_init__
+        uncached_buckets=args.uncached_buckets,  # parsed in __post_init__
         metrics_url=args.metrics_url,
         metrics_prefix=args.metrics_prefix,
         output_dir=args.output_dir or None,

@@ -42,6 +42,8 @@ def add_parser(subparsers: Any) -> None:
                    help="metric name prefix (dynamo_frontend gives Dynamo names; default: servelens)")
     p.add_argument("--isl-buckets", default=",".join(str(b) for b in DEFAULT_ISL_BOUNDARIES),
                    help="ISL bucket boundaries in tokens, as the server exports them (default: %(default)s)")
+    p.add_argument("--uncached-buckets", metavar="B1,B2,...",
+                   help="the gateway's --uncached-buckets: also panels and rules per uncached bucket (default: none)")
     p.add_argument("--ttft-p95-slo", type=float, default=2.0, metavar="SECONDS",
                    help="alert when a bucket's TTFT p95 over 5m exceeds this (default: 2.0)")
     ref = p.add_mutually_exclusive_group()
@@ -71,6 +73,10 @@ def run(args: argparse.Namespace) -> int:
     """Write the files and print their paths."""
     names = MetricNames(args.metrics_prefix)
     buckets = IslBuckets.parse(args.isl_buckets)
+    try:
+        uncached = IslBuckets.parse(args.uncached_buckets) if args.uncached_buckets else None
+    except ValueError as exc:
+        raise ValueError(f"--uncached-buckets: {exc}") from None
     if args.reference_mix:
         reference = MixReference(mix=read_mix(args.reference_mix))
     else:
@@ -86,12 +92,14 @@ def run(args: argparse.Namespace) -> int:
                         **({"itl_s": parse_edges(args.itl_edges, "itl")} if args.itl_edges else {}))
     if args.kubernetes:
         docs = dashboard_documents(names, buckets, args.ttft_p95_slo, reference=reference, slo=slo,
-                                   target=args.attainment_target, edges=edges, slo_source=args.slo_from)
+                                   target=args.attainment_target, edges=edges, slo_source=args.slo_from,
+                                   uncached_buckets=uncached)
         opts = KubernetesOptions(engine_url=normalize_upstream(args.engine_url))
         paths = write_kubernetes(args.kubernetes, kubernetes_files(names, buckets, docs, opts))
     else:
         files = write_dashboard_files(args.output_dir, names, buckets, args.ttft_p95_slo, reference=reference,
-                                      slo=slo, target=args.attainment_target, edges=edges, slo_source=args.slo_from)
+                                      slo=slo, target=args.attainment_target, edges=edges, slo_source=args.slo_from,
+                                      uncached_buckets=uncached)
         paths = [files.dashboard, files.recording_rules, files.alert_rules]
     for path in paths:
         print(path)

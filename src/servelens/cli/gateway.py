@@ -28,6 +28,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--metrics-host", metavar="HOST", help="bind address of the metrics listener (default --host)")
     p.add_argument("--isl-buckets", metavar="B1,B2,...",
                    help="ISL bucket upper bounds in tokens (default 512,1024,2048,4096,8192,16384; 'off' disables)")
+    p.add_argument("--uncached-buckets", metavar="B1,B2,...",
+                   help="also bucket by uncached prompt tokens (ISL minus cached tokens; label uncached_bucket), "
+                   "same rules as --isl-buckets (default off)")
     p.add_argument("--metrics-prefix", metavar="P", help="metric name prefix (default servelens; "
                    "dynamo_frontend gives Dynamo's names)")
     p.add_argument("--ttft-edges", dest="ttft_edges_s", metavar="EDGES",
@@ -75,7 +78,8 @@ def add_parser(subparsers: Any) -> None:
 
 _FLAGS = (
     "metrics_port", "metrics_host",  # the metrics listener
-    "upstream", "host", "port", "isl_buckets", "metrics_prefix", "ttft_edges_s", "itl_edges_s", "max_series",
+    "upstream", "host", "port", "isl_buckets", "uncached_buckets", "metrics_prefix", "ttft_edges_s", "itl_edges_s",
+    "max_series",
     "by_isl_only", "continuous_usage", "inject_usage", "tokenizer", "request_log", "request_log_chunks",
     "max_body_bytes", "connect_timeout_s", "response_timeout_s",
     "read_timeout_s", "client_timeout_s", "models_refresh_s", "shutdown_timeout_s", "slo_ttft", "slo_itl",

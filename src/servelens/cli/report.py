@@ -11,7 +11,7 @@ from servelens.core.buckets import IslBuckets, label_sort_key
 from servelens.core.capacity import CapacityReport
 from servelens.core.slo import Slo, parse_threshold
 from servelens.formats.results import summary_isl_buckets
-from servelens.formats.table import FORMATS, format_rows, output_width
+from servelens.formats.table import FORMATS, ISL_HEADER, UNCACHED_HEADER, format_rows, output_width
 from servelens.prometheus.names import DEFAULT_PREFIX, MetricNames
 from servelens.report import capacity_report, compare, slo_report
 from servelens.report.capacity_output import capacity_dict, capacity_markdown, capacity_text
@@ -50,6 +50,13 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--isl-buckets", metavar="B1,B2,...",
                    help="ISL bucket boundaries in tokens (default: the server's buckets for --metrics and "
                    "--prometheus; for --results the bench run's, from its summary.json, else 512,...,16384)")
+    p.add_argument("--by", choices=("isl", "uncached"), default=None,
+                   help="bucket by prompt length (isl, the default) or by uncached prompt tokens, ISL minus cached "
+                   "tokens (uncached: the gateway's --uncached-buckets families; for --results each request's "
+                   "usage; requests without cached tokens are in 'all requests' only)")
+    p.add_argument("--uncached-buckets", metavar="B1,B2,...",
+                   help="with --by uncached (implied): the boundaries (default: the server's for --metrics and "
+                   "--prometheus, 512,...,16384 for --results)")
     p.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
     p.add_argument("--compare", metavar="PATH",
                    help="with --results: a second bench run, the candidate, compared bucket by bucket against "
@@ -81,10 +88,29 @@ def add_parser(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
+def _by(args: argparse.Namespace) -> str:
+    """``isl`` or ``uncached`` (``--uncached-buckets`` implies ``--by uncached``). Raises ValueError."""
+    if args.uncached_buckets and args.by == "isl":
+        raise ValueError("--uncached-buckets goes with --by uncached, not --by isl")
+    by: str = args.by or ("uncached" if args.uncached_buckets else "isl")
+    return by
+
+
 def build_report(args: argparse.Namespace) -> Report:
     """The report for parsed arguments. Raises ValueError for bad input (one-line messages)."""
     names = MetricNames(args.metrics_prefix)
-    buckets = IslBuckets.parse(args.isl_buckets) if args.isl_buckets else None
+    by = _by(args)
+    if by == "uncached":
+        if args.slo_ttft or args.slo_itl:
+            raise ValueError("SLO attainment is per ISL bucket: drop --by uncached (or the SLO flags)")
+        if args.isl_buckets:
+            raise ValueError("--by uncached takes its boundaries from --uncached-buckets, not --isl-buckets")
+        try:
+            buckets = IslBuckets.parse(args.uncached_buckets) if args.uncached_buckets else None
+        except ValueError as exc:
+            raise ValueError(f"--uncached-buckets: {exc}") from None
+    else:
+        buckets = IslBuckets.parse(args.isl_buckets) if args.isl_buckets else None
     if args.metrics_before and not args.metrics:
         raise ValueError("--metrics-before needs --metrics")
     for flag, value in (("--window", args.window), ("--range", args.range_)):
@@ -96,16 +122,16 @@ def build_report(args: argparse.Namespace) -> Report:
         if args.model:
             raise ValueError("--model applies to --metrics and --prometheus, not --results")
         bench_bounds = summary_isl_buckets(args.results)  # the buckets the bench run used
-        default = IslBuckets(bench_bounds) if bench_bounds else IslBuckets.default()
-        report = report_from_results(args.results, buckets or default)
+        default = IslBuckets(bench_bounds) if bench_bounds and by == "isl" else IslBuckets.default()
+        report = report_from_results(args.results, buckets or default, by)
         if not any(r.requests for r in report.rows):
             raise ValueError(f"{args.results}: no requests in it (an empty results file)")
         return report
     if args.metrics:
-        return report_from_metrics(args.metrics, names, args.metrics_before, args.model, buckets)
+        return report_from_metrics(args.metrics, names, args.metrics_before, args.model, buckets, by)
     range_s = parse_duration_s(args.range_ or "1h") if args.html else None
     return report_from_prometheus(args.prometheus, names, args.window or "5m", buckets, args.model,
-                                  range_s=range_s)
+                                  range_s=range_s, by=by)
 
 
 def _buckets_of(report: Report, given: IslBuckets | None) -> IslBuckets:
@@ -189,6 +215,8 @@ def run_compare(args: argparse.Namespace) -> int:
         raise ValueError("--compare prints --format table or json")
     if args.slo_ttft or args.slo_itl:
         raise ValueError("--slo-ttft/--slo-itl report one run; for two runs use servelens explain --results A B")
+    if _by(args) == "uncached":
+        raise ValueError("--compare is per ISL bucket: drop --by uncached")
     if args.resamples < 10:
         raise ValueError(f"--resamples must be >= 10, got {args.resamples}")
     buckets = IslBuckets.parse(args.isl_buckets) if args.isl_buckets else None
@@ -219,13 +247,15 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "json" and (slo is not None or cap is not None):
         sys.stdout.write(slo_json(report.rows, slo, capacity_dict(cap) if cap is not None else None))
     else:
-        sys.stdout.write(format_rows(report.rows, args.format, args.title, width))
+        header = UNCACHED_HEADER if _by(args) == "uncached" else ISL_HEADER
+        sys.stdout.write(format_rows(report.rows, args.format, args.title, width, label_header=header))
         if slo is not None:
             sys.stdout.write(slo_markdown(slo) if args.format == "markdown" else slo_text(slo, width))
         if cap is not None:
             sys.stdout.write(capacity_markdown(cap) if args.format == "markdown" else capacity_text(cap, width))
     sys.stdout.flush()
     if args.html:
-        path = write_html(args.html, report.rows, report.timeseries, args.title, report.source)
+        path = write_html(args.html, report.rows, report.timeseries, args.title, report.source,
+                          label_header=UNCACHED_HEADER if _by(args) == "uncached" else ISL_HEADER)
         print(f"wrote {path}", file=sys.stderr)
     return 0

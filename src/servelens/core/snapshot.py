@@ -33,6 +33,8 @@ STOCK_HISTOGRAMS = 6
 """Stock histograms per model: TTFT, ITL, duration, ISL, OSL, cached tokens."""
 BY_ISL_HISTOGRAMS = 5
 """By-ISL histograms per model and bucket: TTFT, ITL, duration, OSL, cached tokens."""
+BY_UNCACHED_HISTOGRAMS = 3
+"""By-uncached histograms per model and uncached bucket: TTFT, ITL, duration."""
 
 
 class HistogramCopy(NamedTuple):
@@ -66,6 +68,10 @@ class ModelSnapshot:
         inflight: requests in flight.
         output_tokens: output tokens counted.
         slo_met: per bucket in bucket order ``(label, ttft met, itl met, all met)``; ``()`` without SLOs.
+        prompt_tokens_by_isl: the prompt-token counter per ISL bucket, in bucket order (``()`` with buckets off).
+        uncached: per uncached bucket in bucket order its TTFT, ITL, duration (``()`` with them off):
+            family ``i``'s series are ``uncached[i::3]``.
+        uncached_sources: ``(source, count)`` of the uncached bucket latches, in ``UNCACHED_SOURCES`` order.
     """
 
     name: str
@@ -75,6 +81,9 @@ class ModelSnapshot:
     inflight: int
     output_tokens: int
     slo_met: tuple[tuple[str, int, int, int], ...] = ()
+    prompt_tokens_by_isl: tuple[int, ...] = ()
+    uncached: tuple[HistogramCopy, ...] = ()
+    uncached_sources: tuple[tuple[str, int], ...] = ()
 
     @property
     def stock(self) -> tuple[HistogramCopy, ...]:
@@ -84,6 +93,10 @@ class ModelSnapshot:
     def by_isl(self, family: int) -> tuple[HistogramCopy, ...]:
         """By-ISL family ``family`` (0 TTFT, 1 ITL, 2 duration, 3 OSL, 4 cached), one per bucket in order."""
         return self.histograms[STOCK_HISTOGRAMS + family::BY_ISL_HISTOGRAMS]
+
+    def by_uncached(self, family: int) -> tuple[HistogramCopy, ...]:
+        """By-uncached family ``family`` (0 TTFT, 1 ITL, 2 duration), one per uncached bucket in order."""
+        return self.uncached[family::BY_UNCACHED_HISTOGRAMS]
 
 
 @dataclass(frozen=True)
@@ -99,6 +112,7 @@ class StateSnapshot:
         unknown_duration: their durations (None until the first one).
         disconnected_clients: clients that left before their response was complete.
         slo_kinds: the ``slo`` label values exported (``()``: no SLO counters).
+        uncached_labels: the uncached bucket labels in bucket order (``()`` with them off).
     """
 
     edges: MetricEdges
@@ -108,6 +122,7 @@ class StateSnapshot:
     unknown_duration: HistogramCopy | None
     disconnected_clients: int
     slo_kinds: tuple[str, ...] = ()
+    uncached_labels: tuple[str, ...] = ()
 
 
 _new = tuple.__new__
@@ -129,6 +144,8 @@ def _live_histograms(ms: ModelState) -> list[HistogramState]:
     out = [s.ttft, s.itl, s.duration, s.isl, s.osl, s.cached]
     if ms.by_isl is not None:
         out += [h for b in ms.by_isl.values() for h in (b.ttft, b.itl, b.duration, b.osl, b.cached)]
+    if ms.by_uncached is not None:
+        out += [h for u in ms.by_uncached.values() for h in (u.ttft, u.itl, u.duration)]
     return out
 
 
@@ -140,7 +157,8 @@ def copy_model(state: FrontendState, name: str, previous: ModelSnapshot | None =
     """
     ms = state.models[name]
     hists = _live_histograms(ms)
-    prev = previous.histograms if previous is not None else (None,) * len(hists)
+    n_uncached = BY_UNCACHED_HISTOGRAMS * len(ms.by_uncached) if ms.by_uncached is not None else 0
+    prev = (previous.histograms + previous.uncached) if previous is not None else (None,) * len(hists)
     out: list[HistogramCopy] = []
     add = out.append
     with state.lock:
@@ -152,15 +170,19 @@ def copy_model(state: FrontendState, name: str, previous: ModelSnapshot | None =
                 add(p)
             else:
                 add(_new(HistogramCopy, (tuple(counts), s, total)))
+        split = len(out) - n_uncached
         return ModelSnapshot(
             name=name,
-            histograms=tuple(out),
+            histograms=tuple(out[:split]),
             isl_sources=tuple(ms.isl_sources.items()) if ms.isl_sources is not None else (),
             requests=tuple(sorted(ms.requests.items())),
             inflight=ms.inflight,
             output_tokens=ms.output_tokens,
             slo_met=(tuple((label, t[0], t[1], t[2]) for label, t in ms.slo_met.items())
                      if ms.slo_met is not None else ()),
+            prompt_tokens_by_isl=tuple(b.prompt_tokens for b in ms.by_isl.values()) if ms.by_isl is not None else (),
+            uncached=tuple(out[split:]),
+            uncached_sources=tuple(ms.uncached_sources.items()) if ms.uncached_sources is not None else (),
         )
 
 
@@ -174,7 +196,9 @@ def take_snapshot(state: FrontendState, previous: StateSnapshot | None = None,
     ValueError when ``previous`` has other edges or buckets.
     """
     labels = state.isl_buckets.labels if state.isl_buckets is not None else ()
-    if previous is not None and (previous.edges != state.edges or previous.isl_labels != labels):
+    ulabels = state.uncached_buckets.labels if state.uncached_buckets is not None else ()
+    if previous is not None and (previous.edges != state.edges or previous.isl_labels != labels
+                                 or previous.uncached_labels != ulabels):
         raise ValueError("the previous snapshot is of a state with other edges or ISL buckets")
     if models is None:
         prev_models = {m.name: m for m in previous.models} if previous is not None else {}
@@ -190,4 +214,5 @@ def take_snapshot(state: FrontendState, previous: StateSnapshot | None = None,
             unknown_duration=copy_histogram(unknown, prev_unknown) if unknown is not None else None,
             disconnected_clients=state.disconnected_clients,
             slo_kinds=(tuple(k for k in SLO_KINDS if slo_kind_on(state.slo, k)) if state.slo is not None else ()),
+            uncached_labels=ulabels,
         )

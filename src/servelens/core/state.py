@@ -15,6 +15,15 @@ The life of a request (see :class:`LiveRequest`):
 
 A request that fails before its first output token gets no by-ISL observation, but it is
 counted in ``requests_total`` and its duration goes to the stock duration histogram.
+
+Uncached-prefill buckets (opt-in, ``uncached_buckets``): the same boundary rules as the ISL
+buckets, applied to the uncached prompt tokens ``ISL - cached_tokens`` (the prefill work TTFT pays
+for). The uncached bucket is latched when both numbers are known: at the first usage that carries
+cached tokens (:meth:`LiveRequest.set_cached`, usually the final usage chunk), else at
+:meth:`LiveRequest.finish`. TTFT is measured at the first token as always and observed into the
+uncached bucket when the bucket is latched (so, mostly, at the end of the stream). Usage without
+``prompt_tokens_details.cached_tokens`` means unknown (not zero): no uncached bucket, counted under
+``source="no_cached_tokens"``. A request that fails before its first token gets no uncached bucket.
 """
 
 from __future__ import annotations
@@ -31,6 +40,12 @@ from servelens.core.timing import RequestRecord, RequestTimer
 ISL_SOURCES: tuple[str, ...] = ("first_chunk_usage", "final_usage", "tokenizer", "unknown")
 """How a request's ISL bucket was assigned (label ``source`` of the assignments counter)."""
 
+UNCACHED_SOURCES: tuple[str, ...] = ("first_chunk_usage", "final_usage", "no_cached_tokens", "unknown")
+"""How a request's uncached bucket was latched (label ``source`` of the uncached assignments counter):
+from usage before the first output token, from usage after it (the final usage chunk, or the
+response of a unary request), not at all because usage carried no cached tokens, or not at all
+(no prompt length, or no output)."""
+
 DEFAULT_MAX_MODELS = 64
 
 SLO_KINDS: tuple[str, ...] = ("ttft", "itl", "all")
@@ -44,9 +59,13 @@ def slo_kind_on(slo: Slo, kind: str) -> bool:
 
 
 class HistogramSet:
-    """The histograms of one series group (one model, or one model x ISL bucket)."""
+    """The histograms of one series group (one model, or one model x ISL bucket).
 
-    __slots__ = ("cached", "duration", "isl", "itl", "osl", "ttft")
+    ``prompt_tokens`` (a counter, by-ISL sets only) sums the ISL of the requests observed into
+    ``cached``: the denominator of the bucket's prefix-cache hit ratio ``cached.sum / prompt_tokens``.
+    """
+
+    __slots__ = ("cached", "duration", "isl", "itl", "osl", "prompt_tokens", "ttft")
 
     def __init__(self, edges: MetricEdges, with_isl: bool) -> None:
         self.ttft = HistogramState(edges.ttft_s)
@@ -55,14 +74,28 @@ class HistogramSet:
         self.isl: HistogramState | None = HistogramState(edges.isl_tokens) if with_isl else None
         self.osl = HistogramState(edges.osl_tokens)
         self.cached = HistogramState(edges.cached_tokens)
+        self.prompt_tokens = 0
+
+
+class LatencySet:
+    """The histograms of one model x uncached bucket: TTFT, ITL, request duration."""
+
+    __slots__ = ("duration", "itl", "ttft")
+
+    def __init__(self, edges: MetricEdges) -> None:
+        self.ttft = HistogramState(edges.ttft_s)
+        self.itl = HistogramState(edges.itl_s)
+        self.duration = HistogramState(edges.duration_s)
 
 
 class ModelState:
     """Everything exported for one model: stock histograms, by-ISL histograms, counters."""
 
-    __slots__ = ("by_isl", "inflight", "isl_sources", "name", "output_tokens", "requests", "slo_met", "stock")
+    __slots__ = ("by_isl", "by_uncached", "inflight", "isl_sources", "name", "output_tokens", "requests", "slo_met",
+                 "stock", "uncached_sources")
 
-    def __init__(self, name: str, edges: MetricEdges, buckets: IslBuckets | None, slo: Slo | None = None) -> None:
+    def __init__(self, name: str, edges: MetricEdges, buckets: IslBuckets | None, slo: Slo | None = None,
+                 uncached: IslBuckets | None = None) -> None:
         self.name = name
         self.stock = HistogramSet(edges, with_isl=True)
         self.by_isl: dict[str, HistogramSet] | None = (
@@ -72,6 +105,10 @@ class ModelState:
         # per bucket: requests meeting the TTFT SLO, the ITL SLO, and all of them (None: no SLO)
         self.slo_met: dict[str, list[int]] | None = (
             {label: [0, 0, 0] for label in buckets.labels} if buckets and slo else None)
+        self.by_uncached: dict[str, LatencySet] | None = (
+            {label: LatencySet(edges) for label in uncached.labels} if uncached else None
+        )
+        self.uncached_sources: dict[str, int] | None = dict.fromkeys(UNCACHED_SOURCES, 0) if uncached else None
         self.inflight = 0
         self.output_tokens = 0
         # (endpoint, request_type, status, error_type) -> count; series appear on first use
@@ -91,6 +128,8 @@ class FrontendState:
         slo: SLOs to count per bucket (:data:`SLO_KINDS`): each finished request with a bucket and a
             first token is judged once, exactly (:func:`servelens.core.slo.meets`: its TTFT, its mean
             ITL). None: nothing counted. Needs ``isl_buckets`` (ValueError otherwise).
+        uncached_buckets: buckets of the uncached prompt tokens ``ISL - cached_tokens`` (the same
+            boundary rules as ``isl_buckets``), or None (default: nothing registered, nothing paid).
     """
 
     def __init__(
@@ -100,6 +139,7 @@ class FrontendState:
         max_models: int = DEFAULT_MAX_MODELS,
         limit_reason: str = "",
         slo: Slo | None = None,
+        uncached_buckets: IslBuckets | None = None,
     ) -> None:
         if slo is not None and isl_buckets is None:
             raise ValueError("SLO counters are per ISL bucket: they need ISL buckets")
@@ -107,6 +147,7 @@ class FrontendState:
             slo = None
         self.slo = slo
         self.isl_buckets = isl_buckets
+        self.uncached_buckets = uncached_buckets
         self.edges = edges or MetricEdges()
         self.max_models = max_models
         self.limit_reason = limit_reason
@@ -136,7 +177,7 @@ class FrontendState:
                     + (f" ({self.limit_reason})" if self.limit_reason else "")
                     + " (raise max_models if this is intended)"
                 )
-            state = ModelState(name, self.edges, self.isl_buckets, self.slo)
+            state = ModelState(name, self.edges, self.isl_buckets, self.slo, self.uncached_buckets)
             self.models[name] = state
             return state
 
@@ -204,6 +245,10 @@ class LiveRequest:
         "_record",
         "_state",
         "_times_ns",
+        "_ubucket",
+        "_ubucket_ttft_done",
+        "_usource",
+        "cached_tokens",
         "endpoint",
         "isl",
         "request_type",
@@ -230,6 +275,10 @@ class LiveRequest:
         self._isl_source = "unknown"
         self._by_isl_ttft_done = False
         self._record: RequestRecord | None = None
+        self.cached_tokens: int | None = None
+        self._ubucket: LatencySet | None = None
+        self._ubucket_ttft_done = False
+        self._usource = "unknown"
 
     @property
     def model(self) -> str:
@@ -242,6 +291,19 @@ class LiveRequest:
         if self.isl is None or self._state.isl_buckets is None:
             return None
         return self._state.isl_buckets.label(self.isl)
+
+    @property
+    def uncached_enabled(self) -> bool:
+        """True when this request's model has uncached buckets (callers skip :meth:`set_cached` else)."""
+        return self._model is not None and self._model.by_uncached is not None
+
+    @property
+    def uncached_bucket_label(self) -> str | None:
+        """The uncached bucket label once latched, else None."""
+        ub = self._state.uncached_buckets
+        if self._ubucket is None or ub is None or self.isl is None or self.cached_tokens is None:
+            return None
+        return ub.label(max(self.isl - self.cached_tokens, 0))
 
     @property
     def chunk_times_ns(self) -> list[int]:
@@ -281,12 +343,17 @@ class LiveRequest:
             if self._bucket is not None and not self._by_isl_ttft_done:
                 self._bucket.ttft.observe(ttft)
                 self._by_isl_ttft_done = True
+            if self._ubucket is not None and not self._ubucket_ttft_done:
+                self._ubucket.ttft.observe(ttft)
+                self._ubucket_ttft_done = True
 
     def set_isl(self, isl_tokens: int, source: str) -> None:
         """The prompt length is known (``source`` in :data:`ISL_SOURCES`); the first call wins."""
         if self.isl is not None or isl_tokens < 0:
             return
         self.isl = isl_tokens
+        if self.cached_tokens is not None:
+            self._latch_uncached()
         if self._model is None or self._model.by_isl is None or self._state.isl_buckets is None:
             return
         self._isl_source = source
@@ -296,6 +363,32 @@ class LiveRequest:
             with self._state.lock:
                 self._bucket.ttft.observe(ttft)
                 self._by_isl_ttft_done = True
+
+    def set_cached(self, cached_tokens: int, source: str) -> None:
+        """Usage reported ``cached_tokens`` (``prompt_tokens_details.cached_tokens``; ``source`` in
+        :data:`UNCACHED_SOURCES`: ``first_chunk_usage`` before the first output token, else
+        ``final_usage``); the first call wins. Latches the uncached bucket once the ISL is known too
+        (and observes TTFT into it if it is known). A no-op without uncached buckets or after finish.
+        """
+        if self.cached_tokens is not None or cached_tokens < 0 or self._record is not None:
+            return
+        self.cached_tokens = cached_tokens
+        self._usource = source
+        if self.isl is not None:
+            self._latch_uncached()
+
+    def _latch_uncached(self) -> None:
+        ms = self._model
+        ub = self._state.uncached_buckets
+        if ms is None or ms.by_uncached is None or ub is None or self._ubucket is not None:
+            return
+        assert self.isl is not None and self.cached_tokens is not None
+        self._ubucket = ms.by_uncached[ub.label(max(self.isl - self.cached_tokens, 0))]
+        ttft = self.timer.ttft_s
+        if ttft is not None and self._record is None:
+            with self._state.lock:
+                self._ubucket.ttft.observe(ttft)
+                self._ubucket_ttft_done = True
 
     def finish(
         self,
@@ -320,6 +413,9 @@ class LiveRequest:
         check_error_type(error_type)
         if isl is not None and self.isl is None:
             self.set_isl(isl, isl_source)
+        if cached_tokens is not None and self.cached_tokens is None and self._model is not None \
+                and self._model.by_uncached is not None:
+            self.set_cached(cached_tokens, "final_usage")
         rec = self.timer.finish(end_ns, status, error_type, self.isl, osl, cached_tokens)
         self._record = rec
         ms = self._model
@@ -362,8 +458,11 @@ class LiveRequest:
                     b.osl.observe(osl)
                 if cached_tokens is not None:
                     b.cached.observe(cached_tokens)
+                    b.prompt_tokens += self.isl or 0
                 if ms.slo_met is not None and state.slo is not None:
                     self._count_slo(ms.slo_met, state.slo, rec)
+            if ms.uncached_sources is not None:
+                self._finish_uncached(ms.uncached_sources, rec, got_output)
         return rec
 
     def _count_slo(self, met: dict[str, list[int]], slo: Slo, rec: RequestRecord) -> None:
@@ -378,3 +477,18 @@ class LiveRequest:
         t[0] += ttft_ok
         t[1] += itl_ok
         t[2] += ttft_ok and itl_ok
+
+    def _finish_uncached(self, sources: dict[str, int], rec: RequestRecord, got_output: bool) -> None:
+        """The uncached bucket's share of :meth:`finish` (under the state's lock)."""
+        u = self._ubucket
+        if u is None or not got_output:
+            no_cached = got_output and self.isl is not None and self.cached_tokens is None
+            sources["no_cached_tokens" if no_cached else "unknown"] += 1
+            return
+        sources[self._usource] += 1
+        if rec.ttft_s is not None and not self._ubucket_ttft_done:
+            u.ttft.observe(rec.ttft_s)
+            self._ubucket_ttft_done = True
+        if rec.output_chunks > 1:
+            u.itl.merge(rec.itl)
+        u.duration.observe(rec.duration_s)

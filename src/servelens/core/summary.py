@@ -37,6 +37,8 @@ class BucketRow:
         ttft_mean_s: mean TTFT (s).
         exact: True for exact percentiles, False for histogram interpolation.
         itl_p99_s: ITL p99 over all tokens of the bucket (s); None where a source does not give it.
+        cache_hit_ratio: prefix-cache hit ratio, cached tokens over prompt tokens of the requests that
+            reported cached tokens (0..1; None when none did, or where a source does not give it).
     """
 
     bucket: str
@@ -51,6 +53,7 @@ class BucketRow:
     ttft_mean_s: float | None = None
     exact: bool = True
     itl_p99_s: float | None = None
+    cache_hit_ratio: float | None = None
 
     @property
     def low_count(self) -> bool:
@@ -77,6 +80,18 @@ def _nan_to_none(x: float) -> float | None:
     return None if x is None or math.isnan(x) else x
 
 
+def hit_ratio(samples: Iterable[RequestSample]) -> float | None:
+    """Prefix-cache hit ratio of successful requests: the sum of their cached tokens over the sum of
+    their prompt tokens, over the requests that reported cached tokens and a prompt length (the
+    gateway's ``cached_tokens_by_isl_sum / prompt_tokens_by_isl_total``). None when there are none."""
+    cached = prompt = 0
+    for s in samples:
+        if s.ok and s.cached_tokens is not None and s.isl is not None:
+            cached += s.cached_tokens
+            prompt += s.isl
+    return cached / prompt if prompt > 0 else None
+
+
 def _row_from_samples(label: str, samples: Sequence[RequestSample]) -> BucketRow:
     ok = [s for s in samples if s.ok]
     ttfts = [s.ttft_s for s in ok if s.ttft_s is not None]
@@ -97,16 +112,33 @@ def _row_from_samples(label: str, samples: Sequence[RequestSample]) -> BucketRow
         ttft_mean_s=(sum(ttfts) / len(ttfts)) if ttfts else None,
         exact=True,
         itl_p99_s=_nan_to_none(percentile(itls, 99)),
+        cache_hit_ratio=hit_ratio(ok),
     )
 
 
-def rows_from_samples(samples: Iterable[RequestSample], buckets: IslBuckets) -> list[BucketRow]:
-    """Exact per-bucket rows (numeric bucket order) followed by the "all" row."""
+def uncached_tokens(sample: RequestSample) -> int | None:
+    """A request's uncached prompt tokens, ``ISL - cached_tokens`` (0 at least), or None when either is
+    unknown (absent cached tokens are unknown, not zero)."""
+    if sample.isl is None or sample.cached_tokens is None:
+        return None
+    return max(sample.isl - sample.cached_tokens, 0)
+
+
+def rows_from_samples(samples: Iterable[RequestSample], buckets: IslBuckets, by: str = "isl") -> list[BucketRow]:
+    """Exact per-bucket rows (numeric bucket order) followed by the "all" row.
+
+    ``by``: ``isl`` buckets requests by their prompt length; ``uncached`` by their uncached prompt
+    tokens (:func:`uncached_tokens`; a request without cached tokens is then only in "all").
+    Raises ValueError for another ``by``.
+    """
+    if by not in ("isl", "uncached"):
+        raise ValueError(f"by must be 'isl' or 'uncached', got {by!r}")
     all_samples = list(samples)
     per: dict[str, list[RequestSample]] = {label: [] for label in buckets.labels}
     for s in all_samples:
-        if s.isl is not None:
-            per[buckets.label(s.isl)].append(s)
+        key = s.isl if by == "isl" else uncached_tokens(s)
+        if key is not None:
+            per[buckets.label(key)].append(s)
     rows = [_row_from_samples(label, per[label]) for label in buckets.labels]
     rows.append(_row_from_samples(ALL_LABEL, all_samples))
     return rows
@@ -164,6 +196,18 @@ class BucketHistograms:
     duration: CumulativeHistogram | None
     cached: CumulativeHistogram | None
     errors: int | None = None
+    prompt_tokens: float | None = None
+    """Prompt tokens of the requests in ``cached`` (``prompt_tokens_by_isl_total``), for the hit ratio."""
+    hit_cached_tokens: float | None = None
+    """Cached tokens over those same requests when ``cached`` covers more (the stock histogram of "all")."""
+
+    def hit_ratio(self) -> float | None:
+        """Cached over prompt tokens (None without prompt tokens)."""
+        if not self.prompt_tokens or self.prompt_tokens <= 0:
+            return None
+        cached = self.hit_cached_tokens if self.hit_cached_tokens is not None else (
+            self.cached.sum if self.cached is not None else None)
+        return None if cached is None else cached / self.prompt_tokens
 
 
 def row_from_histograms(label: str, h: BucketHistograms) -> BucketRow:
@@ -182,6 +226,7 @@ def row_from_histograms(label: str, h: BucketHistograms) -> BucketRow:
         ttft_mean_s=h.ttft.mean() if h.ttft else None,
         exact=False,
         itl_p99_s=h.itl.quantile(0.99) if h.itl else None,
+        cache_hit_ratio=h.hit_ratio(),
     )
 
 

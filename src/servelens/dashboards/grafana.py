@@ -2,11 +2,13 @@
 
 Panels (each its own panel, one query per ISL bucket in numeric order, see
 :mod:`servelens.dashboards.queries`): TTFT mean, p50, p95, p99; ITL p50, p95; request rate;
-mean cached tokens; the stock all-requests TTFT for contrast; then the bucket mix
+mean cached tokens; the prefix-cache hit ratio; the stock all-requests TTFT for contrast; then the bucket mix
 (:mod:`servelens.dashboards.mix`): the all-requests TTFT p95 and mean beside the same at a
 reference mix (the raw line moves when traffic shifts toward longer prompts, the adjusted line only
 when buckets get slower), and each bucket's share of the requests over time. Template variables:
 ``datasource`` (any Prometheus-compatible data source) and ``model`` (multi-value, "All" = ``.*``).
+With uncached buckets (opt-in) the same TTFT, ITL and request-rate panels per uncached bucket follow
+(label ``uncached_bucket``, numeric order).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from servelens.dashboards.queries import (
     FIGURES,
     GRAFANA_MODEL_MATCHER,
     GRAFANA_WINDOW,
+    UNCACHED_FIGURES,
     Figure,
     bucket_queries,
     count_expr,
@@ -84,10 +87,18 @@ def _panel(pid: int, title: str, unit: str, targets: list[tuple[str, str]], desc
 
 def _figure_panel(pid: int, figure: Figure, names: MetricNames, buckets: IslBuckets) -> dict[str, Any]:
     qs = bucket_queries(figure, names, buckets, GRAFANA_WINDOW, GRAFANA_MODEL_MATCHER)
-    desc = (
-        f"{figure.title}: one query per ISL bucket (isl_bucket label), in numeric order. "
-        "Bucket = usage.prompt_tokens range in tokens."
-    )
+    if figure.by == "uncached":
+        desc = (f"{figure.title}: one query per uncached bucket (uncached_bucket label), in numeric order. "
+                "Bucket = usage.prompt_tokens minus prompt_tokens_details.cached_tokens, in tokens: the "
+                "prefill work TTFT pays for.")
+    else:
+        desc = (
+            f"{figure.title}: one query per ISL bucket (isl_bucket label), in numeric order. "
+            "Bucket = usage.prompt_tokens range in tokens."
+        )
+    if figure.kind == "hit_ratio":
+        desc += (" Hit ratio = cached tokens / prompt tokens of the requests that reported cached tokens; "
+                 "no line where none did.")
     return _panel(pid, figure.title, figure.unit, [(q.bucket, q.expr) for q in qs], desc)
 
 
@@ -116,7 +127,7 @@ def mix_panels(first_id: int, names: MetricNames, buckets: IslBuckets, reference
 
 def grafana_dashboard(
     names: MetricNames, buckets: IslBuckets, title: str | None = None, uid: str | None = None,
-    reference: MixReference | None = None,
+    reference: MixReference | None = None, uncached_buckets: IslBuckets | None = None,
 ) -> dict[str, Any]:
     """The dashboard as a JSON-serialisable dict (Grafana dashboard model, schemaVersion 39).
 
@@ -125,6 +136,8 @@ def grafana_dashboard(
         buckets: the ISL buckets the server exports (``--isl-buckets``); one query per bucket.
         title, uid: dashboard title and uid (defaults derive from the prefix).
         reference: the mix of the mix-adjusted panels (default: the mix over the last 24 h).
+        uncached_buckets: the uncached buckets the server exports (``--uncached-buckets``), for the
+            panels by uncached prompt tokens (None: no such panels).
     """
     panels = [_figure_panel(i + 1, f, names, buckets) for i, f in enumerate(FIGURES)]
     m = GRAFANA_MODEL_MATCHER
@@ -146,6 +159,9 @@ def grafana_dashboard(
         "Every finished request (stock request duration histogram).",
     ))
     panels += mix_panels(len(panels) + 1, names, buckets, reference or DEFAULT_REFERENCE)
+    if uncached_buckets is not None:
+        panels += [_figure_panel(len(panels) + 1 + i, f, names, uncached_buckets)
+                   for i, f in enumerate(UNCACHED_FIGURES)]
     return {
         "title": title or f"servelens: latency by input length ({names.prefix})",
         "uid": uid or f"servelens-isl-{names.prefix}"[:40],

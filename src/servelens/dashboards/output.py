@@ -49,6 +49,7 @@ def dashboard_documents(
     target: float = DEFAULT_TARGET,
     edges: MetricEdges | None = None,
     slo_source: str = "histograms",
+    uncached_buckets: IslBuckets | None = None,
 ) -> DashboardDocuments:
     """The Grafana dashboard, the recording rules and the alert rules that :func:`write_dashboard_files`
     writes (and :mod:`servelens.dashboards.kubernetes` wraps in a ConfigMap and a PrometheusRule).
@@ -58,8 +59,9 @@ def dashboard_documents(
     alerts = alert_rules(names, ttft_p95_slo_s, window, slo=slo, target=target, buckets=buckets, edges=edges,
                          slo_source=slo_source)
     rules = recording_rules(names, window, reference=reference, slo=slo, buckets=buckets, edges=edges,
-                            slo_source=slo_source)
-    return DashboardDocuments(grafana_dashboard(names, buckets, reference=reference), rules, alerts)
+                            slo_source=slo_source, uncached=uncached_buckets is not None)
+    dash = grafana_dashboard(names, buckets, reference=reference, uncached_buckets=uncached_buckets)
+    return DashboardDocuments(dash, rules, alerts)
 
 
 def write_dashboard_files(
@@ -73,15 +75,18 @@ def write_dashboard_files(
     target: float = DEFAULT_TARGET,
     edges: MetricEdges | None = None,
     slo_source: str = "histograms",
+    uncached_buckets: IslBuckets | None = None,
 ) -> DashboardFiles:
     """Write ``grafana-dashboard.json``, ``recording-rules.yml`` and ``alert-rules.yml`` into
     ``output_dir`` (created if missing): the mix-adjusted figures at ``reference``; with ``slo``,
     attainment rules and alerts below ``target`` (``edges``: the ``le`` edges the server exports,
-    default the prefix's; ``slo_source="counters"``: from the gateway's exact SLO counters instead).
-    Raises OSError when it cannot be written and ValueError for an SLO that is not a finite number
-    > 0 or below every edge, or a target outside (0, 1]; nothing is written then."""
+    default the prefix's; ``slo_source="counters"``: from the gateway's exact SLO counters instead;
+    ``uncached_buckets``: the panels and rules per uncached bucket too). Raises OSError when it cannot
+    be written and ValueError for an SLO that is not a finite number > 0 or below every edge, or a
+    target outside (0, 1]; nothing is written then."""
     # built first: bad values raise before anything is written
-    docs = dashboard_documents(names, buckets, ttft_p95_slo_s, window, reference, slo, target, edges, slo_source)
+    docs = dashboard_documents(names, buckets, ttft_p95_slo_s, window, reference, slo, target, edges, slo_source,
+                               uncached_buckets)
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     files = DashboardFiles(out / DASHBOARD_FILE, out / RECORDING_FILE, out / ALERT_FILE)

@@ -1,6 +1,9 @@
 """Prometheus recording rules and example alert rules, generated from :mod:`servelens.prometheus.names`:
 
-* per bucket: TTFT/ITL p50/p95/p99 and mean over 5m, and the request rate;
+* per bucket: TTFT/ITL p50/p95/p99 and mean over 5m, the request rate, and the prefix-cache hit
+  ratio (cached over prompt tokens of the requests that reported cached tokens);
+* with uncached buckets (opt-in): per uncached bucket, TTFT/ITL p50/p95/p99 and mean and the request
+  rate (``model_uncached_bucket:...``);
 * the bucket mix (:mod:`servelens.dashboards.mix`): each bucket's share of the TTFTs, and the
   all-requests TTFT p50/p95/p99 and mean at a reference mix (the mix-adjusted line);
 * with SLOs (:mod:`servelens.dashboards.slo`): per bucket, the share of TTFTs (tokens, for ITL)
@@ -34,6 +37,7 @@ from servelens.prometheus.collector import format_le
 from servelens.prometheus.names import MetricNames, default_edges
 
 LEVEL = "model_isl_bucket"
+UNCACHED_LEVEL = "model_uncached_bucket"
 DEFAULT_TARGET = 0.95
 """Attainment below which the SLO alerts fire (a share of TTFTs, or of tokens for ITL)."""
 QUANTILES: tuple[tuple[str, float], ...] = (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
@@ -46,6 +50,27 @@ def _window_tag(window: str) -> str:
 def record_name(histogram: str, stat: str, window: str = "5m") -> str:
     """The record name of one statistic (``p95`` or ``mean``) of a by-ISL histogram."""
     return f"{LEVEL}:{histogram}:{stat}_{_window_tag(window)}"
+
+
+def hit_ratio_record_name(names: MetricNames, window: str = "5m") -> str:
+    """The record name of each ISL bucket's prefix-cache hit ratio."""
+    return f"{LEVEL}:{names.cached_by_isl}:hit_ratio_{_window_tag(window)}"
+
+
+def uncached_rules(names: MetricNames, window: str = "5m") -> list[dict[str, Any]]:
+    """TTFT and ITL p50/p95/p99 and mean, and the request rate, per model and uncached bucket."""
+    by = "model, uncached_bucket"
+    rules: list[dict[str, Any]] = []
+    for h in (names.ttft_by_uncached, names.itl_by_uncached):
+        for stat, q in QUANTILES:
+            rules.append({"record": f"{UNCACHED_LEVEL}:{h}:{stat}_{_window_tag(window)}",
+                          "expr": f"histogram_quantile({q:g}, sum by (le, {by}) (rate({h}_bucket[{window}])))"})
+        rules.append({"record": f"{UNCACHED_LEVEL}:{h}:mean_{_window_tag(window)}",
+                      "expr": f"sum by ({by}) (rate({h}_sum[{window}])) / sum by ({by}) (rate({h}_count[{window}]))"})
+    d = names.duration_by_uncached
+    rules.append({"record": f"{UNCACHED_LEVEL}:{d}_count:{_window_tag(window)}",
+                  "expr": f"sum by ({by}) (rate({d}_count[{window}]))"})
+    return rules
 
 
 def mix_record_name(histogram: str, stat: str, reference: MixReference, window: str = "5m") -> str:
@@ -153,6 +178,7 @@ def recording_rules(
     buckets: IslBuckets | None = None,
     edges: MetricEdges | None = None,
     slo_source: str = "histograms",
+    uncached: bool = False,
 ) -> dict[str, Any]:
     """The recording rules file as a dict (dump with :func:`to_yaml`).
 
@@ -160,8 +186,9 @@ def recording_rules(
     summed by ``le, model, isl_bucket``) and the mean (rate of ``_sum`` / rate of ``_count``);
     plus the per-bucket request rate. A second group holds the bucket mix and the TTFT at
     ``reference`` (:func:`mix_rules`); with ``slo`` (and the ``buckets``), a third the attainment
-    per bucket (:func:`slo_rules`, or :func:`counter_slo_rules` with ``slo_source="counters"``).
-    Raises ValueError for an SLO below every ``le`` edge, or an unknown ``slo_source``.
+    per bucket (:func:`slo_rules`, or :func:`counter_slo_rules` with ``slo_source="counters"``); with
+    ``uncached``, a last one per uncached bucket (:func:`uncached_rules`). Raises ValueError for an SLO
+    below every ``le`` edge, or an unknown ``slo_source``.
     """
     if slo_source not in SLO_SOURCES:
         raise ValueError(f"slo_source must be one of {', '.join(SLO_SOURCES)}, got {slo_source!r}")
@@ -181,6 +208,11 @@ def recording_rules(
         "record": f"{LEVEL}:{names.duration_by_isl}_count:{_window_tag(window)}",
         "expr": f"sum by ({by}) (rate({names.duration_by_isl}_count[{window}]))",
     })
+    rules.append({
+        "record": hit_ratio_record_name(names, window),
+        "expr": f"sum by ({by}) (rate({names.cached_by_isl}_sum[{window}])) / "
+                f"sum by ({by}) (rate({names.prompt_tokens_by_isl}[{window}]))",
+    })
     groups: list[dict[str, Any]] = [
         {"name": f"{names.prefix}_isl_bucket_latency", "rules": rules},
         {"name": f"{names.prefix}_isl_bucket_mix", "rules": mix_rules(names, reference, window)},
@@ -191,6 +223,8 @@ def recording_rules(
         groups.append({"name": f"{names.prefix}_isl_bucket_slo_attainment",
                        "rules": slo_rules(names, slo, buckets, edges, window) if slo_source == "histograms"
                        else counter_slo_rules(names, slo, window)})
+    if uncached:
+        groups.append({"name": f"{names.prefix}_uncached_bucket_latency", "rules": uncached_rules(names, window)})
     if interval:
         for g in groups:
             g["interval"] = interval

@@ -67,6 +67,17 @@ class Scrape:
                     total += value
         return total
 
+    def values_by(self, name: str, label: str, match: Mapping[str, str] | None = None) -> dict[str, float]:
+        """``sum by (label)`` of the samples named ``name`` (a counter) whose labels include ``match``."""
+        match = match or {}
+        out: dict[str, float] = defaultdict(float)
+        for (sample, labels), value in self.samples.items():
+            if sample == name:
+                ld = dict(labels)
+                if label in ld and all(ld.get(k) == v for k, v in match.items()):
+                    out[ld[label]] += value
+        return dict(out)
+
     def label_values(self, name: str, label: str) -> set[str]:
         """Values of ``label`` among the samples of family ``name`` (any suffix)."""
         out: set[str] = set()
@@ -107,13 +118,19 @@ def bucket_histograms(
     names: MetricNames,
     before: Scrape | None = None,
     model: str | None = None,
+    by: str = "isl",
 ) -> tuple[dict[str, BucketHistograms], BucketHistograms]:
     """Per-bucket by-ISL histograms (and the stock "all requests" ones) from a scrape, or from the
     difference ``after - before`` of two scrapes. Summed over models unless ``model`` is given.
+    With ``by="uncached"``: the histograms per uncached bucket (label ``uncached_bucket``; TTFT,
+    ITL, duration, no cached tokens) instead.
 
     Returns ``(per_bucket, all_requests)``; ``per_bucket`` is empty when the scrape has no by-ISL
-    families (bucketing off on that server). Raises ValueError when a counter is lower in
-    ``after`` than in ``before`` (swapped scrapes, or a restart in between).
+    families (bucketing off on that server). Each ISL bucket's ``prompt_tokens`` is its
+    ``prompt_tokens_by_isl_total`` (None when the server does not export it), and "all"'s their sum
+    with the by-ISL cached tokens beside it, so every row's hit ratio counts the same requests.
+    Raises ValueError when a counter is lower in ``after`` than in ``before`` (swapped scrapes, or a
+    restart in between).
     """
     match = {"model": model} if model else None
     stock = (names.ttft, names.itl, names.duration, names.cached)
@@ -123,6 +140,13 @@ def bucket_histograms(
         "duration": names.duration_by_isl,
         "cached": names.cached_by_isl,
     }
+    label = "isl_bucket"
+    if by == "uncached":
+        fams = {"ttft": names.ttft_by_uncached, "itl": names.itl_by_uncached,
+                "duration": names.duration_by_uncached}
+        label = "uncached_bucket"
+    elif by != "isl":
+        raise ValueError(f"by must be 'isl' or 'uncached', got {by!r}")
     if before is not None:
         down = decreased_counters(after, before, (*fams.values(), *stock))
         if down:
@@ -133,21 +157,29 @@ def bucket_histograms(
             )
     got: dict[str, dict[tuple[str, ...], CumulativeHistogram]] = {}
     for key, fam in fams.items():
-        a = after.histograms_by(fam, ("isl_bucket",), match)
+        a = after.histograms_by(fam, (label,), match)
         if before is not None:
-            b = before.histograms_by(fam, ("isl_bucket",), match)
+            b = before.histograms_by(fam, (label,), match)
             a = {k: v.minus(b[k]) if k in b else v for k, v in a.items()}
         got[key] = a
+    prompt: dict[str, float] | None = None
+    if by == "isl" and any(s == names.prompt_tokens_by_isl for s, _ in after.samples):
+        prompt = after.values_by(names.prompt_tokens_by_isl, label, match)
+        if before is not None:
+            earlier = before.values_by(names.prompt_tokens_by_isl, label, match)
+            prompt = {k: v - earlier.get(k, 0.0) for k, v in prompt.items()}
     labels = sorted({k[0] for d in got.values() for k in d})
     per_bucket = {
-        label: BucketHistograms(
-            ttft=got["ttft"].get((label,)),
-            itl=got["itl"].get((label,)),
-            duration=got["duration"].get((label,)),
-            cached=got["cached"].get((label,)),
+        bucket: BucketHistograms(
+            ttft=got["ttft"].get((bucket,)),
+            itl=got["itl"].get((bucket,)),
+            duration=got["duration"].get((bucket,)),
+            cached=got.get("cached", {}).get((bucket,)),
+            prompt_tokens=prompt.get(bucket) if prompt is not None else None,
         )
-        for label in labels
+        for bucket in labels
     }
+    hit_cached = sum(h.cached.sum for h in per_bucket.values() if h.cached is not None) if prompt else None
     all_h = BucketHistograms(
         ttft=_sub(after.histogram(names.ttft, match), before.histogram(names.ttft, match) if before else None),
         itl=_sub(after.histogram(names.itl, match), before.histogram(names.itl, match) if before else None),
@@ -157,5 +189,7 @@ def bucket_histograms(
         cached=_sub(
             after.histogram(names.cached, match), before.histogram(names.cached, match) if before else None
         ),
+        prompt_tokens=sum(prompt.values()) if prompt is not None else None,
+        hit_cached_tokens=hit_cached,
     )
     return per_bucket, all_h

@@ -25,6 +25,7 @@ HEADERS = (
     "ITL p50",
     "ITL p95",
     "Avg cached tokens",
+    "Cache hit",
 )
 
 
@@ -37,6 +38,11 @@ def _ms(x: float | None) -> str:
 
 def _cached(x: float | None) -> str:
     return "-" if x is None else f"{x:,.0f}"
+
+
+def _ratio(x: float | None) -> str:
+    """A hit ratio as a percentage (``87.5%``), ``-`` when unknown."""
+    return "-" if x is None else f"{100 * x:.1f}%"
 
 
 WIDE_WIDTH = 160
@@ -90,10 +96,16 @@ def display_label(bucket: str) -> str:
     return ALL_ROW_LABEL if bucket == "all" else bucket
 
 
-def _label_column(table: Table, rows: Sequence[BucketRow]) -> None:
+ISL_HEADER = HEADERS[0]
+UNCACHED_HEADER = "Uncached prompt (tokens)"
+"""The label column's header of a table by uncached prompt tokens (ISL minus cached tokens)."""
+
+
+def _label_column(table: Table, rows: Sequence[BucketRow], header: str = ISL_HEADER) -> None:
     """The bucket label column: never truncated or wrapped (its header on two lines)."""
     longest = max((len(display_label(r.bucket)) for r in rows), default=0)
-    table.add_column("Input length\n(tokens)", justify="left", no_wrap=True, min_width=max(longest, 12))
+    head, _, unit = header.rpartition(" ")
+    table.add_column(f"{head}\n{unit}", justify="left", no_wrap=True, min_width=max(longest, 12))
 
 
 def _value_columns(table: Table, headers: Sequence[str], cells: Sequence[Sequence[str]]) -> None:
@@ -115,17 +127,20 @@ def row_cells(row: BucketRow) -> list[str]:
         _ms(row.itl_p50_s),
         _ms(row.itl_p95_s),
         _cached(row.mean_cached_tokens),
+        _ratio(row.cache_hit_ratio),
     ]
 
 
-def rich_table(rows: Sequence[BucketRow], title: str | None = None, caption: str | None = None) -> Table:
-    """A rich Table of the rows (buckets in the order given; "all" separated by a line)."""
+def rich_table(rows: Sequence[BucketRow], title: str | None = None, caption: str | None = None,
+               label_header: str = ISL_HEADER) -> Table:
+    """A rich Table of the rows (buckets in the order given; "all" separated by a line); ``label_header``
+    names the bucket column (:data:`UNCACHED_HEADER` for buckets by uncached prompt tokens)."""
     exact = all(r.exact for r in rows) if rows else True
     notes = [n for n in (low_count_note(rows), unbucketed_note(rows), None if exact else INTERPOLATED_NOTE) if n]
     lines = ([caption] if caption else []) + notes
     table = Table(title=title, caption="\n".join(lines) or None)
     cells = [row_cells(r) for r in rows]
-    _label_column(table, rows)
+    _label_column(table, rows, label_header)
     _value_columns(table, HEADERS[1:], [c[1:] for c in cells])
     for row, c in zip(rows, cells, strict=True):
         if row.bucket == "all":
@@ -148,20 +163,22 @@ def _pair(a: float | None, b: float | None) -> str:
 
 def side_by_side(
     client: Sequence[BucketRow], server: Sequence[BucketRow], title: str = "Client vs server (gateway /metrics)",
-    notes: Sequence[str] = (),
+    notes: Sequence[str] = (), label_header: str = ISL_HEADER,
 ) -> Table:
     """One table with client and server TTFT/ITL columns per bucket, matched by bucket label.
 
     Cells are ``client/server`` (``20.4/20.6 ms``); the label column never truncates or wraps.
-    ``notes``: more caption lines.
+    ``notes``: more caption lines. The cache-hit column appears when a row on either side has a hit ratio.
     """
     srv = {r.bucket: r for r in server}
     lines = ["client: exact percentiles; server: " + INTERPOLATED_NOTE]
     lines += [n for n in (low_count_note(client), unbucketed_note(client)) if n]
     table = Table(title=title, caption="\n".join([*lines, *notes]))
+    # the hit ratio's column only when a side knows it (the table is wide: it must fit 150 columns)
+    hit = any(r.cache_hit_ratio is not None for r in (*client, *server))
     headers = ("Requests client/server", "TTFT p50 client/server", "TTFT p95 client/server",
                "TTFT p99 client/server", "ITL p50 client/server", "ITL p95 client/server",
-               "Avg cached tokens client/server")
+               "Avg cached tokens client/server") + (("Cache hit client/server",) if hit else ())
     cells = []
     for c in client:
         s = srv.get(c.bucket)
@@ -178,8 +195,8 @@ def side_by_side(
             _pair(c.itl_p50_s, s.itl_p50_s if s else None),
             _pair(c.itl_p95_s, s.itl_p95_s if s else None),
             f"{_cached(c.mean_cached_tokens)}/{_cached(s.mean_cached_tokens if s else None)}",
-        ])
-    _label_column(table, client)
+        ] + ([f"{_ratio(c.cache_hit_ratio)}/{_ratio(s.cache_hit_ratio if s else None)}"] if hit else []))
+    _label_column(table, client, label_header)
     _value_columns(table, headers, cells)
     for c, row in zip(client, cells, strict=True):
         if c.bucket == "all":
@@ -233,17 +250,18 @@ def fit_to(table: Table, width: int) -> bool:
     return True
 
 
-def format_rows(rows: Sequence[BucketRow], fmt: str, title: str | None = None, width: int | None = None) -> str:
+def format_rows(rows: Sequence[BucketRow], fmt: str, title: str | None = None, width: int | None = None,
+                label_header: str = ISL_HEADER) -> str:
     """Render rows as ``table`` (rich, plain text), ``csv``, ``json`` or ``markdown``.
 
     ``width``: columns available to ``table`` (the terminal's width when printing to one; default
     :data:`WIDE_WIDTH`). ``table`` and ``markdown`` mark low-count buckets ``*`` and then, only then,
     end with the footnote. Raises ValueError for an unknown format. CSV/JSON carry raw seconds and
-    tokens (JSON also ``low_count``).
+    tokens (JSON also ``low_count``). ``label_header``: the bucket column's header.
     """
     if fmt == "table":
         console = Console(file=io.StringIO(), record=True, width=width or WIDE_WIDTH, force_terminal=False)
-        table = rich_table(rows, title)
+        table = rich_table(rows, title, label_header=label_header)
         fit_to(table, width or WIDE_WIDTH)
         console.print(table)
         return console.export_text()
@@ -258,7 +276,7 @@ def format_rows(rows: Sequence[BucketRow], fmt: str, title: str | None = None, w
             w.writerow(asdict(r))
         return buf.getvalue()
     if fmt == "markdown":
-        lines = ["| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+        lines = ["| " + " | ".join((label_header, *HEADERS[1:])) + " |", "|" + "---|" * len(HEADERS)]
         for r in rows:
             cells = row_cells(r)
             if r.bucket == "all":

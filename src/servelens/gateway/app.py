@@ -63,6 +63,7 @@ class Gateway:
         self.metrics = metrics or FrontendMetrics(
             prefix=config.metrics_prefix,
             isl_buckets=config.isl_buckets,
+            uncached_buckets=config.uncached_buckets,
             edges=config.metric_edges,
             max_models=config.max_models,
             max_series=config.max_series,

@@ -8,6 +8,8 @@ YAML file shape (every key optional; CLI flags given explicitly override it)::
       llama-3-8b: http://127.0.0.1:8000
       qwen-7b: {upstream: http://127.0.0.1:8001}
     isl_buckets: 512,1024,2048,4096,8192,16384   # or a list; "" or off disables by-ISL series
+    uncached_buckets: off                  # buckets by uncached prompt tokens (ISL - cached), opt-in: a list
+                                           #   or "512,1024,..." as isl_buckets (true: the default boundaries)
     metrics_prefix: servelens
     ttft_edges_s: fine                     # le edges: fine (default), dynamo, or a list of seconds;
     itl_edges_s: fine                      #   Dynamo's prefix (dynamo_frontend) takes Dynamo's only
@@ -108,6 +110,8 @@ class GatewayConfig:
         models: ``(model name, upstream base URL)`` pairs named explicitly; when empty the
             default upstream's ``GET /v1/models`` is polled and its models are registered.
         isl_buckets: ISL boundaries spec (``"512,1024,..."``), None disables by-ISL series.
+        uncached_buckets: boundaries of the opt-in buckets by uncached prompt tokens (ISL minus cached
+            tokens, label ``uncached_bucket``), the same rules as ``isl_buckets``; None (default): off.
         metrics_prefix: metric name prefix (``dynamo_frontend`` gives Dynamo's names).
         ttft_edges_s, itl_edges_s: ``le`` edges (seconds) of the TTFT and ITL histograms, stock and
             by-ISL alike: ``fine``, ``dynamo``, a comma-separated string or a list (None: the
@@ -156,6 +160,7 @@ class GatewayConfig:
     upstream: str | None = None
     models: tuple[tuple[str, str], ...] = ()
     isl_buckets: str | None = IslBuckets(DEFAULT_ISL_BOUNDARIES).spec
+    uncached_buckets: str | None = None
     metrics_prefix: str = DEFAULT_PREFIX
     ttft_edges_s: tuple[float, ...] | None = None
     itl_edges_s: tuple[float, ...] | None = None
@@ -202,6 +207,10 @@ class GatewayConfig:
         if self.upstream is None and not models:
             raise ValueError("no upstream: give --upstream URL or map models to upstreams in the config file")
         object.__setattr__(self, "isl_buckets", parse_isl_spec(self.isl_buckets))
+        try:
+            object.__setattr__(self, "uncached_buckets", parse_isl_spec(self.uncached_buckets))
+        except ValueError as exc:
+            raise ValueError(f"uncached_buckets: {exc}") from None
         check_prefix(self.metrics_prefix)
         for name, kind in (("ttft_edges_s", "ttft"), ("itl_edges_s", "itl")):
             spec = getattr(self, name)

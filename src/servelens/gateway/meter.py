@@ -131,6 +131,7 @@ class StreamMeter:
         "_other_outputs",
         "_queue",
         "_tokens",
+        "_uncached",
         "blocks",
         "cached_tokens",
         "completion_tokens",
@@ -168,6 +169,7 @@ class StreamMeter:
         self.prompt_tokens: int | None = None
         self.completion_tokens: int | None = None
         self.cached_tokens: int | None = None
+        self._uncached = live.uncached_enabled
         self.usage_key_on_chunks: bool | None = None
         """Whether the first chunk with choices had ``"usage": null`` (None: no such chunk)."""
 
@@ -330,6 +332,9 @@ class StreamMeter:
                 if not self.multi or not info.choices:
                     self.completion_tokens = ct
             if usage.cached_tokens is not None:
+                if self.cached_tokens is None and self._uncached:  # latches the uncached bucket (opt-in)
+                    live.set_cached(usage.cached_tokens,
+                                    "first_chunk_usage" if live.timer.first_output_ns is None else "final_usage")
                 self.cached_tokens = usage.cached_tokens
         if tokens:
             append = self._append

@@ -154,7 +154,8 @@ def startup_summary(running: RunningGateway) -> str:
     return (f"servelens gateway: upstream {', '.join(redacted_url(u) for u in cfg.upstreams)}; "
             f"models {', '.join(models) if models else 'none yet (polling /v1/models)'}; "
             f"ISL buckets {', '.join(buckets.labels) if buckets else 'off'}; "
-            f"metrics {cfg.metrics_prefix}_*{' (by-ISL only)' if cfg.by_isl_only else ''}"
+            + (f"uncached buckets {', '.join(metrics.uncached_buckets.labels)}; " if metrics.uncached_buckets else "")
+            + f"metrics {cfg.metrics_prefix}_*{' (by-ISL only)' if cfg.by_isl_only else ''}"
             f"{f' at {running.metrics_url}' if running.metrics_listener is not None else ''}, "
             f"{len(edges.ttft_s)} TTFT and {len(edges.itl_s)} ITL le edges, {metrics.series_per_model:,} series "
             f"per model, at most {metrics.max_models} models"

@@ -23,7 +23,7 @@ from prometheus_client.registry import Collector
 from servelens.core.histogram import HistogramState
 from servelens.core.state import SLO_KINDS, FrontendState, slo_kind_on
 from servelens.core.status import UNKNOWN_MODEL
-from servelens.prometheus.names import HELP, MetricNames
+from servelens.prometheus.names import BY_ISL_HELP, BY_UNCACHED_HELP, HELP, MetricNames
 
 
 def format_le(edge: float) -> str:
@@ -54,15 +54,19 @@ class FrontendCollector(Collector):
         state: the state to export.
         names: metric names (prefix).
         stock: export the stock families (histograms labelled ``model``, counters, gauges).
-        by_isl: export the by-ISL families (labels ``model``, ``isl_bucket``) and the
-            assignment counter; ignored when the state has no buckets.
+        by_isl: export the by-ISL families (labels ``model``, ``isl_bucket``), the assignment
+            counter and the prompt-token counter; ignored when the state has no buckets.
+        by_uncached: export the by-uncached families (labels ``model``, ``uncached_bucket``) and their
+            assignment counter; ignored when the state has no uncached buckets.
     """
 
-    def __init__(self, state: FrontendState, names: MetricNames, stock: bool = True, by_isl: bool = True) -> None:
+    def __init__(self, state: FrontendState, names: MetricNames, stock: bool = True, by_isl: bool = True,
+                 by_uncached: bool = True) -> None:
         self.state = state
         self.names = names
         self.stock = stock
         self.by_isl = by_isl and state.isl_buckets is not None
+        self.by_uncached = by_uncached and state.uncached_buckets is not None
 
     def describe(self) -> Iterator[Metric]:
         """Families without samples (lets the registry check for name clashes at register time)."""
@@ -78,10 +82,16 @@ class FrontendCollector(Collector):
             yield GaugeMetricFamily(n.disconnected, HELP["disconnected"])
         if self.by_isl:
             for name, key in zip(n.by_isl_histograms(), ("ttft", "itl", "duration", "osl", "cached"), strict=True):
-                yield HistogramMetricFamily(name, HELP[key] + ", by ISL bucket", labels=["model", "isl_bucket"])
+                yield HistogramMetricFamily(name, HELP[key] + BY_ISL_HELP, labels=["model", "isl_bucket"])
             yield CounterMetricFamily(n.isl_assignments, HELP["isl_assignments"], labels=["model", "source"])
             if self.state.slo is not None:
                 yield CounterMetricFamily(n.slo_by_isl, HELP["slo_by_isl"], labels=["isl_bucket", "model", "slo"])
+            yield CounterMetricFamily(n.prompt_tokens_by_isl, HELP["prompt_tokens_by_isl"],
+                                      labels=["model", "isl_bucket"])
+        if self.by_uncached:
+            for name, key in zip(n.by_uncached_histograms(), ("ttft", "itl", "duration"), strict=True):
+                yield HistogramMetricFamily(name, HELP[key] + BY_UNCACHED_HELP, labels=["model", "uncached_bucket"])
+            yield CounterMetricFamily(n.uncached_assignments, HELP["uncached_assignments"], labels=["model", "source"])
 
     def collect(self) -> Iterator[Metric]:
         """Snapshot the state under its lock and yield the metric families."""
@@ -118,9 +128,11 @@ class FrontendCollector(Collector):
                                                    value=st.disconnected_clients)])
             if self.by_isl:
                 keys = ("ttft", "itl", "duration", "osl", "cached")
-                bhists = [HistogramMetricFamily(name, HELP[key] + ", by ISL bucket", labels=["model", "isl_bucket"])
+                bhists = [HistogramMetricFamily(name, HELP[key] + BY_ISL_HELP, labels=["model", "isl_bucket"])
                           for name, key in zip(n.by_isl_histograms(), keys, strict=True)]
                 sources = CounterMetricFamily(n.isl_assignments, HELP["isl_assignments"], labels=["model", "source"])
+                prompt = CounterMetricFamily(n.prompt_tokens_by_isl, HELP["prompt_tokens_by_isl"],
+                                             labels=["model", "isl_bucket"])
                 for model, ms in st.models.items():
                     assert ms.by_isl is not None and ms.isl_sources is not None
                     for label, hs in ms.by_isl.items():
@@ -128,6 +140,8 @@ class FrontendCollector(Collector):
                             fam.add_metric([model, label], _buckets(h), h.sum)
                     for src, count in ms.isl_sources.items():
                         sources.add_metric([model, src], count)
+                    for label, hs in ms.by_isl.items():
+                        prompt.add_metric([model, label], hs.prompt_tokens)
                 families.extend(bhists)
                 families.append(sources)
                 if st.slo is not None:
@@ -139,4 +153,19 @@ class FrontendCollector(Collector):
                                 if slo_kind_on(st.slo, kind):
                                     slo.add_metric([label, model, kind], count)
                     families.append(slo)
+                families.append(prompt)
+            if self.by_uncached:
+                uhists = [HistogramMetricFamily(name, HELP[key] + BY_UNCACHED_HELP, labels=["model", "uncached_bucket"])
+                          for name, key in zip(n.by_uncached_histograms(), ("ttft", "itl", "duration"), strict=True)]
+                usources = CounterMetricFamily(n.uncached_assignments, HELP["uncached_assignments"],
+                                               labels=["model", "source"])
+                for model, ms in st.models.items():
+                    assert ms.by_uncached is not None and ms.uncached_sources is not None
+                    for label, us in ms.by_uncached.items():
+                        for fam, h in zip(uhists, (us.ttft, us.itl, us.duration), strict=True):
+                            fam.add_metric([model, label], _buckets(h), h.sum)
+                    for src, count in ms.uncached_sources.items():
+                        usources.add_metric([model, src], count)
+                families.extend(uhists)
+                families.append(usources)
         yield from families

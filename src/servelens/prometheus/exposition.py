@@ -25,7 +25,7 @@ from servelens.core.edges import MetricEdges
 from servelens.core.snapshot import HistogramCopy, StateSnapshot
 from servelens.core.status import UNKNOWN_MODEL
 from servelens.prometheus.collector import format_le
-from servelens.prometheus.names import HELP, MetricNames
+from servelens.prometheus.names import BY_ISL_HELP, BY_UNCACHED_HELP, HELP, MetricNames
 
 _GO_EXPONENT = 1_000_000
 """From 1e6 on Go (and prometheus_client) write a number with an exponent (``1.234567e+06``); below
@@ -88,25 +88,30 @@ class TextExposition:
     Args:
         names: metric names (prefix).
         edges: the state's ``le`` edges.
-        stock: write the stock families; by_isl: the by-ISL families and the assignment counter (of a
-            snapshot that has ISL buckets); as :class:`~servelens.prometheus.collector.FrontendCollector`.
+        stock: write the stock families; by_isl: the by-ISL families and the assignment and prompt-token
+            counters (of a snapshot that has ISL buckets); by_uncached: the by-uncached families (of a
+            snapshot that has uncached buckets); as :class:`~servelens.prometheus.collector.FrontendCollector`.
 
     Bytes written for a series are kept with the copy they were written from and reused while a later
     snapshot holds that same copy; use one instance per state. Safe to call from several threads (a
     stale entry only misses).
     """
 
-    def __init__(self, names: MetricNames, edges: MetricEdges, stock: bool = True, by_isl: bool = True) -> None:
+    def __init__(self, names: MetricNames, edges: MetricEdges, stock: bool = True, by_isl: bool = True,
+                 by_uncached: bool = True) -> None:
         self.names = names
         self.stock = stock
         self.by_isl = by_isl
+        self.by_uncached = by_uncached
         stock_edges = (edges.ttft_s, edges.itl_s, edges.duration_s, edges.isl_tokens, edges.osl_tokens,
                        edges.cached_tokens)
         self._stock = [_HistogramFamily(name, HELP[key], e) for name, key, e in
                        zip(names.stock_histograms(), _STOCK_KEYS, stock_edges, strict=True)]
-        self._by_isl = [_HistogramFamily(name, HELP[key] + ", by ISL bucket", e) for name, key, e in
+        self._by_isl = [_HistogramFamily(name, HELP[key] + BY_ISL_HELP, e) for name, key, e in
                         zip(names.by_isl_histograms(), _BY_ISL_KEYS, (*stock_edges[:3], *stock_edges[4:]),
                             strict=True)]
+        self._by_uncached = [_HistogramFamily(name, HELP[key] + BY_UNCACHED_HELP, e) for name, key, e in
+                             zip(names.by_uncached_histograms(), _BY_ISL_KEYS[:3], stock_edges[:3], strict=True)]
         self._written: dict[tuple[int, str, str], tuple[HistogramCopy, bytes]] = {}
 
     def render(self, snap: StateSnapshot) -> bytes:
@@ -119,6 +124,8 @@ class TextExposition:
             yield from self._stock_pieces(snap)
         if self.by_isl and snap.isl_labels:
             yield from self._by_isl_pieces(snap)
+        if self.by_uncached and snap.uncached_labels:
+            yield from self._by_uncached_pieces(snap)
 
     def _series(self, key: tuple[int, str, str], fam: _HistogramFamily, h: HistogramCopy, before_le: str,
                 after_le: str) -> bytes:
@@ -178,4 +185,24 @@ class TextExposition:
                     bucket = f'isl_bucket="{escape_label_value(met[0])}"'
                     lines += [f'{n.slo_by_isl}{{{bucket},{model_label},slo="{kind}"}} '
                               f"{floatToGoString(met[index[kind]])}\n" for kind in snap.slo_kinds]
+        lines.append(_head(n.prompt_tokens_by_isl, HELP["prompt_tokens_by_isl"], "counter").decode())
+        for m, model_label in models:
+            lines += [f"{n.prompt_tokens_by_isl}{{{bucket_label},{model_label}}} {floatToGoString(count)}\n"
+                      for (_, bucket_label), count in zip(buckets, m.prompt_tokens_by_isl, strict=True)]
+        yield "".join(lines).encode()
+
+    def _by_uncached_pieces(self, snap: StateSnapshot) -> Iterator[bytes]:
+        n = self.names
+        models = [(m, f'model="{escape_label_value(m.name)}"') for m in snap.models]
+        buckets = [(label, f'uncached_bucket="{escape_label_value(label)}"') for label in snap.uncached_labels]
+        offset = 6 + len(self._by_isl)
+        for i, fam in enumerate(self._by_uncached):
+            yield fam.head
+            for m, model_label in models:
+                for (label, bucket_label), h in zip(buckets, m.by_uncached(i), strict=True):
+                    yield self._series((offset + i, m.name, label), fam, h, "", f"{model_label},{bucket_label}")
+        lines = [_head(n.uncached_assignments, HELP["uncached_assignments"], "counter").decode()]
+        for m, model_label in models:
+            lines += [f'{n.uncached_assignments}{{{model_label},source="{escape_label_value(src)}"}} '
+                      f"{floatToGoString(count)}\n" for src, count in m.uncached_sources]
         yield "".join(lines).encode()

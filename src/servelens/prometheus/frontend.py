@@ -13,7 +13,15 @@ from servelens.core.buckets import IslBuckets
 from servelens.core.edges import MetricEdges
 from servelens.core.slo import Slo
 from servelens.core.snapshot import ModelSnapshot, StateSnapshot, take_snapshot
-from servelens.core.state import DEFAULT_MAX_MODELS, ISL_SOURCES, SLO_KINDS, FrontendState, LiveRequest, slo_kind_on
+from servelens.core.state import (
+    DEFAULT_MAX_MODELS,
+    ISL_SOURCES,
+    SLO_KINDS,
+    UNCACHED_SOURCES,
+    FrontendState,
+    LiveRequest,
+    slo_kind_on,
+)
 from servelens.prometheus.collector import FrontendCollector
 from servelens.prometheus.exposition import TextExposition
 from servelens.prometheus.names import DEFAULT_PREFIX, DYNAMO_PREFIX, MetricNames, default_edges
@@ -25,14 +33,17 @@ DEFAULT_MAX_SERIES = 50_000
 
 
 def series_per_model(
-    edges: MetricEdges, buckets: IslBuckets | None, stock: bool = True, by_isl: bool = True, slo: Slo | None = None
+    edges: MetricEdges, buckets: IslBuckets | None, stock: bool = True, by_isl: bool = True, slo: Slo | None = None,
+    uncached: IslBuckets | None = None,
 ) -> int:
     """Series one registered model adds to ``/metrics``: each histogram has one ``_bucket`` series per
     ``le`` edge plus ``+Inf``, a ``_sum`` and a ``_count``; stock: six histograms (label ``model``),
-    ``inflight_requests`` and ``output_tokens_total``; by-ISL: five histograms per ISL bucket and the
-    assignment counter (one series per source). ``requests_total`` is not counted: its series appear
-    as outcomes happen (at most 2 endpoints x 2 request types x (success + each error type)).
-    With ``slo``, one SLO counter series per bucket and ``slo`` label value.
+    ``inflight_requests`` and ``output_tokens_total``; by-ISL: five histograms and the prompt-token
+    counter per ISL bucket, and the assignment counter (one series per source); by-uncached (``uncached``
+    buckets): three histograms (TTFT, ITL, duration) per uncached bucket and its assignment counter.
+    ``requests_total`` is not counted: its series appear as outcomes happen (at most 2 endpoints x 2
+    request types x (success + each error type)). With ``slo``, one SLO counter series per bucket and
+    ``slo`` label value.
     """
     def hist(e: tuple[float, ...]) -> int:
         return len(e) + 3
@@ -44,10 +55,20 @@ def series_per_model(
     if by_isl and buckets is not None:
         per_bucket = sum(hist(e) for e in (edges.ttft_s, edges.itl_s, edges.duration_s, edges.osl_tokens,
                                            edges.cached_tokens))
-        n += per_bucket * len(buckets.labels) + len(ISL_SOURCES)
+        n += (per_bucket + 1) * len(buckets.labels) + len(ISL_SOURCES)
         if slo is not None:
             n += len(buckets.labels) * sum(slo_kind_on(slo, k) for k in SLO_KINDS)
+    if uncached is not None:
+        n += sum(hist(e) for e in (edges.ttft_s, edges.itl_s, edges.duration_s)) * len(uncached.labels)
+        n += len(UNCACHED_SOURCES)
     return n
+
+
+def _buckets(spec: IslBuckets | str | Iterable[int] | None) -> IslBuckets | None:
+    """Buckets from a spec; None or ``""`` -> None. Raises ValueError for bad boundaries."""
+    if spec is None or spec == "":
+        return None
+    return spec if isinstance(spec, IslBuckets) else IslBuckets.parse(spec)
 
 
 class FrontendMetrics:
@@ -81,6 +102,9 @@ class FrontendMetrics:
         slo: SLOs judged exactly per request and counted per bucket in
             ``{prefix}_requests_within_slo_by_isl_total{model, isl_bucket, slo}`` (``slo``: ttft,
             itl, all; see :class:`~servelens.core.state.FrontendState`); None: no such series.
+        uncached_buckets: boundaries of the opt-in buckets by uncached prompt tokens (ISL minus cached
+            tokens; label ``uncached_bucket``), with the same rules as ``isl_buckets``; None (default) or
+            ``""``: nothing registered, nothing paid. Exported in the sidecar mode too.
 
     Raises:
         ValueError: bad boundaries, edges or prefix; edges other than Dynamo's with Dynamo's prefix;
@@ -99,14 +123,13 @@ class FrontendMetrics:
         by_isl: bool = True,
         max_series: int = DEFAULT_MAX_SERIES,
         slo: Slo | None = None,
+        uncached_buckets: IslBuckets | str | Iterable[int] | None = None,
     ) -> None:
-        buckets: IslBuckets | None
-        if isl_buckets is None or isl_buckets == "":
-            buckets = None
-        elif isinstance(isl_buckets, IslBuckets):
-            buckets = isl_buckets
-        else:
-            buckets = IslBuckets.parse(isl_buckets)
+        buckets = _buckets(isl_buckets)
+        try:
+            uncached = _buckets(uncached_buckets)
+        except ValueError as exc:
+            raise ValueError(f"uncached buckets: {exc}") from None
         if not stock and buckets is None:
             raise ValueError("exporting only the by-ISL families needs ISL bucket boundaries")
         self.names = MetricNames(prefix)
@@ -117,7 +140,7 @@ class FrontendMetrics:
                              "by-ISL twins must share the edges of Dynamo's own stock histograms")
         if slo is not None and (buckets is None or not by_isl):
             raise ValueError("SLO counters are per ISL bucket: they need ISL buckets")
-        self.series_per_model = series_per_model(edges, buckets, stock, by_isl, slo)
+        self.series_per_model = series_per_model(edges, buckets, stock, by_isl, slo, uncached)
         """Series one registered model adds (:func:`series_per_model`)."""
         by_budget = max_series // self.series_per_model
         if by_budget < 1:
@@ -127,9 +150,11 @@ class FrontendMetrics:
             limit_reason=(f"{self.series_per_model:,} series per model within max_series {max_series:,}"
                           if by_budget < max_models else ""),
             slo=slo,
+            uncached_buckets=uncached,
         )
         self.collector = FrontendCollector(self.state, self.names, stock=stock, by_isl=by_isl)
-        self.text = TextExposition(self.names, self.state.edges, stock=stock, by_isl=self.collector.by_isl)
+        self.text = TextExposition(self.names, self.state.edges, stock=stock, by_isl=self.collector.by_isl,
+                                   by_uncached=self.collector.by_uncached)
         """Writes the exposition of :meth:`snapshot` (what :meth:`exposition` and the gateway serve)."""
         self._last: StateSnapshot | None = None
         self.registry = registry
@@ -148,6 +173,11 @@ class FrontendMetrics:
     def isl_buckets(self) -> IslBuckets | None:
         """The configured buckets, or None when by-ISL metrics are off."""
         return self.state.isl_buckets
+
+    @property
+    def uncached_buckets(self) -> IslBuckets | None:
+        """The configured uncached-prompt-token buckets, or None when they are off (the default)."""
+        return self.state.uncached_buckets
 
     @property
     def max_models(self) -> int:

@@ -3,6 +3,13 @@ NVIDIA Dynamo's frontend metrics (1.6.1); the default prefix is ``servelens``.
 
 Names follow Prometheus conventions: base units (seconds, tokens), ``_seconds`` and ``_total``
 suffixes, the by-ISL twins insert ``_by_isl`` before the unit suffix.
+
+The families by uncached prompt tokens (label ``uncached_bucket``, opt-in) insert ``_by_uncached``
+the same way, and ``prompt_tokens_by_isl_total`` (the hit ratio's denominator) sits beside the by-ISL
+cached tokens. Neither exists in any Dynamo release: with ``dynamo_frontend`` they are
+``dynamo_frontend_*_by_uncached*`` and ``dynamo_frontend_prompt_tokens_by_isl_total``, servelens' own
+series under Dynamo's prefix (so one prefix selects every frontend family), which collide with
+nothing Dynamo exports.
 """
 
 from __future__ import annotations
@@ -145,6 +152,32 @@ class MetricNames:
         with ``--slo-ttft``/``--slo-itl`` on the gateway."""
         return self._n("requests_within_slo_by_isl_total")
 
+    @property
+    def prompt_tokens_by_isl(self) -> str:
+        """Counter (labels ``model``, ``isl_bucket``): prompt tokens of the requests in ``cached_by_isl``."""
+        return self._n("prompt_tokens_by_isl_total")
+
+    # by-uncached histograms (labels: model, uncached_bucket), opt-in
+    @property
+    def ttft_by_uncached(self) -> str:
+        return self._n("time_to_first_token_by_uncached_seconds")
+
+    @property
+    def itl_by_uncached(self) -> str:
+        return self._n("inter_token_latency_by_uncached_seconds")
+
+    @property
+    def duration_by_uncached(self) -> str:
+        return self._n("request_duration_by_uncached_seconds")
+
+    @property
+    def uncached_assignments(self) -> str:
+        return self._n("uncached_bucket_assignments_total")
+
+    def by_uncached_histograms(self) -> tuple[str, ...]:
+        """The three by-uncached histogram names: TTFT, ITL, request duration."""
+        return (self.ttft_by_uncached, self.itl_by_uncached, self.duration_by_uncached)
+
     def stock_histograms(self) -> tuple[str, ...]:
         """The six stock histogram names, TTFT first."""
         return (self.ttft, self.itl, self.duration, self.isl, self.osl, self.cached)
@@ -170,4 +203,12 @@ HELP = {
     "(first_chunk_usage, final_usage, tokenizer, unknown)",
     "slo_by_isl": "Finished requests with a first token that met the SLO (slo=ttft: TTFT; itl: mean ITL; all: "
     "every SLO), by ISL bucket; the denominator is request_duration_by_isl_seconds_count",
+    "prompt_tokens_by_isl": "Prompt tokens (usage.prompt_tokens) of the requests whose usage reported cached "
+    "tokens, by ISL bucket: the bucket's prefix-cache hit ratio is cached_tokens_by_isl_sum / this (tokens)",
+    "uncached_assignments": "Requests by how their uncached-prompt-token bucket was latched "
+    "(first_chunk_usage, final_usage, no_cached_tokens, unknown)",
 }
+"""Help texts by family key; a by-ISL family appends ``BY_ISL_HELP``, a by-uncached one ``BY_UNCACHED_HELP``."""
+
+BY_ISL_HELP = ", by ISL bucket"
+BY_UNCACHED_HELP = ", by uncached prompt tokens (ISL minus cached tokens, latched when both are known)"

@@ -33,7 +33,9 @@ PREFILL_HISTOGRAM = "vllm:request_prefill_time_seconds"
 def prompt_families(names: MetricNames) -> tuple[str, ...]:
     """Families that may carry the prompt tokens per ``isl_bucket`` (a histogram's ``_sum`` or a
     counter's ``_total``), first found wins: what a fit over bucket means needs beside the cached
-    tokens. Absent from today's gateway: then the fit needs per-request data."""
+    tokens. The gateway's is the counter ``{p}_prompt_tokens_by_isl_total``, which counts the requests
+    that reported cached tokens, so its request count is the cached-tokens histogram's ``_count``.
+    Absent (an older gateway, a server without it): the fit needs per-request data."""
     return (f"{names.prefix}_input_sequence_tokens_by_isl", f"{names.prefix}_prompt_tokens_by_isl")
 
 
@@ -101,9 +103,9 @@ def from_metrics(source: str, names: MetricNames, before: str | None, model: str
         for fam in prompt_families(names):
             s = _delta(after, prior, fam + "_sum", label, model)
             n = _delta(after, prior, fam + "_count", label, model)
-            if s is None:  # a counter: its requests are the bucket's finished requests
+            if s is None:  # a counter: its requests are those that reported cached tokens
                 s = _delta(after, prior, fam + "_total", label, model)
-                n = _delta(after, prior, names.duration_by_isl + "_count", label, model)
+                n = _delta(after, prior, names.cached_by_isl + "_count", label, model)
             if s is not None and n is not None:
                 prompt[label] = (s, n)
                 break
@@ -132,7 +134,7 @@ def from_prometheus(url: str, names: MetricNames, window: str, model: str | None
     cached = pairs(f"{names.cached_by_isl}_sum")
     prompt: dict[str, tuple[float, float]] = {}
     for fam in prompt_families(names):
-        prompt = pairs(f"{fam}_sum") or pairs(f"{fam}_total", f"{names.duration_by_isl}_count")
+        prompt = pairs(f"{fam}_sum") or pairs(f"{fam}_total", f"{names.cached_by_isl}_count")
         if prompt:
             break
     if not ttft:

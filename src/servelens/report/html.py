@@ -147,8 +147,8 @@ def _figures(
     return figs
 
 
-def _table_html(rows: Sequence[BucketRow], caption: str) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in HEADERS)
+def _table_html(rows: Sequence[BucketRow], caption: str, label_header: str = HEADERS[0]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in (label_header, *HEADERS[1:]))
     body = []
     for r in rows:
         cells = "".join(f"<td>{html.escape(c)}</td>" for c in row_cells(r))
@@ -168,6 +168,7 @@ def render_html(
     marks: Sequence[tuple[float, str]] = (),
     notes: Sequence[str] = (),
     extra_tables: Sequence[tuple[str, Sequence[BucketRow]]] = (),
+    label_header: str = HEADERS[0],
 ) -> str:
     """The report as one HTML document (string), plotly JS inlined once.
 
@@ -182,6 +183,8 @@ def render_html(
         marks: ``(unix time, label)`` vertical lines on the time charts.
         notes: lines shown under the title (e.g. ``servelens explain``'s verdicts).
         extra_tables: more ``(caption, rows)`` tables after the first ones.
+        label_header: the bucket column's header of the first table (``Uncached prompt (tokens)`` for rows
+            by uncached prompt tokens).
     """
     ordered = sorted(rows, key=lambda r: (r.bucket == ALL_LABEL, label_sort_key(r.bucket)))
     parts = [
@@ -195,7 +198,8 @@ def render_html(
         parts.append("<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>")
     exact = all(r.exact for r in rows)
     note = f"* fewer than {LOW_COUNT} requests" + ("" if exact else "; percentiles interpolated from le buckets")
-    parts.append(_table_html(ordered, names[0] if compare_rows is not None else "Per input-length bucket"))
+    first = "Per input-length bucket" if label_header == HEADERS[0] else f"Per bucket of {label_header}"
+    parts.append(_table_html(ordered, names[0] if compare_rows is not None else first, label_header))
     if compare_rows is not None:
         parts.append(_table_html(
             sorted(compare_rows, key=lambda r: (r.bucket == ALL_LABEL, label_sort_key(r.bucket))), names[1]))
@@ -222,6 +226,7 @@ def write_html(
     marks: Sequence[tuple[float, str]] = (),
     notes: Sequence[str] = (),
     extra_tables: Sequence[tuple[str, Sequence[BucketRow]]] = (),
+    label_header: str = HEADERS[0],
 ) -> Path:
     """Write :func:`render_html` to ``path`` (parent folders created). Returns the path.
 
@@ -230,5 +235,5 @@ def write_html(
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(render_html(rows, timeseries, title, source, compare_rows, names, overall, marks, notes,
-                             extra_tables), encoding="utf-8")
+                             extra_tables, label_header), encoding="utf-8")
     return p

@@ -19,7 +19,7 @@ from pathlib import Path
 from servelens.core.buckets import IslBuckets, label_sort_key
 from servelens.core.quantiles import percentile
 from servelens.core.summary import ALL_LABEL, BucketRow, rows_from_histograms, rows_from_samples
-from servelens.dashboards.queries import FIGURE_BY_KEY, model_matcher
+from servelens.dashboards.queries import FIGURE_BY_KEY, UNCACHED_FIGURE_BY_KEY, Figure, model_matcher
 from servelens.formats.metrics_text import Scrape, bucket_histograms, parse_scrape
 from servelens.prometheus.names import MetricNames
 from servelens.report.over_time import time_bins
@@ -82,13 +82,17 @@ def p95_over_time(
     return tuple(out)
 
 
-def report_from_results(path: str | Path, buckets: IslBuckets) -> Report:
+def report_from_results(path: str | Path, buckets: IslBuckets, by: str = "isl") -> Report:
     """Exact per-bucket percentiles from a bench results file, and p95 TTFT over send time.
 
-    Raises ValueError for a missing or malformed file.
+    ``by="uncached"``: rows by uncached prompt tokens (server ISL minus cached tokens; requests
+    without cached tokens only in "all"), no time series. Raises ValueError for a missing or
+    malformed file.
     """
     timed = load_timed_samples(path)
-    rows = rows_from_samples([t.sample for t in timed], buckets)
+    rows = rows_from_samples([t.sample for t in timed], buckets, by)
+    if by == "uncached":
+        return Report(tuple(rows), (), f"results file {path}, by uncached prompt tokens")
     return Report(tuple(rows), p95_over_time(timed, buckets), f"results file {path}")
 
 
@@ -129,25 +133,29 @@ def report_from_metrics(
     before: str | None = None,
     model: str | None = None,
     buckets: IslBuckets | None = None,
+    by: str = "isl",
 ) -> Report:
     """Rows from a scrape (since-start counts) or from ``source - before`` (two scrapes), with
     ``histogram_quantile`` interpolation. ``buckets`` (optional) lists buckets the server may not
     have exported yet, as empty rows; it must cover the server's labels (:func:`check_buckets_match`).
+    ``by="uncached"``: the rows per uncached bucket (the gateway's ``--uncached-buckets`` families).
 
-    Raises ValueError when a source cannot be read or parsed, or has no by-ISL families of
-    ``names`` (wrong ``--metrics-prefix``, or bucketing off).
+    Raises ValueError when a source cannot be read or parsed, or has no by-ISL (by-uncached)
+    families of ``names`` (wrong ``--metrics-prefix``, or bucketing off).
     """
     after = scrape(source)
     earlier = scrape(before) if before else None
-    per_bucket, all_h = bucket_histograms(after, names, earlier, model)
+    per_bucket, all_h = bucket_histograms(after, names, earlier, model, by)
     if not per_bucket:
+        family = names.ttft_by_uncached if by == "uncached" else names.ttft_by_isl
         raise ValueError(
-            f"{source} has no {names.ttft_by_isl} series"
+            f"{source} has no {family} series"
             + (f" for model {model!r}" if model else "")
-            + " (check --metrics-prefix and that the server exports ISL buckets)"
+            + (" (check --metrics-prefix and that the gateway runs with --uncached-buckets)" if by == "uncached"
+               else " (check --metrics-prefix and that the server exports ISL buckets)")
         )
     if buckets is not None:
-        check_buckets_match(per_bucket, buckets)
+        check_buckets_match(per_bucket, buckets, "--uncached-buckets" if by == "uncached" else "--isl-buckets")
     rows = rows_from_histograms(per_bucket, all_h)
     if buckets is not None:
         rows = _with_empty_buckets(rows, buckets)
@@ -155,16 +163,17 @@ def report_from_metrics(
     return Report(tuple(rows), (), desc)
 
 
-def check_buckets_match(server_labels: Iterable[str], buckets: IslBuckets) -> None:
+def check_buckets_match(server_labels: Iterable[str], buckets: IslBuckets, flag: str = "--isl-buckets") -> None:
     """Raise ValueError (one line naming the server's buckets and boundaries) when the server
-    exports an ``isl_bucket`` label that ``buckets`` (the user's ``--isl-buckets``) does not have.
-    A server exporting a subset of ``buckets`` is fine (the rest show as empty rows)."""
+    exports an ``isl_bucket`` label that ``buckets`` (the user's ``--isl-buckets``, or ``flag``) does
+    not have. A server exporting a subset of ``buckets`` is fine (the rest show as empty rows)."""
     have = sorted(set(server_labels), key=label_sort_key)
     if not set(have) <= set(buckets.labels):
         uppers = [label.split("-", 1)[1] for label in have if "-" in label]
+        kind = "uncached buckets" if flag == "--uncached-buckets" else "ISL buckets"
         raise ValueError(
-            f"--isl-buckets {buckets.spec} does not match the server's ISL buckets ({', '.join(have)}); "
-            f"pass --isl-buckets {','.join(uppers)} or leave it out to use the server's"
+            f"{flag} {buckets.spec} does not match the server's {kind} ({', '.join(have)}); "
+            f"pass {flag} {','.join(uppers)} or leave it out to use the server's"
         )
 
 
@@ -184,11 +193,14 @@ def _with_empty_buckets(rows: list[BucketRow], buckets: IslBuckets) -> list[Buck
 # ---------------------------------------------------------------- Prometheus HTTP API
 
 
-def discover_buckets(client: PromClient, names: MetricNames, model: str | None = None) -> list[str]:
-    """The ``isl_bucket`` values present on the server, in numeric order (not string order)."""
+def discover_buckets(client: PromClient, names: MetricNames, model: str | None = None, by: str = "isl") -> list[str]:
+    """The ``isl_bucket`` (``by="uncached"``: ``uncached_bucket``) values present on the server, in
+    numeric order (not string order)."""
     sel = model_matcher(model)
-    got = client.query(f"count by (isl_bucket) ({names.duration_by_isl}_count{{{sel}}})")
-    labels = {s.labels["isl_bucket"] for s in got if "isl_bucket" in s.labels}
+    label, family = ("uncached_bucket", names.duration_by_uncached) if by == "uncached" else (
+        "isl_bucket", names.duration_by_isl)
+    got = client.query(f"count by ({label}) ({family}_count{{{sel}}})")
+    labels = {s.labels[label] for s in got if label in s.labels}
     return sorted(labels, key=label_sort_key)
 
 
@@ -254,9 +266,11 @@ def _prom_row(
     model: str,
     at_s: float,
     counts: dict[str, float],
+    figures: dict[str, Figure] = FIGURE_BY_KEY,
 ) -> BucketRow:
     def fig(key: str) -> float | None:
-        return client.scalar(FIGURE_BY_KEY[key].expr(names, bucket, window, model), at_s)
+        figure = figures.get(key)
+        return None if figure is None else client.scalar(figure.expr(names, bucket, window, model), at_s)
 
     requests = counts.get(bucket if bucket is not None else "", 0.0)
     return BucketRow(
@@ -271,6 +285,7 @@ def _prom_row(
         mean_cached_tokens=fig("cached_mean"),
         ttft_mean_s=fig("ttft_mean"),
         exact=False,
+        cache_hit_ratio=fig("cache_hit_ratio"),
     )
 
 
@@ -283,6 +298,7 @@ def report_from_prometheus(
     end_s: float | None = None,
     range_s: float | None = 3600.0,
     timeout_s: float = 10.0,
+    by: str = "isl",
 ) -> Report:
     """Rows from a Prometheus-compatible API over the last ``window`` before ``end_s`` (unix s,
     default now), using the dashboard's per-bucket queries (one query per bucket and figure); the
@@ -295,30 +311,38 @@ def report_from_prometheus(
 
     ``buckets`` None: discover the bucket labels on the server (ordered numerically); an
     :class:`IslBuckets` must cover the server's labels (:func:`check_buckets_match`).
+    ``by="uncached"``: the rows per uncached bucket (:data:`~servelens.dashboards.queries.UNCACHED_FIGURES`;
+    no cached-token columns, no time series).
     Raises ValueError (a bad URL or window, an unreachable server, a rejected query).
     """
     parse_duration_s(window)  # a bad window is a one-line error before any query
     client = PromClient(url, timeout_s)
     at = time.time() if end_s is None else end_s
     m = model_matcher(model)
+    uncached = by == "uncached"
     if buckets is None:
-        labels: Sequence[str] = discover_buckets(client, names, model)
+        labels: Sequence[str] = discover_buckets(client, names, model, by)
         if not labels:
+            family = names.duration_by_uncached if uncached else names.duration_by_isl
             raise ValueError(
-                f"{url} has no {names.duration_by_isl}_count series"
+                f"{url} has no {family}_count series"
                 + (f" for model {model!r}" if model else "")
-                + " (check --metrics-prefix and the scrape config)"
+                + " (check --metrics-prefix and the scrape config"
+                + (", and that the gateway runs with --uncached-buckets)" if uncached else ")")
             )
     else:
         if isinstance(buckets, IslBuckets):
-            check_buckets_match(discover_buckets(client, names, model), buckets)
+            check_buckets_match(discover_buckets(client, names, model, by), buckets,
+                                "--uncached-buckets" if uncached else "--isl-buckets")
         labels = buckets.labels if isinstance(buckets, IslBuckets) else tuple(buckets)
-    by_bucket = exact_counts(client, f"{names.duration_by_isl}_count", m, window, at)
+    family, label_name, figures = ((names.duration_by_uncached, "uncached_bucket", UNCACHED_FIGURE_BY_KEY)
+                                   if uncached else (names.duration_by_isl, "isl_bucket", FIGURE_BY_KEY))
+    by_bucket = exact_counts(client, f"{family}_count", m, window, at, by=label_name)
     total = exact_counts(client, f"{names.duration}_count", m, window, at, by=None)
-    rows = [_prom_row(client, names, label, window, m, at, by_bucket) for label in labels]
-    rows.append(_prom_row(client, names, None, window, m, at, total))
+    rows = [_prom_row(client, names, label, window, m, at, by_bucket, figures) for label in labels]
+    rows.append(_prom_row(client, names, None, window, m, at, total, FIGURE_BY_KEY))
     series: tuple[TimeSeries, ...] = ()
-    if range_s:
+    if range_s and not uncached:
         step = max(range_s / 240, 1.0)
         series = prometheus_p95_over_time(client, names, labels, window, m, at - range_s, at, step)
     return Report(tuple(rows), series, f"Prometheus API {url}, window {window}")
