@@ -144,6 +144,11 @@ class Gateway:
             raise RuntimeError("gateway is not running")
         return self._upstream
 
+    @property
+    def upstream_retries(self) -> int:
+        """Measured requests resent on a fresh upstream connection (see :attr:`UpstreamClient.retries`)."""
+        return self._upstream.retries if self._upstream is not None else 0
+
     def response_headers(self, headers: MultiMapping[str]) -> CIMultiDict[str]:
         """Upstream response headers as the client gets them (:func:`~.http.response_headers`, with a
         ``Location`` into an upstream made relative to the gateway)."""
