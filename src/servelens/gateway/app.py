@@ -69,7 +69,7 @@ class Gateway:
             stock=not config.by_isl_only,
         )
         self.router = ModelRouter(config, self.metrics)
-        self.prompt_counter = PromptCounter(config.tokenizer) if config.tokenizer else None
+        self.prompt_counter = PromptCounter(config.tokenizer, config.chat_template) if config.tokenizer else None
         self.accounting = Accounting(
             self.metrics, RequestLog(config.request_log, config.request_log_chunks) if config.request_log else None)
         self._upstream_bases = tuple(u.rstrip("/") for u in config.upstreams)
