@@ -135,8 +135,13 @@ class EvalInterrupted(KeyboardInterrupt):
 
 
 @dataclass
-class _Tally:
-    """Progress shared with the caller of :func:`run_eval` (read when the run is stopped)."""
+class RunProgress:
+    """Progress of a run, updated by :func:`run_eval` as it goes (read when the run is stopped).
+
+    Attributes:
+        done: item runs recorded so far.
+        total: item runs in the run (items x runs), set once the suite is read.
+    """
 
     done: int = 0
     total: int = 0
@@ -293,17 +298,19 @@ def _load(config: EvalConfig) -> tuple[list[Any], dict[str, Any]]:
     return [(c, t) for c in convs for t in range(len(c.turns))], notes
 
 
-async def run_eval(config: EvalConfig, tally: _Tally | None = None) -> EvalResult:
+async def run_eval(config: EvalConfig, progress: RunProgress | None = None) -> EvalResult:
     """Run ``config`` in the running loop; records and summary under ``output_dir/<suite>/``.
 
     Raises ValueError (unreachable endpoint, bad suite data, unwritable folder) and OSError; failed
     requests are recorded and counted, not raised. Cancelled, it stops at once: the answers received
-    are in the cache, the records of the finished items in the records file.
+    are in the cache, the records of the finished items in the records file; ``progress`` (when
+    given) says how far it got.
     """
-    tally = tally if tally is not None else _Tally()
+    tally = progress if progress is not None else RunProgress()
     units, notes = _load(config)
     if not units:
         raise ValueError("no items selected")
+    tally.total = len(units) * config.runs  # known before the endpoint is asked, for an early stop
     out = Path(config.output_dir) / config.suite
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -318,7 +325,7 @@ async def run_eval(config: EvalConfig, tally: _Tally | None = None) -> EvalResul
         sender = Sender(session, config.chat_url, model, cache, config.retries, config.backoff_s,
                         config.timeout_s, headers)
         run = _Run(config, sender, model, out)
-        total = tally.total = len(units) * config.runs
+        total = tally.total
         bar = Progress(TextColumn("eval " + config.suite), BarColumn(), MofNCompleteColumn(),
                        TextColumn("failed {task.fields[failed]}  cached {task.fields[cached]}"),
                        TimeElapsedColumn(), console=Console(stderr=True), disable=not config.progress,
@@ -372,7 +379,7 @@ async def _run_until_signal(config: EvalConfig) -> EvalResult:
     Outside the main thread the signals are left alone."""
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
-    tally = _Tally()
+    tally = RunProgress()
     got: list[str] = []
 
     def stop(sig: signal.Signals) -> None:
