@@ -10,12 +10,21 @@ Runs the demo (or reads the output folder of one: ``--dir``) and compares, per b
   (numpy's ``inverted_cdf``). With few requests in a bucket (33-112 in the demo) the client's linear
   p99 lies between its two largest values, and the two differ by more than 10 % in some buckets: no
   choice of edges closes that gap, it is the definition of a percentile of few values;
-* Dynamo's edges: the gateway's exact TTFTs (its request log) and the client's ITL values binned with
-  Dynamo's ``le`` edges, what the same run would have shown with ``--ttft-edges dynamo --itl-edges dynamo``
-  (ITL approximately: the gateway's own per-token values are not logged by the demo).
+* gateway exact: the gateway's own exact TTFT per request (its request log, matched to the client's
+  records by the engine's response id), so that the gap splits into what the edges cost (server against
+  gateway exact) and what the hop between client and gateway costs (gateway exact against client: the
+  client's clock starts before its request is sent and stops after the first chunk is read; at the
+  demo's speedup 16 TTFTs of 5-20 ms make a millisecond of hop a large share);
+* Dynamo's edges: the client's TTFT and ITL values binned with Dynamo's ``le`` edges, approximately what
+  the same run would have shown with ``--ttft-edges dynamo --itl-edges dynamo`` (the gateway's own TTFTs
+  sit within a millisecond of the client's; its per-token ITL values are not logged by the demo).
+
+The demo runs three phases (baseline, shift, slow), each in its own folder with its own results and
+scrapes: each phase is compared on its own. A folder holding ``summary.json`` itself (an older demo, or
+one phase) is compared as one.
 
 Usage: ``python benchmarks/demo_accuracy.py [--dir servelens-demo]`` (without ``--dir`` it runs the demo
-into a temporary folder first, about 80 s).
+into a temporary folder first, about 90 s).
 """
 
 from __future__ import annotations
@@ -70,16 +79,24 @@ def _swaps(table: dict[str, Any], labels: list[str], key: str, who: str) -> list
     return sorted(out)
 
 
-def compare(out: Path) -> dict[str, Any]:
-    """Per bucket, kind and percentile: client, server, order statistic, Dynamo-edge figures and errors."""
+def _gateway_ttft(root: Path) -> dict[str, float]:
+    """The gateway's exact TTFT per engine response id, from every request log under ``root``."""
+    out: dict[str, float] = {}
+    for path in root.glob("gateway*requests.jsonl"):
+        for e in read_request_log(path):
+            if e.get("status") == "success" and e.get("ttft_s") is not None and e.get("upstream_request_id"):
+                out[str(e["upstream_request_id"])] = float(e["ttft_s"])  # type: ignore[arg-type]
+    return out
+
+
+def compare(out: Path, gateway_ttft: dict[str, float] | None = None) -> dict[str, Any]:
+    """Per bucket, kind and percentile: client, server, order statistic, gateway-exact and Dynamo-edge
+    figures and errors (``gateway_ttft``: the gateway's exact TTFT per response id, when logged)."""
     summary = json.loads((out / "summary.json").read_text())
     buckets = IslBuckets(tuple(summary.get("isl_buckets") or IslBuckets.default().boundaries))
     server = {r["bucket"]: r for r in summary["server_rows"]}
     records = [r for r in load_results(out / "results.jsonl") if r.ok]
-    gw_ttft: dict[str, list[float]] = {}
-    for e in read_request_log(out / "gateway-requests.jsonl"):
-        if e["status"] == "success" and e["ttft_s"] is not None and e["bucket"] is not None:
-            gw_ttft.setdefault(str(e["bucket"]), []).append(float(e["ttft_s"]))  # type: ignore[arg-type]
+    gateway_ttft = gateway_ttft or {}
     table: dict[str, Any] = {}
     for label in buckets.labels:
         rs = [r for r in records if buckets.label(r.isl) == label]
@@ -87,15 +104,19 @@ def compare(out: Path) -> dict[str, Any]:
             continue
         values = {"ttft": [r.ttft_s for r in rs if r.ttft_s is not None],
                   "itl": [v for r in rs for v in r.itl_values_s()]}
-        dynamo_source = {"ttft": gw_ttft.get(label, []), "itl": values["itl"]}
         row: dict[str, Any] = {"requests": len(rs)}
+        gw = [gateway_ttft[r.request_id] for r in rs if r.request_id in gateway_ttft]
         for kind, edges in (("ttft", TTFT_EDGES_S), ("itl", ITL_EDGES_S)):
             for q in QUANTILES:
                 client = float(np.percentile(values[kind], q))
                 order_stat = float(np.percentile(values[kind], q, method="inverted_cdf"))
                 srv = server[label].get(f"{kind}_p{q}_s")
-                dyn = _binned(dynamo_source[kind], edges, q / 100)
+                dyn = _binned(values[kind], edges, q / 100)
+                exact = float(np.percentile(gw, q)) if kind == "ttft" and len(gw) == len(rs) else None
                 row[f"{kind}_p{q}"] = {
+                    "gateway_exact": exact,
+                    "server_vs_gateway_exact_pct": _pct(srv, exact) if exact else math.nan,
+                    "gateway_exact_vs_client_pct": _pct(exact, client) if exact else math.nan,
                     "client": client, "server": srv, "order_statistic": order_stat, "dynamo_edges": dyn,
                     "server_vs_client_pct": _pct(srv, client), "server_vs_order_statistic_pct": _pct(srv, order_stat),
                     "order_statistic_vs_client_pct": _pct(order_stat, client),
@@ -117,17 +138,23 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v * 1e3:.1f}" if v < 10 else f"{v * 1e3:.0f}"
 
 
+def _p(v: float) -> str:
+    return "-" if math.isnan(v) else f"{v:+.1f} %"
+
+
 def print_tables(c: dict[str, Any]) -> None:
     print("| bucket | requests | figure | client (ms) | server (ms) | server vs client | order statistic vs client "
-          "| server vs order statistic | Dynamo's edges vs client |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
+          "| server vs order statistic | gateway exact vs client | server vs gateway exact "
+          "| Dynamo's edges vs client |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for label, row in c["buckets"].items():
         for kind in ("ttft", "itl"):
             for q in QUANTILES:
                 f = row[f"{kind}_p{q}"]
                 print(f"| {label} | {row['requests']} | {kind.upper()} p{q} | {_ms(f['client'])} | {_ms(f['server'])} "
                       f"| {f['server_vs_client_pct']:+.1f} % | {f['order_statistic_vs_client_pct']:+.1f} % "
-                      f"| {f['server_vs_order_statistic_pct']:+.1f} % | {f['dynamo_vs_client_pct']:+.1f} % |")
+                      f"| {f['server_vs_order_statistic_pct']:+.1f} % | {_p(f['gateway_exact_vs_client_pct'])} "
+                      f"| {_p(f['server_vs_gateway_exact_pct'])} | {f['dynamo_vs_client_pct']:+.1f} % |")
     print("\nbuckets by figure, worst first:")
     for key, r in c["ranks"].items():
         server = "same" if r["server"] == r["client"] else " > ".join(r["server"])
@@ -148,10 +175,19 @@ def main(argv: list[str] | None = None) -> int:
             out = Path(tmp) / "demo"
             subprocess.run([sys.executable, "-m", "servelens", "demo", "--output-dir", str(out)], check=True,
                            stdout=subprocess.DEVNULL)
-        c = compare(out)
-    print_tables(c)
+        phases = [out] if (out / "summary.json").exists() else sorted(
+            p.parent for p in out.glob("*/summary.json"))
+        if not phases:
+            ap.error(f"{out} holds no summary.json (a demo's --output-dir, or one phase's folder)")
+        every = {}
+        gateway_ttft = _gateway_ttft(out)
+        for phase in phases:
+            c = compare(phase, gateway_ttft)
+            every[phase.name] = c
+            print(f"\n## {phase.name}\n")
+            print_tables(c)
     if args.json:
-        args.json.write_text(json.dumps(c, indent=1))
+        args.json.write_text(json.dumps(every, indent=1))
     return 0
 
 

@@ -168,7 +168,9 @@ def _stack(config: StoryConfig, out: Path, console: Console, slow: bool) -> Iter
                 else f"preset {config.sim_preset}")
         console.print(f"[bold]engine[/]  servelens sim at {sim.url}: {what}, speedup {config.sim_speedup:g}")
         buckets = IslBuckets(config.isl_buckets)
-        with demo.ServerProcess(["gateway", "--upstream", sim.url, "--isl-buckets", buckets.spec],
+        # the request log: each request's exact TTFT, for benchmarks/demo_accuracy.py
+        with demo.ServerProcess(["gateway", "--upstream", sim.url, "--isl-buckets", buckets.spec,
+                                 "--request-log", str(out / f"gateway-{tag}-requests.jsonl")],
                                 log_path=out / f"gateway-{tag}.log") as gw:
             console.print(f"[bold]gateway[/] servelens gateway at {gw.url} (metrics at {gw.url}/metrics)")
             yield gw.url

@@ -11,7 +11,7 @@ from servelens.core.edges import parse_edges
 from servelens.core.slo import Slo, parse_threshold
 from servelens.dashboards.mix import MixReference
 from servelens.dashboards.output import write_dashboard_files
-from servelens.dashboards.rules import DEFAULT_TARGET
+from servelens.dashboards.rules import DEFAULT_TARGET, SLO_SOURCES
 from servelens.formats.mix_file import read_mix
 from servelens.prometheus.names import DEFAULT_PREFIX, MetricNames, default_edges
 from servelens.report.promapi import parse_duration_s
@@ -50,6 +50,10 @@ def add_parser(subparsers: Any) -> None:
                    help="the TTFT le edges the server exports, for the attainment rules: fine, dynamo or "
                    "S1,S2,... as the gateway's flag (default: the prefix's, fine for servelens' names)")
     p.add_argument("--itl-edges", metavar="EDGES", help="the ITL le edges the server exports, as --ttft-edges")
+    p.add_argument("--slo-from", choices=SLO_SOURCES, default="histograms",
+                   help="histograms (default: any server's by-ISL histograms, at an le edge: a lower bound unless "
+                   "the SLO is an edge) or counters (exact: the gateway's own --slo-ttft/--slo-itl counters, which "
+                   "must be the SLOs given here; adds goodput per bucket)")
     p.add_argument("--attainment-target", type=float, default=DEFAULT_TARGET, metavar="SHARE",
                    help=f"alert when a bucket's attainment over 5m is below this (default: {DEFAULT_TARGET})")
     p.set_defaults(func=run)
@@ -73,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         edges = replace(edges, **({"ttft_s": parse_edges(args.ttft_edges, "ttft")} if args.ttft_edges else {}),
                         **({"itl_s": parse_edges(args.itl_edges, "itl")} if args.itl_edges else {}))
     files = write_dashboard_files(args.output_dir, names, buckets, args.ttft_p95_slo, reference=reference, slo=slo,
-                                  target=args.attainment_target, edges=edges)
+                                  target=args.attainment_target, edges=edges, slo_source=args.slo_from)
     for path in (files.dashboard, files.recording_rules, files.alert_rules):
         print(path)
     return 0

@@ -4,14 +4,18 @@ change into a bucket-mix effect and a per-bucket latency effect out."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Any
 
 from servelens.core.buckets import IslBuckets
+from servelens.core.capacity import verdict_line
 from servelens.core.slo import Slo, parse_threshold
 from servelens.core.windows import ExplainError, window_mix
 from servelens.formats.mix_file import read_mix, write_mix
 from servelens.prometheus.names import DEFAULT_PREFIX, MetricNames
+from servelens.report import capacity_report
+from servelens.report.capacity_output import capacity_dict
 from servelens.report.explain import ExplainOptions, explain_windows
 from servelens.report.explain_output import render_text, to_json
 from servelens.report.explain_windows import METRICS, WindowPairs, from_prometheus, from_results, from_scrapes
@@ -68,6 +72,11 @@ def add_parser(subparsers: Any) -> None:
                    help="write the earlier window's TTFT bucket mix as a reference-mix file")
     p.add_argument("--slo-ttft", metavar="SPEC", help="TTFT SLO: attainment per bucket and goodput")
     p.add_argument("--slo-itl", metavar="SPEC", help="ITL SLO: attainment per bucket and goodput")
+    p.add_argument("--capacity", action="store_true",
+                   help="with --results or --metrics: where the capacity is short in each window (TTFT split into "
+                   "queue and prefill per bucket, the prefill throughput fit; see servelens report --capacity)")
+    p.add_argument("--engine-log", nargs=2, metavar=("BEFORE", "AFTER"),
+                   help="with --results --capacity: each run's engine log (request_id, queue_s, prefill_s)")
     p.add_argument("--format", choices=("table", "json"), default="table", help="output format (default: table)")
     p.set_defaults(func=run)
 
@@ -100,6 +109,29 @@ def read_windows(args: argparse.Namespace) -> WindowPairs:
     return from_prometheus(args.prometheus, names, args.before, args.after, args.model, buckets)
 
 
+def _with_capacity(args: argparse.Namespace, pairs: WindowPairs, out: str) -> str:
+    """The explanation with each window's capacity analysis: lines after the text, or a
+    ``capacity`` field (``before``, ``after``) in the JSON."""
+    names = MetricNames(args.metrics_prefix)
+    if args.results:
+        buckets = pairs.buckets or IslBuckets.from_labels(pairs.labels)
+        logs = args.engine_log or (None, None)
+        reps = [capacity_report.from_results(path, buckets, log) for path, log in zip(args.results, logs, strict=True)]
+    else:
+        b0, b1, a0, a1 = args.metrics
+        reps = [capacity_report.from_metrics(after, names, before, args.model, pairs.labels)
+                for before, after in ((b0, b1), (a0, a1))]
+    if args.format == "json":
+        doc = json.loads(out)
+        doc["capacity"] = {"before": capacity_dict(reps[0]), "after": capacity_dict(reps[1])}
+        return json.dumps(doc, indent=2, allow_nan=False) + "\n"
+    lines = [out.rstrip("\n"), ""]
+    for when, rep in (("earlier window", reps[0]), ("later window", reps[1])):
+        lines.append(f"{when}: {verdict_line(rep)}")
+        lines.extend(f"  note: {n}" for n in rep.notes)
+    return "\n".join(lines) + "\n"
+
+
 def run(args: argparse.Namespace) -> int:
     """Print the explanation."""
     metrics = _metrics(args.metric)
@@ -110,6 +142,11 @@ def run(args: argparse.Namespace) -> int:
     if args.resamples < 10:
         raise ExplainError(f"--resamples must be >= 10, got {args.resamples}")
     reference = read_mix(args.reference_mix) if args.reference_mix else None
+    if args.engine_log and not (args.capacity and args.results):
+        raise ExplainError("--engine-log goes with --results and --capacity")
+    if args.capacity and args.prometheus:
+        raise ExplainError("--capacity reads --results or --metrics; for Prometheus use servelens report "
+                           "--prometheus URL --capacity --window")
     pairs = read_windows(args)
     slo = None
     if args.slo_ttft or args.slo_itl:
@@ -126,6 +163,8 @@ def run(args: argparse.Namespace) -> int:
         path = write_mix(args.write_mix, window_mix(earlier), f"the earlier window: {pairs.before_desc}")
         print(f"wrote {path}", file=sys.stderr)
     out = to_json(report) if args.format == "json" else render_text(report, args.quantile)
+    if args.capacity:
+        out = _with_capacity(args, pairs, out)
     sys.stdout.write(out)
     sys.stdout.flush()
     return 0

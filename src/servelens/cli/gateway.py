@@ -68,6 +68,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--shutdown-timeout", type=float, dest="shutdown_timeout_s", metavar="S",
                    help="on SIGTERM, let requests in flight run up to S seconds, then cut and count them "
                    "cancelled (default 25)")
+    p.add_argument("--slo-ttft", metavar="SPEC",
+                   help="count per ISL bucket the requests whose TTFT meets SPEC (2.0 | 0.5+0.0002*isl | "
+                   "0-512=0.5,...), exactly, in {prefix}_requests_within_slo_by_isl_total")
+    p.add_argument("--slo-itl", metavar="SPEC", help="the same for each request's mean ITL (as --slo-ttft)")
     p.add_argument("--no-uvloop", action="store_true", help="use the default asyncio loop")
     p.set_defaults(func=run)
 
@@ -78,7 +82,7 @@ _FLAGS = (
     "by_isl_only", "continuous_usage", "inject_usage", "tokenizer", "chat_template", "request_log",
     "request_log_chunks",
     "max_body_bytes", "connect_timeout_s", "response_timeout_s",
-    "read_timeout_s", "client_timeout_s", "models_refresh_s", "shutdown_timeout_s",
+    "read_timeout_s", "client_timeout_s", "models_refresh_s", "shutdown_timeout_s", "slo_ttft", "slo_itl",
 )
 
 

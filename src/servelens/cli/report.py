@@ -8,11 +8,13 @@ import sys
 from typing import Any
 
 from servelens.core.buckets import IslBuckets, label_sort_key
+from servelens.core.capacity import CapacityReport
 from servelens.core.slo import Slo, parse_threshold
 from servelens.formats.results import summary_isl_buckets
 from servelens.formats.table import FORMATS, format_rows, output_width
 from servelens.prometheus.names import DEFAULT_PREFIX, MetricNames
-from servelens.report import compare
+from servelens.report import capacity_report, compare, slo_report
+from servelens.report.capacity_output import capacity_dict, capacity_markdown, capacity_text
 from servelens.report.html import write_html
 from servelens.report.promapi import parse_duration_s
 from servelens.report.slo_output import slo_json, slo_markdown, slo_text
@@ -60,6 +62,20 @@ def add_parser(subparsers: Any) -> None:
                    "exact from --results, bounds from histograms (exact only at an le edge)")
     p.add_argument("--slo-itl", metavar="SPEC",
                    help="ITL SLO, as --slo-ttft (--results: each request's mean ITL; histograms: each token)")
+    p.add_argument("--slo-from", choices=("histograms", "counters"), default="histograms",
+                   help="with --metrics/--prometheus: histograms (default; bounds, exact at an le edge) or counters "
+                   "(exact: the gateway's --slo-ttft/--slo-itl counters; give the gateway's SLOs here)")
+    p.add_argument("--capacity", action="store_true",
+                   help="where the capacity is short: per bucket, TTFT split into queue and prefill time, and the "
+                   "prefill throughput fitted from TTFT against uncached prompt tokens")
+    p.add_argument("--engine-log", metavar="PATH",
+                   help="with --results --capacity: the engine's queue and prefill time per request (JSONL with "
+                   "request_id, queue_s, prefill_s; the sim's --truth-log is one)")
+    p.add_argument("--engine-metrics", metavar="URL|FILE",
+                   help="with --metrics --capacity: the engine's /metrics (vLLM's request_queue_time and "
+                   "request_prefill_time histograms; default: looked for in --metrics itself)")
+    p.add_argument("--engine-metrics-before", metavar="URL|FILE",
+                   help="with --engine-metrics: an earlier scrape of the engine; use the difference")
     p.add_argument("--html", metavar="PATH", help="also write a self-contained HTML report")
     p.add_argument("--title", default="servelens report", help="title of the table and HTML report")
     p.set_defaults(func=run)
@@ -102,6 +118,8 @@ def _buckets_of(report: Report, given: IslBuckets | None) -> IslBuckets:
 def build_slo(args: argparse.Namespace, report: Report) -> SloReport | None:
     """SLO attainment for parsed arguments (None without an SLO flag). Raises ValueError."""
     if not (args.slo_ttft or args.slo_itl):
+        if args.slo_from != "histograms":
+            raise ValueError("--slo-from counters: give the SLOs the gateway counts (--slo-ttft/--slo-itl)")
         return None
     if args.format == "csv":
         raise ValueError("SLO attainment is printed with --format table, markdown or json, not csv")
@@ -115,10 +133,52 @@ def build_slo(args: argparse.Namespace, report: Report) -> SloReport | None:
               parse_threshold(args.slo_itl, buckets) if args.slo_itl else None)
     names = MetricNames(args.metrics_prefix)
     if args.results:
+        if args.slo_from != "histograms":
+            raise ValueError("--slo-from counters reads a gateway's counters: give --metrics or --prometheus")
         return slo_from_results(args.results, buckets, slo)
+    if args.slo_from == "counters":
+        if args.metrics:
+            return slo_report.counters_from_metrics(args.metrics, names, args.metrics_before, args.model, buckets,
+                                                    slo)
+        return slo_report.counters_from_prometheus(args.prometheus, names, args.window or "5m", args.model,
+                                                   buckets, slo)
     if args.metrics:
         return slo_from_metrics(args.metrics, names, args.metrics_before, args.model, buckets, slo)
     return slo_from_prometheus(args.prometheus, names, args.window or "5m", args.model, buckets, slo)
+
+
+def check_capacity_flags(args: argparse.Namespace) -> None:
+    """One-line errors for ``--capacity`` and its inputs given where they do not apply."""
+    engine_flags = [f for f, v in (("--engine-log", args.engine_log), ("--engine-metrics", args.engine_metrics),
+                                   ("--engine-metrics-before", args.engine_metrics_before)) if v]
+    if not args.capacity:
+        if engine_flags:
+            raise ValueError(f"{engine_flags[0]} is an input of --capacity: give --capacity too")
+        return
+    if args.format == "csv":
+        raise ValueError("--capacity is printed with --format table, markdown or json, not csv")
+    if args.engine_log and not args.results:
+        raise ValueError("--engine-log joins per-request times to bench results: it needs --results")
+    if (args.engine_metrics or args.engine_metrics_before) and not args.metrics:
+        raise ValueError("--engine-metrics goes with --metrics (with --prometheus the engine's series are read "
+                         "from the same server)")
+
+
+def build_capacity(args: argparse.Namespace, report: Report) -> CapacityReport | None:
+    """The capacity analysis for parsed arguments (None without ``--capacity``). Raises ValueError."""
+    if not args.capacity:
+        return None
+    given = IslBuckets.parse(args.isl_buckets) if args.isl_buckets else None
+    names = MetricNames(args.metrics_prefix)
+    if args.results:
+        bench_bounds = summary_isl_buckets(args.results)
+        buckets = given or (IslBuckets(bench_bounds) if bench_bounds else IslBuckets.default())
+        return capacity_report.from_results(args.results, buckets, args.engine_log)
+    labels = _buckets_of(report, given).labels
+    if args.metrics:
+        return capacity_report.from_metrics(args.metrics, names, args.metrics_before, args.model, labels,
+                                            args.engine_metrics, args.engine_metrics_before)
+    return capacity_report.from_prometheus(args.prometheus, names, args.window or "5m", args.model, labels)
 
 
 def run_compare(args: argparse.Namespace) -> int:
@@ -147,17 +207,23 @@ def run_compare(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     """Print the table; write the HTML report when asked."""
     if args.compare:
+        if args.capacity:
+            raise ValueError("--capacity reports one run; give it without --compare")
         return run_compare(args)
+    check_capacity_flags(args)
     report = build_report(args)
     slo = build_slo(args, report)
+    cap = build_capacity(args, report)
     # a terminal: its real width; a file or pipe: format_rows' wide default
     width = output_width()
-    if args.format == "json" and slo is not None:
-        sys.stdout.write(slo_json(report.rows, slo))
+    if args.format == "json" and (slo is not None or cap is not None):
+        sys.stdout.write(slo_json(report.rows, slo, capacity_dict(cap) if cap is not None else None))
     else:
         sys.stdout.write(format_rows(report.rows, args.format, args.title, width))
         if slo is not None:
             sys.stdout.write(slo_markdown(slo) if args.format == "markdown" else slo_text(slo, width))
+        if cap is not None:
+            sys.stdout.write(capacity_markdown(cap) if args.format == "markdown" else capacity_text(cap, width))
     sys.stdout.flush()
     if args.html:
         path = write_html(args.html, report.rows, report.timeseries, args.title, report.source)

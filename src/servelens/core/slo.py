@@ -128,7 +128,8 @@ class Attainment:
     """SLO attainment of one bucket (or ``all``) from per-request data.
 
     ``*_met`` count requests; ``*_share`` are those over ``requests`` (None without requests or
-    without that SLO); ``goodput_rps`` is ``all_met / duration_s``.
+    without that SLO); ``goodput_rps`` is ``all_met / duration_s`` (None when the window's length
+    is not known: counters from a scrape).
     """
 
     label: str
@@ -139,7 +140,7 @@ class Attainment:
     ttft_share: float | None
     itl_share: float | None
     all_share: float | None
-    goodput_rps: float
+    goodput_rps: float | None
 
 
 def _within(th: Threshold | None, r: SloRequest, label: str | None, value: float | None, missing: bool) -> bool:
@@ -153,6 +154,13 @@ def _within(th: Threshold | None, r: SloRequest, label: str | None, value: float
     if label is None or r.isl is None:  # no ISL: only a flat threshold can judge it
         return not th.table and th.per_token_s == 0 and value <= th.base_s
     return value <= th.limit_s(r.isl, label)
+
+
+def meets(slo: Slo, r: SloRequest, label: str | None) -> tuple[bool, bool]:
+    """Whether request ``r`` (in bucket ``label``; None: no bucket) meets the TTFT SLO and the ITL
+    SLO (True for a metric without one): the per-request rule of the module docstring, shared by
+    :func:`attainment` and the gateway's per-bucket SLO counters."""
+    return (_within(slo.ttft, r, label, r.ttft_s, missing=False), _within(slo.itl, r, label, r.itl_s, missing=True))
 
 
 def attainment(
@@ -171,8 +179,7 @@ def attainment(
     tally = {label: [0, 0, 0, 0] for label in (*buckets.labels, ALL_LABEL)}
     for r in requests:
         label = buckets.label(r.isl) if r.isl is not None else None
-        ttft = _within(slo.ttft, r, label, r.ttft_s, missing=False)
-        itl = _within(slo.itl, r, label, r.itl_s, missing=True)
+        ttft, itl = meets(slo, r, label)
         for key in (label, ALL_LABEL) if label else (ALL_LABEL,):
             t = tally[key]
             t[0] += 1
@@ -226,6 +233,30 @@ def bucket_shares(
     if len(histograms) != len(buckets):
         raise ExplainError(f"{len(histograms)} histograms for {len(buckets)} ISL buckets")
     return tuple(histogram_share(h, *threshold.bucket_range_s(buckets, i)) for i, h in enumerate(histograms))
+
+
+def counted_attainment(counts: Sequence[tuple[str, int, int | None, int | None, int]], slo: Slo,
+                       duration_s: float | None = None) -> tuple[Attainment, ...]:
+    """Attainment rows from counts made at the source (the gateway's exact SLO counters):
+    ``(label, requests, ttft_met, itl_met, all_met)`` per bucket in order, then an ``all`` row that
+    sums them; goodput over ``duration_s`` when given. Raises ExplainError for a non-positive
+    ``duration_s``, or met counts above the requests (counters of another window or SLO)."""
+    if duration_s is not None and not duration_s > 0:
+        raise ExplainError(f"goodput needs a window longer than 0 s, got {duration_s}")
+    rows = []
+    for label, n, t, i, both in counts:
+        if any(x is not None and not 0 <= x <= n for x in (t, i, both)):
+            raise ExplainError(f"bucket {label}: more requests meeting the SLO than finished ({n}): counters of "
+                               "another window?")
+        rows.append((label, n, t if slo.ttft else None, i if slo.itl else None, both))
+    total = ("all", sum(r[1] for r in rows),
+             sum(r[2] or 0 for r in rows) if slo.ttft else None, sum(r[3] or 0 for r in rows) if slo.itl else None,
+             sum(r[4] for r in rows))
+    return tuple(
+        Attainment(label, n, t, i, both, t / n if n and t is not None else None,
+                   i / n if n and i is not None else None, both / n if n else None,
+                   both / duration_s if duration_s else None)
+        for label, n, t, i, both in (*rows, total))
 
 
 def both_bounds(p: ShareBounds, q: ShareBounds) -> ShareBounds:

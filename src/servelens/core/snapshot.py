@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 from servelens.core.edges import MetricEdges
 from servelens.core.histogram import HistogramState
-from servelens.core.state import FrontendState, ModelState
+from servelens.core.state import SLO_KINDS, FrontendState, ModelState, slo_kind_on
 
 RequestKey = tuple[str, str, str, str]
 """``(endpoint, request_type, status, error_type)``, the key of ``requests_total`` per model."""
@@ -65,6 +65,7 @@ class ModelSnapshot:
         requests: ``(RequestKey, count)`` sorted by key (series appear on first use).
         inflight: requests in flight.
         output_tokens: output tokens counted.
+        slo_met: per bucket in bucket order ``(label, ttft met, itl met, all met)``; ``()`` without SLOs.
     """
 
     name: str
@@ -73,6 +74,7 @@ class ModelSnapshot:
     requests: tuple[tuple[RequestKey, int], ...]
     inflight: int
     output_tokens: int
+    slo_met: tuple[tuple[str, int, int, int], ...] = ()
 
     @property
     def stock(self) -> tuple[HistogramCopy, ...]:
@@ -96,6 +98,7 @@ class StateSnapshot:
         unknown_requests: ``(RequestKey, count)`` of requests naming an unknown model, sorted by key.
         unknown_duration: their durations (None until the first one).
         disconnected_clients: clients that left before their response was complete.
+        slo_kinds: the ``slo`` label values exported (``()``: no SLO counters).
     """
 
     edges: MetricEdges
@@ -104,6 +107,7 @@ class StateSnapshot:
     unknown_requests: tuple[tuple[RequestKey, int], ...]
     unknown_duration: HistogramCopy | None
     disconnected_clients: int
+    slo_kinds: tuple[str, ...] = ()
 
 
 _new = tuple.__new__
@@ -155,6 +159,8 @@ def copy_model(state: FrontendState, name: str, previous: ModelSnapshot | None =
             requests=tuple(sorted(ms.requests.items())),
             inflight=ms.inflight,
             output_tokens=ms.output_tokens,
+            slo_met=(tuple((label, t[0], t[1], t[2]) for label, t in ms.slo_met.items())
+                     if ms.slo_met is not None else ()),
         )
 
 
@@ -183,4 +189,5 @@ def take_snapshot(state: FrontendState, previous: StateSnapshot | None = None,
             unknown_requests=tuple(sorted(state.unknown_requests.items())),
             unknown_duration=copy_histogram(unknown, prev_unknown) if unknown is not None else None,
             disconnected_clients=state.disconnected_clients,
+            slo_kinds=(tuple(k for k in SLO_KINDS if slo_kind_on(state.slo, k)) if state.slo is not None else ()),
         )

@@ -24,6 +24,7 @@ import threading
 from servelens.core.buckets import IslBuckets
 from servelens.core.edges import MetricEdges
 from servelens.core.histogram import HistogramState
+from servelens.core.slo import Slo, SloRequest, meets
 from servelens.core.status import ERROR, SUCCESS, UNKNOWN_MODEL, check_error_type, check_request_labels
 from servelens.core.timing import RequestRecord, RequestTimer
 
@@ -31,6 +32,15 @@ ISL_SOURCES: tuple[str, ...] = ("first_chunk_usage", "final_usage", "tokenizer",
 """How a request's ISL bucket was assigned (label ``source`` of the assignments counter)."""
 
 DEFAULT_MAX_MODELS = 64
+
+SLO_KINDS: tuple[str, ...] = ("ttft", "itl", "all")
+"""Values of the ``slo`` label of the per-bucket SLO counter: met the TTFT SLO, the ITL SLO, all."""
+
+
+def slo_kind_on(slo: Slo, kind: str) -> bool:
+    """Whether the counter of ``kind`` (:data:`SLO_KINDS`) is exported: ``ttft`` and ``itl`` with
+    their SLO, ``all`` always."""
+    return kind == "all" or (kind == "ttft" and slo.ttft is not None) or (kind == "itl" and slo.itl is not None)
 
 
 class HistogramSet:
@@ -50,15 +60,18 @@ class HistogramSet:
 class ModelState:
     """Everything exported for one model: stock histograms, by-ISL histograms, counters."""
 
-    __slots__ = ("by_isl", "inflight", "isl_sources", "name", "output_tokens", "requests", "stock")
+    __slots__ = ("by_isl", "inflight", "isl_sources", "name", "output_tokens", "requests", "slo_met", "stock")
 
-    def __init__(self, name: str, edges: MetricEdges, buckets: IslBuckets | None) -> None:
+    def __init__(self, name: str, edges: MetricEdges, buckets: IslBuckets | None, slo: Slo | None = None) -> None:
         self.name = name
         self.stock = HistogramSet(edges, with_isl=True)
         self.by_isl: dict[str, HistogramSet] | None = (
             {label: HistogramSet(edges, with_isl=False) for label in buckets.labels} if buckets else None
         )
         self.isl_sources: dict[str, int] | None = dict.fromkeys(ISL_SOURCES, 0) if buckets else None
+        # per bucket: requests meeting the TTFT SLO, the ITL SLO, and all of them (None: no SLO)
+        self.slo_met: dict[str, list[int]] | None = (
+            {label: [0, 0, 0] for label in buckets.labels} if buckets and slo else None)
         self.inflight = 0
         self.output_tokens = 0
         # (endpoint, request_type, status, error_type) -> count; series appear on first use
@@ -75,6 +88,9 @@ class FrontendState:
             TTFT and ITL edges, Dynamo 1.6.1's for the rest).
         max_models: registering more models than this raises ValueError (cardinality guard).
         limit_reason: what ``max_models`` was derived from, named in that error (e.g. a series budget).
+        slo: SLOs to count per bucket (:data:`SLO_KINDS`): each finished request with a bucket and a
+            first token is judged once, exactly (:func:`servelens.core.slo.meets`: its TTFT, its mean
+            ITL). None: nothing counted. Needs ``isl_buckets`` (ValueError otherwise).
     """
 
     def __init__(
@@ -83,7 +99,13 @@ class FrontendState:
         edges: MetricEdges | None = None,
         max_models: int = DEFAULT_MAX_MODELS,
         limit_reason: str = "",
+        slo: Slo | None = None,
     ) -> None:
+        if slo is not None and isl_buckets is None:
+            raise ValueError("SLO counters are per ISL bucket: they need ISL buckets")
+        if slo is not None and slo.ttft is None and slo.itl is None:
+            slo = None
+        self.slo = slo
         self.isl_buckets = isl_buckets
         self.edges = edges or MetricEdges()
         self.max_models = max_models
@@ -114,7 +136,7 @@ class FrontendState:
                     + (f" ({self.limit_reason})" if self.limit_reason else "")
                     + " (raise max_models if this is intended)"
                 )
-            state = ModelState(name, self.edges, self.isl_buckets)
+            state = ModelState(name, self.edges, self.isl_buckets, self.slo)
             self.models[name] = state
             return state
 
@@ -340,4 +362,19 @@ class LiveRequest:
                     b.osl.observe(osl)
                 if cached_tokens is not None:
                     b.cached.observe(cached_tokens)
+                if ms.slo_met is not None and state.slo is not None:
+                    self._count_slo(ms.slo_met, state.slo, rec)
         return rec
+
+    def _count_slo(self, met: dict[str, list[int]], slo: Slo, rec: RequestRecord) -> None:
+        """Judge the finished request against the SLOs once (under the state's lock)."""
+        label = self.bucket_label
+        if label is None:
+            return
+        n = rec.itl.count
+        itl = rec.itl.sum / n if n else None
+        ttft_ok, itl_ok = meets(slo, SloRequest(self.isl, rec.ok, rec.ttft_s, itl), label)
+        t = met[label]
+        t[0] += ttft_ok
+        t[1] += itl_ok
+        t[2] += ttft_ok and itl_ok

@@ -39,18 +39,21 @@ def write_dashboard_files(
     slo: Slo | None = None,
     target: float = DEFAULT_TARGET,
     edges: MetricEdges | None = None,
+    slo_source: str = "histograms",
 ) -> DashboardFiles:
     """Write ``grafana-dashboard.json``, ``recording-rules.yml`` and ``alert-rules.yml`` into
     ``output_dir`` (created if missing): the mix-adjusted figures at ``reference``; with ``slo``,
     attainment rules and alerts below ``target`` (``edges``: the ``le`` edges the server exports,
-    default the prefix's). Raises OSError when it cannot be written and ValueError for an SLO
-    that is not a finite number > 0 or below every edge, or a target outside (0, 1]; nothing is
-    written then."""
+    default the prefix's; ``slo_source="counters"``: from the gateway's exact SLO counters instead).
+    Raises OSError when it cannot be written and ValueError for an SLO that is not a finite number
+    > 0 or below every edge, or a target outside (0, 1]; nothing is written then."""
     if reference.mix is not None:
         reference = MixReference(mix=aligned_mix(reference.mix, buckets.labels))
     # built first: bad values raise before anything is written
-    alerts = alert_rules(names, ttft_p95_slo_s, window, slo=slo, target=target, buckets=buckets, edges=edges)
-    rules = recording_rules(names, window, reference=reference, slo=slo, buckets=buckets, edges=edges)
+    alerts = alert_rules(names, ttft_p95_slo_s, window, slo=slo, target=target, buckets=buckets, edges=edges,
+                         slo_source=slo_source)
+    rules = recording_rules(names, window, reference=reference, slo=slo, buckets=buckets, edges=edges,
+                            slo_source=slo_source)
     dash = grafana_dashboard(names, buckets, reference=reference)
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)

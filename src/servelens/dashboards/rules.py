@@ -113,6 +113,37 @@ def slo_rules(names: MetricNames, slo: Slo, buckets: IslBuckets, edges: MetricEd
     return rules
 
 
+SLO_SOURCES = ("histograms", "counters")
+"""Where the attainment rules read: the by-ISL histograms at an ``le`` edge (a lower bound, exact at
+an edge; any server exporting by-ISL histograms), or the gateway's exact SLO counters (a gateway
+started with the same ``--slo-ttft``/``--slo-itl``)."""
+
+
+def counter_record_name(names: MetricNames, what: str, window: str = "5m") -> str:
+    """The record name of the attainment (``what="attainment"``, label ``slo``) or goodput from the
+    gateway's SLO counters."""
+    return f"{LEVEL}:{names.slo_by_isl}:{what}_{_window_tag(window)}"
+
+
+def counter_slo_rules(names: MetricNames, slo: Slo, window: str = "5m") -> list[dict[str, Any]]:
+    """From the gateway's exact counters (``{p}_requests_within_slo_by_isl_total``, a gateway run
+    with the same SLOs): per bucket and ``slo`` label (ttft, itl, all) the share of the bucket's
+    finished requests meeting it (over ``request_duration_by_isl_seconds_count``, the same
+    requests), and goodput, the requests per second meeting all SLOs, per bucket."""
+    by = "model, isl_bucket"
+    c = names.slo_by_isl
+    kinds = [k for k, th in (("ttft", slo.ttft), ("itl", slo.itl)) if th is not None] + ["all"]
+    rules: list[dict[str, Any]] = [
+        {"record": counter_record_name(names, "attainment", window),
+         "expr": f'sum by ({by}) (rate({c}{{slo="{kind}"}}[{window}])) / '
+                 f"sum by ({by}) (rate({names.duration_by_isl}_count[{window}]))",
+         "labels": {"slo": kind}}
+        for kind in kinds]
+    rules.append({"record": counter_record_name(names, "goodput", window),
+                  "expr": f'sum by ({by}) (rate({c}{{slo="all"}}[{window}]))'})
+    return rules
+
+
 def recording_rules(
     names: MetricNames,
     window: str = "5m",
@@ -121,6 +152,7 @@ def recording_rules(
     slo: Slo | None = None,
     buckets: IslBuckets | None = None,
     edges: MetricEdges | None = None,
+    slo_source: str = "histograms",
 ) -> dict[str, Any]:
     """The recording rules file as a dict (dump with :func:`to_yaml`).
 
@@ -128,8 +160,11 @@ def recording_rules(
     summed by ``le, model, isl_bucket``) and the mean (rate of ``_sum`` / rate of ``_count``);
     plus the per-bucket request rate. A second group holds the bucket mix and the TTFT at
     ``reference`` (:func:`mix_rules`); with ``slo`` (and the ``buckets``), a third the attainment
-    per bucket (:func:`slo_rules`). Raises ValueError for an SLO below every ``le`` edge.
+    per bucket (:func:`slo_rules`, or :func:`counter_slo_rules` with ``slo_source="counters"``).
+    Raises ValueError for an SLO below every ``le`` edge, or an unknown ``slo_source``.
     """
+    if slo_source not in SLO_SOURCES:
+        raise ValueError(f"slo_source must be one of {', '.join(SLO_SOURCES)}, got {slo_source!r}")
     by = "model, isl_bucket"
     rules: list[dict[str, Any]] = []
     for h in (names.ttft_by_isl, names.itl_by_isl):
@@ -154,7 +189,8 @@ def recording_rules(
         if buckets is None:
             raise ValueError("SLO rules need the ISL buckets")
         groups.append({"name": f"{names.prefix}_isl_bucket_slo_attainment",
-                       "rules": slo_rules(names, slo, buckets, edges, window)})
+                       "rules": slo_rules(names, slo, buckets, edges, window) if slo_source == "histograms"
+                       else counter_slo_rules(names, slo, window)})
     if interval:
         for g in groups:
             g["interval"] = interval
@@ -171,6 +207,7 @@ def alert_rules(
     target: float = DEFAULT_TARGET,
     buckets: IslBuckets | None = None,
     edges: MetricEdges | None = None,
+    slo_source: str = "histograms",
 ) -> dict[str, Any]:
     """Example alert rules: TTFT p95 of an ISL bucket above ``ttft_p95_slo_s`` seconds for ``for_``;
     with ``slo``, a bucket's attainment of each SLO below ``target`` for ``for_``.
@@ -200,6 +237,20 @@ def alert_rules(
             raise ValueError(f"attainment target must be within (0, 1], got {target}")
         if buckets is None:
             raise ValueError("SLO alerts need the ISL buckets")
+        if slo_source == "counters":
+            rules.append({
+                "alert": "SLOAttainmentBelowTargetByInputLength",
+                "expr": f"{counter_record_name(names, 'attainment', window)} < {target:g}",
+                "for": for_,
+                "labels": {"severity": severity},
+                "annotations": {
+                    "summary": "SLO attainment ({{ $labels.slo }}) of {{ $labels.isl_bucket }}-token prompts below "
+                    f"{target:.0%} on model {{{{ $labels.model }}}}",
+                    "description": "Share of the requests meeting the SLO ({{ $labels.slo }}), counted exactly by "
+                    "the gateway, over " + window + " is {{ $value | humanizePercentage }}.",
+                },
+            })
+            return {"groups": [{"name": f"{names.prefix}_isl_bucket_slo", "rules": rules}]}
         for metric, h, _ in _slo_pairs(names, slo, buckets, edges or default_edges(names.prefix), window):
             what = "TTFTs" if metric == "TTFT" else "tokens"
             rules.append({

@@ -7,6 +7,8 @@ read in one place.
 - :mod:`servelens.formats.metrics_text`: a ``/metrics`` scrape (Prometheus text) read into
   per-bucket histograms, and the difference of two scrapes. The bench scrapes the server before
   and after a run; ``servelens report --metrics`` reads saved or live scrapes.
+- :mod:`servelens.formats.engine_log`: an engine's queue and prefill time per request (JSONL, the
+  sim's truth log is one), joined to bench results by request id for ``report --capacity``.
 - :mod:`servelens.formats.table`: the per-bucket table rendered as rich, plain text, CSV, JSON or
   Markdown, and client beside server. The bench prints it; the report prints and embeds it.
 

@@ -67,6 +67,7 @@ class Gateway:
             max_models=config.max_models,
             max_series=config.max_series,
             stock=not config.by_isl_only,
+            slo=config.slo,
         )
         self.router = ModelRouter(config, self.metrics)
         self.prompt_counter = PromptCounter(config.tokenizer, config.chat_template) if config.tokenizer else None

@@ -27,6 +27,8 @@ YAML file shape (every key optional; CLI flags given explicitly override it)::
     shutdown_timeout_s: 25
     metrics_port: 9100                     # serve /metrics there only (the API port answers 404 for it)
     metrics_host: 127.0.0.1                # where that listener binds (default: host)
+    slo_ttft: 0.5+0.0002*isl               # count per bucket the requests meeting it (exact; as --slo-ttft)
+    slo_itl: 0.05                          # the same for each request's mean ITL
 
 Upstream URLs are base URLs (``http://host:port``); a trailing ``/v1`` (the OpenAI SDK's
 ``base_url`` habit) is accepted and removed, since the gateway forwards the client's ``/v1/...``
@@ -46,6 +48,7 @@ import yaml
 
 from servelens.core.buckets import DEFAULT_ISL_BOUNDARIES, IslBuckets
 from servelens.core.edges import MetricEdges, parse_edges
+from servelens.core.slo import Slo, parse_threshold
 from servelens.core.status import UNKNOWN_MODEL
 from servelens.prometheus.frontend import DEFAULT_MAX_SERIES
 from servelens.prometheus.names import DEFAULT_PREFIX, DYNAMO_PREFIX, check_prefix, default_edges
@@ -148,6 +151,10 @@ class GatewayConfig:
             Kubernetes' default 30 s grace, so they are counted before the pod is killed.
         repoll_min_interval_s: an unknown model triggers a re-poll at most this often.
         max_models: cardinality guard: at most this many model names are registered.
+        slo_ttft, slo_itl: SLO specs (:func:`servelens.core.slo.parse_threshold`: ``2.0``,
+            ``A+B*isl`` or a table per bucket) judged exactly for every finished request and counted
+            per bucket in ``{prefix}_requests_within_slo_by_isl_total``; None: not counted. Need ISL
+            buckets.
     """
 
     upstream: str | None = None
@@ -177,6 +184,8 @@ class GatewayConfig:
     shutdown_timeout_s: float = 25.0
     repoll_min_interval_s: float = 2.0
     max_models: int = 64
+    slo_ttft: str | None = None
+    slo_itl: str | None = None
     _upstreams: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -206,6 +215,7 @@ class GatewayConfig:
         if self.metrics_prefix == DYNAMO_PREFIX and not self.metric_edges.is_dynamo:
             raise ValueError("with --metrics-prefix dynamo_frontend the TTFT and ITL edges are Dynamo's (the by-ISL "
                              "twins must share the edges of Dynamo's stock histograms): drop the edges setting")
+        self.slo  # noqa: B018  # a bad SLO spec is an error at start, not at the first request
         if self.by_isl_only and self.isl_buckets is None:
             raise ValueError("--by-isl-only needs ISL bucket boundaries (--isl-buckets)")
         if self.continuous_usage not in CONTINUOUS_USAGE_MODES:
@@ -247,7 +257,8 @@ class GatewayConfig:
 
     def _check_types(self) -> None:
         """ValueError (one line) for a setting of the wrong type (a YAML file can hold anything)."""
-        for name in ("host", "metrics_prefix", "tokenizer", "chat_template", "request_log", "metrics_host"):
+        for name in ("host", "metrics_prefix", "tokenizer", "chat_template", "request_log", "metrics_host", "slo_ttft",
+                     "slo_itl"):
             v = getattr(self, name)
             if not isinstance(v, str) and (v is not None or name in ("host", "metrics_prefix")):
                 raise ValueError(f"{name} must be a string, got {v!r}")
@@ -265,6 +276,18 @@ class GatewayConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or math.isnan(v):
                 raise ValueError(f"{name} must be a number of seconds, got {v!r}")
+
+    @property
+    def slo(self) -> Slo | None:
+        """The SLOs the gateway counts (None without ``slo_ttft``/``slo_itl``). Raises ValueError for
+        a bad spec, or SLOs without ISL buckets."""
+        if self.slo_ttft is None and self.slo_itl is None:
+            return None
+        if self.isl_buckets is None:
+            raise ValueError("--slo-ttft/--slo-itl count per ISL bucket: they need --isl-buckets")
+        buckets = IslBuckets.parse(self.isl_buckets)
+        return Slo(parse_threshold(self.slo_ttft, buckets) if self.slo_ttft is not None else None,
+                   parse_threshold(self.slo_itl, buckets) if self.slo_itl is not None else None)
 
     @property
     def metric_edges(self) -> MetricEdges:

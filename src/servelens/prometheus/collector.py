@@ -21,7 +21,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from servelens.core.histogram import HistogramState
-from servelens.core.state import FrontendState
+from servelens.core.state import SLO_KINDS, FrontendState, slo_kind_on
 from servelens.core.status import UNKNOWN_MODEL
 from servelens.prometheus.names import HELP, MetricNames
 
@@ -80,6 +80,8 @@ class FrontendCollector(Collector):
             for name, key in zip(n.by_isl_histograms(), ("ttft", "itl", "duration", "osl", "cached"), strict=True):
                 yield HistogramMetricFamily(name, HELP[key] + ", by ISL bucket", labels=["model", "isl_bucket"])
             yield CounterMetricFamily(n.isl_assignments, HELP["isl_assignments"], labels=["model", "source"])
+            if self.state.slo is not None:
+                yield CounterMetricFamily(n.slo_by_isl, HELP["slo_by_isl"], labels=["isl_bucket", "model", "slo"])
 
     def collect(self) -> Iterator[Metric]:
         """Snapshot the state under its lock and yield the metric families."""
@@ -128,4 +130,13 @@ class FrontendCollector(Collector):
                         sources.add_metric([model, src], count)
                 families.extend(bhists)
                 families.append(sources)
+                if st.slo is not None:
+                    slo = CounterMetricFamily(n.slo_by_isl, HELP["slo_by_isl"], labels=["isl_bucket", "model", "slo"])
+                    for model, ms in st.models.items():
+                        assert ms.slo_met is not None
+                        for label, met in ms.slo_met.items():
+                            for kind, count in zip(SLO_KINDS, met, strict=True):
+                                if slo_kind_on(st.slo, kind):
+                                    slo.add_metric([label, model, kind], count)
+                    families.append(slo)
         yield from families

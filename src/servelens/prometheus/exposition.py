@@ -170,4 +170,12 @@ class TextExposition:
         for m, model_label in models:
             lines += [f'{n.isl_assignments}{{{model_label},source="{escape_label_value(src)}"}} '
                       f"{floatToGoString(count)}\n" for src, count in m.isl_sources]
+        if snap.slo_kinds:
+            lines.append(_head(n.slo_by_isl, HELP["slo_by_isl"], "counter").decode())
+            index = {"ttft": 1, "itl": 2, "all": 3}
+            for m, model_label in models:
+                for met in m.slo_met:
+                    bucket = f'isl_bucket="{escape_label_value(met[0])}"'
+                    lines += [f'{n.slo_by_isl}{{{bucket},{model_label},slo="{kind}"}} '
+                              f"{floatToGoString(met[index[kind]])}\n" for kind in snap.slo_kinds]
         yield "".join(lines).encode()

@@ -11,8 +11,9 @@ from prometheus_client.registry import Collector
 
 from servelens.core.buckets import IslBuckets
 from servelens.core.edges import MetricEdges
+from servelens.core.slo import Slo
 from servelens.core.snapshot import ModelSnapshot, StateSnapshot, take_snapshot
-from servelens.core.state import DEFAULT_MAX_MODELS, ISL_SOURCES, FrontendState, LiveRequest
+from servelens.core.state import DEFAULT_MAX_MODELS, ISL_SOURCES, SLO_KINDS, FrontendState, LiveRequest, slo_kind_on
 from servelens.prometheus.collector import FrontendCollector
 from servelens.prometheus.exposition import TextExposition
 from servelens.prometheus.names import DEFAULT_PREFIX, DYNAMO_PREFIX, MetricNames, default_edges
@@ -24,13 +25,14 @@ DEFAULT_MAX_SERIES = 50_000
 
 
 def series_per_model(
-    edges: MetricEdges, buckets: IslBuckets | None, stock: bool = True, by_isl: bool = True
+    edges: MetricEdges, buckets: IslBuckets | None, stock: bool = True, by_isl: bool = True, slo: Slo | None = None
 ) -> int:
     """Series one registered model adds to ``/metrics``: each histogram has one ``_bucket`` series per
     ``le`` edge plus ``+Inf``, a ``_sum`` and a ``_count``; stock: six histograms (label ``model``),
     ``inflight_requests`` and ``output_tokens_total``; by-ISL: five histograms per ISL bucket and the
     assignment counter (one series per source). ``requests_total`` is not counted: its series appear
     as outcomes happen (at most 2 endpoints x 2 request types x (success + each error type)).
+    With ``slo``, one SLO counter series per bucket and ``slo`` label value.
     """
     def hist(e: tuple[float, ...]) -> int:
         return len(e) + 3
@@ -43,6 +45,8 @@ def series_per_model(
         per_bucket = sum(hist(e) for e in (edges.ttft_s, edges.itl_s, edges.duration_s, edges.osl_tokens,
                                            edges.cached_tokens))
         n += per_bucket * len(buckets.labels) + len(ISL_SOURCES)
+        if slo is not None:
+            n += len(buckets.labels) * sum(slo_kind_on(slo, k) for k in SLO_KINDS)
     return n
 
 
@@ -74,6 +78,9 @@ class FrontendMetrics:
             :attr:`series_per_model` models are registered (and ``max_models`` at most).
         stock, by_isl: which families to export (``stock=False`` is the sidecar mode that adds
             only the by-ISL series to an engine that already exports the stock ones).
+        slo: SLOs judged exactly per request and counted per bucket in
+            ``{prefix}_requests_within_slo_by_isl_total{model, isl_bucket, slo}`` (``slo``: ttft,
+            itl, all; see :class:`~servelens.core.state.FrontendState`); None: no such series.
 
     Raises:
         ValueError: bad boundaries, edges or prefix; edges other than Dynamo's with Dynamo's prefix;
@@ -91,6 +98,7 @@ class FrontendMetrics:
         stock: bool = True,
         by_isl: bool = True,
         max_series: int = DEFAULT_MAX_SERIES,
+        slo: Slo | None = None,
     ) -> None:
         buckets: IslBuckets | None
         if isl_buckets is None or isl_buckets == "":
@@ -107,7 +115,9 @@ class FrontendMetrics:
         elif prefix == DYNAMO_PREFIX and not edges.is_dynamo:
             raise ValueError("with Dynamo's metric names (prefix dynamo_frontend) the le edges are Dynamo's: the "
                              "by-ISL twins must share the edges of Dynamo's own stock histograms")
-        self.series_per_model = series_per_model(edges, buckets, stock, by_isl)
+        if slo is not None and (buckets is None or not by_isl):
+            raise ValueError("SLO counters are per ISL bucket: they need ISL buckets")
+        self.series_per_model = series_per_model(edges, buckets, stock, by_isl, slo)
         """Series one registered model adds (:func:`series_per_model`)."""
         by_budget = max_series // self.series_per_model
         if by_budget < 1:
@@ -116,6 +126,7 @@ class FrontendMetrics:
             buckets, edges, min(max_models, by_budget),
             limit_reason=(f"{self.series_per_model:,} series per model within max_series {max_series:,}"
                           if by_budget < max_models else ""),
+            slo=slo,
         )
         self.collector = FrontendCollector(self.state, self.names, stock=stock, by_isl=by_isl)
         self.text = TextExposition(self.names, self.state.edges, stock=stock, by_isl=self.collector.by_isl)

@@ -139,6 +139,12 @@ class MetricNames:
     def isl_assignments(self) -> str:
         return self._n("isl_bucket_assignments_total")
 
+    @property
+    def slo_by_isl(self) -> str:
+        """Requests meeting the gateway's SLOs per bucket (label ``slo``: ttft, itl, all); only
+        with ``--slo-ttft``/``--slo-itl`` on the gateway."""
+        return self._n("requests_within_slo_by_isl_total")
+
     def stock_histograms(self) -> tuple[str, ...]:
         """The six stock histogram names, TTFT first."""
         return (self.ttft, self.itl, self.duration, self.isl, self.osl, self.cached)
@@ -162,4 +168,6 @@ HELP = {
     "disconnected": "Clients that disconnected before their response was complete",
     "isl_assignments": "Requests by how their ISL bucket was assigned "
     "(first_chunk_usage, final_usage, tokenizer, unknown)",
+    "slo_by_isl": "Finished requests with a first token that met the SLO (slo=ttft: TTFT; itl: mean ITL; all: "
+    "every SLO), by ISL bucket; the denominator is request_duration_by_isl_seconds_count",
 }

@@ -2,7 +2,8 @@
 
 Names and bucket edges follow vLLM v1 (``vllm/v1/metrics/loggers.py``, v0.10): histograms
 ``vllm:time_to_first_token_seconds``, ``vllm:inter_token_latency_seconds``,
-``vllm:e2e_request_latency_seconds``, ``vllm:request_prompt_tokens``,
+``vllm:e2e_request_latency_seconds``, ``vllm:request_queue_time_seconds`` (arrival to admission),
+``vllm:request_prefill_time_seconds`` (admission to the first token), ``vllm:request_prompt_tokens``,
 ``vllm:request_generation_tokens``; gauges ``vllm:num_requests_running``,
 ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc``; counters ``vllm:prompt_tokens_total``,
 ``vllm:generation_tokens_total``, ``vllm:prompt_tokens_cached_total``,
@@ -63,6 +64,13 @@ class SimMetrics:
                              lab, registry=r, buckets=ITL_BUCKETS_S).labels(model_name)
         self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
                              lab, registry=r, buckets=E2E_BUCKETS_S).labels(model_name)
+        # vLLM v1 gives its request-phase histograms the e2e edges (request_latency_buckets)
+        self.queue = Histogram("vllm:request_queue_time_seconds",
+                               "Histogram of time spent in WAITING phase for request.",
+                               lab, registry=r, buckets=E2E_BUCKETS_S).labels(model_name)
+        self.prefill = Histogram("vllm:request_prefill_time_seconds",
+                                 "Histogram of time spent in PREFILL phase for request.",
+                                 lab, registry=r, buckets=E2E_BUCKETS_S).labels(model_name)
         self.prompt = Histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
                                 lab, registry=r, buckets=tok).labels(model_name)
         self.generation = Histogram("vllm:request_generation_tokens", "Number of generation tokens processed.",
@@ -88,10 +96,16 @@ class SimMetrics:
 
     def observe_request(
         self, arrival_ns: int, token_times_ns: tuple[int, ...], end_ns: int, isl: int, cached: int,
-        finish_reason: str | None,
+        finish_reason: str | None, admitted_ns: int | None = None,
     ) -> None:
-        """Observe one request that reached the engine (once, when it ends)."""
+        """Observe one request that reached the engine (once, when it ends); queue time
+        (``admitted_ns - arrival_ns``) when it was admitted, prefill time (first token minus
+        ``admitted_ns``) when it also produced a token."""
         self.e2e.observe((end_ns - arrival_ns) / 1e9)
+        if admitted_ns is not None:
+            self.queue.observe((admitted_ns - arrival_ns) / 1e9)
+            if token_times_ns:
+                self.prefill.observe((token_times_ns[0] - admitted_ns) / 1e9)
         self.prompt.observe(isl)
         self.generation.observe(len(token_times_ns))
         self.prompt_total.inc(isl)

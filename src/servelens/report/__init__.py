@@ -8,6 +8,8 @@
 - :mod:`servelens.report.results`: a results file's requests with their wall-clock send times.
 - :mod:`servelens.report.promapi`: a small client of the Prometheus HTTP API.
 - :mod:`servelens.report.html`: the self-contained HTML report (plotly).
+- :mod:`servelens.report.capacity_report` and :mod:`servelens.report.capacity_output`: ``report
+  --capacity`` (where the capacity is short) from each source, and its text, Markdown and JSON.
 
 The file and text formats it reads and the table it renders are :mod:`servelens.formats`, shared
 with the bench. Imports: :mod:`servelens.core`, :mod:`servelens.prometheus`,

@@ -59,11 +59,14 @@ def slo_markdown(slo: SloReport) -> str:
     return "\n" + "\n".join([f"## {t.title}", "", *_markdown(t), "", *(f"{line}  " for line in _lines(slo))]) + "\n"
 
 
-def slo_json(rows: Sequence[BucketRow], slo: SloReport) -> str:
-    """The report's rows and the attainment in one JSON document (inf and NaN as null)."""
-    doc: dict[str, Any] = {
-        "rows": [asdict(r) | {"low_count": r.low_count} for r in rows],
-        "slo": {"slo": slo_dict(slo.slo), "exact": slo.exact is not None, "notes": list(slo.notes),
-                "rows": attainment_dicts(slo.exact if slo.exact is not None else (slo.bounds or ()))},
-    }
+def slo_json(rows: Sequence[BucketRow], slo: SloReport | None, capacity: dict[str, Any] | None = None) -> str:
+    """The report's rows, the attainment (when ``slo``) and the capacity analysis (when given, as
+    :func:`servelens.report.capacity_output.capacity_dict` made it) in one JSON document (inf and
+    NaN as null)."""
+    doc: dict[str, Any] = {"rows": [asdict(r) | {"low_count": r.low_count} for r in rows]}
+    if slo is not None:
+        doc["slo"] = {"slo": slo_dict(slo.slo), "exact": slo.exact is not None, "notes": list(slo.notes),
+                      "rows": attainment_dicts(slo.exact if slo.exact is not None else (slo.bounds or ()))}
+    if capacity is not None:
+        doc["capacity"] = capacity
     return json.dumps(jsonable(doc), indent=2, allow_nan=False) + "\n"

@@ -8,16 +8,27 @@ import time
 from dataclasses import dataclass
 
 from servelens.core.buckets import IslBuckets
-from servelens.core.slo import Attainment, AttainmentBounds, Slo, attainment, histogram_attainment, threshold_note
+from servelens.core.slo import (
+    Attainment,
+    AttainmentBounds,
+    Slo,
+    attainment,
+    counted_attainment,
+    histogram_attainment,
+    threshold_note,
+)
 from servelens.core.summary import CumulativeHistogram
 from servelens.core.windows import ExplainError, HistogramWindow
 from servelens.dashboards.queries import model_matcher
-from servelens.formats.metrics_text import bucket_histograms
+from servelens.formats.metrics_text import Scrape, bucket_histograms
 from servelens.formats.results import to_slo_request
 from servelens.prometheus.names import MetricNames
 from servelens.report.explain_windows import prometheus_window, read_records, span_s
 from servelens.report.promapi import PromClient, parse_duration_s
-from servelens.report.sources import scrape
+from servelens.report.sources import exact_increases, scrape
+
+COUNTER_NOTE = ("from the gateway's SLO counters: exact per request, for the SLOs the gateway was started with "
+                "(--slo-ttft/--slo-itl there); requests are those with a bucket and a first token")
 
 
 @dataclass(frozen=True)
@@ -94,3 +105,64 @@ def slo_from_prometheus(url: str, names: MetricNames, window: str, model: str | 
     assert isinstance(ttft, HistogramWindow) and isinstance(itl, HistogramWindow)
     return _from_histograms(dict(zip(ttft.labels, ttft.histograms, strict=True)),
                             dict(zip(itl.labels, itl.histograms, strict=True)), buckets, slo, span)
+
+
+def _check_kinds(present: set[str], slo: Slo, where: str) -> None:
+    """The counters' ``slo`` values must be the SLOs given (the gateway's own)."""
+    want = {k for k, th in (("ttft", slo.ttft), ("itl", slo.itl)) if th is not None} | {"all"}
+    if not present:
+        raise ExplainError(f"{where}: no SLO counters (start the gateway with --slo-ttft/--slo-itl, or read the "
+                           "histograms: --slo-from histograms)")
+    if present != want:
+        raise ExplainError(f"{where}: the gateway counts slo={','.join(sorted(present))}, the flags give "
+                           f"{','.join(sorted(want))}: give the SLOs the gateway was started with")
+
+
+def _counted(buckets: IslBuckets, slo: Slo, requests: dict[str, float], met: dict[tuple[str, str], float],
+             length_s: float | None) -> SloReport:
+    rows = counted_attainment([(label, round(requests.get(label, 0.0)),
+                                round(met.get((label, "ttft"), 0.0)), round(met.get((label, "itl"), 0.0)),
+                                round(met.get((label, "all"), 0.0))) for label in buckets.labels], slo, length_s)
+    notes = [COUNTER_NOTE] + ([] if length_s is not None else ["goodput needs the window's length, which a scrape "
+                                                               "does not carry"])
+    return SloReport(slo, rows, None, tuple(notes))
+
+
+def _scrape_counts(after: Scrape, before: Scrape | None, name: str, by: tuple[str, ...],
+                   model: str | None) -> dict[tuple[str, ...], float]:
+    out: dict[tuple[str, ...], float] = {}
+    for sign, sc in ((1.0, after), (-1.0, before)):
+        if sc is None:
+            continue
+        for (sample, labels), v in sc.samples.items():
+            d = dict(labels)
+            if sample != name or (model and d.get("model") != model):
+                continue
+            key = tuple(d.get(k, "") for k in by)
+            out[key] = out.get(key, 0.0) + sign * v
+    return out
+
+
+def counters_from_metrics(source: str, names: MetricNames, before: str | None, model: str | None,
+                          buckets: IslBuckets, slo: Slo) -> SloReport:
+    """Exact attainment from the gateway's SLO counters in a scrape (or the difference of two).
+    Raises ValueError (ExplainError) when the counters are absent or count other SLOs."""
+    after, prior = scrape(source), scrape(before) if before else None
+    met = _scrape_counts(after, prior, names.slo_by_isl, ("isl_bucket", "slo"), model)
+    _check_kinds({k[1] for k in met}, slo, source)
+    req = _scrape_counts(after, prior, names.duration_by_isl + "_count", ("isl_bucket",), model)
+    return _counted(buckets, slo, {k[0]: v for k, v in req.items()}, {(k[0], k[1]): v for k, v in met.items()}, None)
+
+
+def counters_from_prometheus(url: str, names: MetricNames, window: str, model: str | None, buckets: IslBuckets,
+                             slo: Slo, end_s: float | None = None) -> SloReport:
+    """Exact attainment and goodput from exact deltas of the gateway's SLO counters over ``window``.
+    Raises ValueError."""
+    span = parse_duration_s(window)
+    client = PromClient(url)
+    at = time.time() if end_s is None else end_s
+    m = model_matcher(model)
+    met = exact_increases(client, names.slo_by_isl, m, window, at, ("isl_bucket", "slo"))
+    _check_kinds({k[1] for k in met}, slo, url)
+    req = exact_increases(client, names.duration_by_isl + "_count", m, window, at)
+    return _counted(buckets, slo, {k[0]: v for k, v in req.items()}, {(k[0], k[1]): v for k, v in met.items()}, span)

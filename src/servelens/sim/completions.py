@@ -150,7 +150,7 @@ async def _handle(request: web.Request, endpoint: str) -> web.StreamResponse:
             )
             st.truth.add(rec)
             if req is not None and req.admitted_ns is not None:
-                st.metrics.observe_request(arrival, times, end, isl, cached, rec.finish_reason)
+                st.metrics.observe_request(arrival, times, end, isl, cached, rec.finish_reason, req.admitted_ns)
 
         if req is not None and req.submitted and not req.finished:
             # the record is written once the engine has dropped the request (at its next step), so

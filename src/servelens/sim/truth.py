@@ -72,11 +72,29 @@ class TruthRecord:
         """``first_token_ns - arrival_ns`` (engine-side TTFT), None without tokens."""
         return None if self.first_token_ns is None else self.first_token_ns - self.arrival_ns
 
+    @property
+    def queue_ns(self) -> int | None:
+        """Time queued: ``admitted_ns - arrival_ns`` (vLLM's queue time: arrival to first scheduled),
+        None if it was never admitted."""
+        return None if self.admitted_ns is None else self.admitted_ns - self.arrival_ns
+
+    @property
+    def prefill_ns(self) -> int | None:
+        """Time in prefill: ``first_token_ns - admitted_ns`` (vLLM's prefill time: first scheduled to
+        first token), None without a first token. ``queue_ns + prefill_ns == ttft_ns``."""
+        if self.admitted_ns is None or self.first_token_ns is None:
+            return None
+        return self.first_token_ns - self.admitted_ns
+
     def to_dict(self) -> dict[str, Any]:
-        """Plain dict (JSON-ready)."""
+        """Plain dict (JSON-ready), with ``queue_s`` and ``prefill_s`` (None when unknown) beside the
+        timestamps, as :mod:`servelens.formats.engine_log` reads them."""
         d = asdict(self)
         d["token_times_ns"] = list(self.token_times_ns)
         d["faults"] = list(self.faults)
+        q, p = self.queue_ns, self.prefill_ns
+        d["queue_s"] = None if q is None else q / 1e9
+        d["prefill_s"] = None if p is None else p / 1e9
         return d
 
 

@@ -21,6 +21,7 @@ from servelens.core.buckets import IslBuckets
 from servelens.core.timing import NS_PER_S
 from servelens.formats.results import BenchRecord
 from servelens.prometheus.frontend import FrontendMetrics
+from servelens.prometheus.sim_engine import SimMetrics
 from servelens.sim.model import ModelParams
 from servelens.sim.presets import DEFAULT_PRESET, get_preset
 from servelens.sim.scheduler import Engine, SimRequest, simulate
@@ -83,3 +84,78 @@ def feed_records(metrics: FrontendMetrics, records: Sequence[BenchRecord], model
             req.output(r.send_ns + off, tokens)
         req.finish(r.end_ns, "success" if r.ok else "error", "" if r.ok else "internal",
                    isl=r.isl, osl=r.osl, cached_tokens=r.cached_tokens)
+
+
+def run_loaded(
+    seed: int, buckets: IslBuckets, mix: Sequence[float], n: int, concurrency: int, params: ModelParams = BASE,
+    osl: int = 16, start_ns: int = 0,
+) -> tuple[list[BenchRecord], dict[str, tuple[float | None, float | None]]]:
+    """``n`` requests in a closed loop of ``concurrency`` on one engine with ``params`` (virtual time):
+    a new request is sent the moment one finishes, so with more requests than ``max_num_seqs`` (or
+    than the step's token budget admits) they queue. Prompt lengths as :func:`run_phase`.
+
+    Returns the bench records and the engine's times per request id, ``(queue_s, prefill_s)``
+    (vLLM's definitions: arrival to admission, admission to the first token), as the sim's truth
+    log gives them (:func:`servelens.formats.engine_log.load_engine_times`).
+    """
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    rng = np.random.default_rng(seed)
+    isls = [int(x) for x in bucket_isls(rng, buckets, mix, n)]
+    engine = Engine(params)
+    now = start_ns
+    done: list[SimRequest] = []
+    order: dict[str, int] = {}
+
+    def send(i: int) -> None:
+        req = SimRequest(f"q{seed}-{i}", (), isls[i], osl, now)
+        req.on_done = lambda: done.append(req)
+        order[req.request_id] = i
+        engine.submit(req)
+
+    sent = 0
+    while sent < min(concurrency, n):
+        send(sent)
+        sent += 1
+    out: list[BenchRecord] = []
+    times: dict[str, tuple[float | None, float | None]] = {}
+    while engine.has_work():
+        step = engine.plan()
+        if step is None:  # nothing fits (cannot happen with requests that fit the KV cache alone)
+            raise RuntimeError("engine stalled with work queued")
+        engine.admit_times(step, now)
+        now += int(step.cost_s * 1e9)
+        engine.complete(step, now)
+        while done:
+            req = done.pop()
+            t = req.token_times_ns
+            i = order[req.request_id]
+            out.append(BenchRecord(
+                index=i, request_id=req.request_id, scheduled_ns=req.arrival_ns - start_ns,
+                send_ns=req.arrival_ns, wall_send_ns=WALL_START_NS + req.arrival_ns, first_output_ns=t[0],
+                end_ns=now, chunk_offsets_ns=tuple(x - req.arrival_ns for x in t), chunk_tokens=(1,) * len(t),
+                tokens_from_usage=True, isl_target=req.isl, isl_server=req.isl, osl_target=osl, osl=len(t),
+                cached_tokens=req.cached_tokens, status="success",
+            ))
+            assert req.admitted_ns is not None
+            times[req.request_id] = ((req.admitted_ns - req.arrival_ns) / NS_PER_S,
+                                     (t[0] - req.admitted_ns) / NS_PER_S)
+            if sent < n:
+                send(sent)
+                sent += 1
+    out.sort(key=lambda r: r.index)
+    return out, times
+
+
+def engine_exposition(records: Sequence[BenchRecord], times: dict[str, tuple[float | None, float | None]],
+                      model: str = "test-model") -> bytes:
+    """The sim engine's own ``/metrics`` (vLLM's names) after ``records``, with their queue and
+    prefill ``times`` (:func:`run_loaded`) in ``vllm:request_queue_time_seconds`` and
+    ``vllm:request_prefill_time_seconds``."""
+    m = SimMetrics(model, 131072)
+    for r in records:
+        q, _ = times.get(r.request_id or "", (None, None))
+        admitted = None if q is None else r.send_ns + round(q * NS_PER_S)
+        m.observe_request(r.send_ns, tuple(r.send_ns + off for off in r.chunk_offsets_ns), r.end_ns, r.isl,
+                          r.cached_tokens or 0, "length", admitted)
+    return m.exposition(0, 0, 0.0, 0, 0)

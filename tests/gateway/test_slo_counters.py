@@ -1,0 +1,159 @@
+"""The gateway's exact SLO counters per ISL bucket (issue 17, section 3, server side): every
+finished request with a bucket and a first token is judged once, by the same rule as the bench's
+attainment (core.slo.meets), and counted in {p}_requests_within_slo_by_isl_total{slo=ttft|itl|all};
+both exposition paths write the same lines; bad settings are one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import aiohttp
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from servelens.cli.main import main
+from servelens.core.buckets import IslBuckets
+from servelens.core.slo import Slo, SloRequest, attainment, parse_threshold
+from servelens.gateway.config import GatewayConfig
+from servelens.gateway.testing import run_gateway, samples, value
+from servelens.prometheus.frontend import FrontendMetrics, series_per_model
+from servelens.sim.testing import run_sim
+
+BUCKETS = IslBuckets((1000, 4000))
+MS = 1_000_000
+
+# (isl, status, ttft ms, gap ms between 3 tokens; None: no first token)
+REQUESTS = [
+    (200, "success", 100, 5), (300, "success", 600, 5), (900, "success", 100, 50),  # 0-1000: met ttft/itl/none
+    (2000, "success", 700, 5),  # 1001-4000: 0.5 + 0.0002 * 2000 = 0.9 s: met
+    (3900, "success", 1400, 5),  # over 0.5 + 0.78
+    (8000, "error", 100, 5),  # failed after its first token: meets none, counted in the denominator
+    (8000, "error", None, None),  # failed before its first token: no bucket, not counted
+    (9000, "success", 10, None),  # one token: no gap, meets the ITL SLO
+]
+
+
+def feed(m: FrontendMetrics) -> list[SloRequest]:
+    judged = []
+    for isl, status, ttft, gap in REQUESTS:
+        r = m.begin("m", "chat_completions", "stream", arrival_ns=0)
+        later = [] if gap is None or ttft is None else [ttft * MS + k * gap * MS for k in (1, 2)]
+        times = [] if ttft is None else [ttft * MS, *later]
+        for t in times:
+            r.output(t)
+        r.finish(3_000 * MS, status, "" if status == "success" else "internal", isl=isl, osl=len(times))
+        if ttft is not None:
+            itl = gap / 1000 if gap is not None else None
+            judged.append(SloRequest(isl, status == "success", ttft / 1000, itl))
+    return judged
+
+
+def met(m: FrontendMetrics, bucket: str, kind: str) -> float:
+    return value(samples(m), m.names.slo_by_isl, model="m", isl_bucket=bucket, slo=kind)
+
+
+def test_counts_equal_the_per_request_attainment_and_both_writers_agree() -> None:
+    slo = Slo(parse_threshold("0.5+0.0002*isl", BUCKETS), parse_threshold("0.01", BUCKETS))
+    registry = CollectorRegistry()
+    m = FrontendMetrics(registry=registry, isl_buckets=BUCKETS, slo=slo)
+    m.register_model("m")
+    assert met(m, "4001+", "all") == 0  # every bucket's series at zero once the model is registered
+    judged = feed(m)
+    exact = {a.label: a for a in attainment(judged, BUCKETS, slo, 1.0)}
+    s = samples(m)
+    for label in BUCKETS.labels:
+        a = exact[label]
+        assert met(m, label, "ttft") == a.ttft_met
+        assert met(m, label, "itl") == a.itl_met
+        assert met(m, label, "all") == a.all_met
+        # the denominator: the bucket's finished requests with a first token
+        assert value(s, m.names.duration_by_isl + "_count", model="m", isl_bucket=label) == a.requests
+    assert (met(m, "0-1000", "ttft"), met(m, "0-1000", "itl"), met(m, "0-1000", "all")) == (2, 2, 1)
+    assert (met(m, "1001-4000", "all"), met(m, "4001+", "all"), met(m, "4001+", "itl")) == (1, 1, 1)
+    ours = [line for line in m.exposition().decode().splitlines() if m.names.slo_by_isl in line]
+    theirs = [line for line in generate_latest(registry).decode().splitlines() if m.names.slo_by_isl in line]
+    assert ours == theirs and len(ours) == 2 + 3 * len(BUCKETS)
+
+
+def test_only_the_given_slos_get_series_and_the_budget_counts_them() -> None:
+    slo = Slo(ttft=parse_threshold("0-1000=0.2,1001-4000=1,4001+=2", BUCKETS))
+    m = FrontendMetrics(isl_buckets=BUCKETS, slo=slo)
+    m.register_model("m")
+    feed(m)
+    text = m.exposition().decode()
+    assert 'slo="itl"' not in text and 'slo="ttft"' in text and 'slo="all"' in text
+    assert met(m, "0-1000", "ttft") == 2  # 100 ms twice, 600 ms over 0.2 s
+    edges = m.state.edges
+    assert m.series_per_model == series_per_model(edges, BUCKETS) + 2 * len(BUCKETS)
+    off = FrontendMetrics(isl_buckets=BUCKETS)
+    off.register_model("m")
+    assert off.names.slo_by_isl not in off.exposition().decode()
+
+
+def test_bad_settings_are_errors() -> None:
+    slo = Slo(ttft=parse_threshold("1", BUCKETS))
+    with pytest.raises(ValueError, match="need ISL buckets"):
+        FrontendMetrics(isl_buckets=None, slo=slo)
+    with pytest.raises(ValueError, match="need --isl-buckets"):
+        GatewayConfig(upstream="http://127.0.0.1:1", isl_buckets="off", slo_ttft="1")
+    with pytest.raises(ValueError, match="SLO threshold 'fast'"):
+        GatewayConfig(upstream="http://127.0.0.1:1", slo_ttft="fast")
+    with pytest.raises(ValueError, match="SLO table names"):
+        GatewayConfig(upstream="http://127.0.0.1:1", isl_buckets="1000", slo_itl="0-1000=0.1")
+
+
+def test_cli_bad_slo_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["gateway", "--upstream", "http://127.0.0.1:1", "--slo-ttft", "soon"]) == 2
+    err = capsys.readouterr().err
+    assert "SLO threshold 'soon'" in err and len(err.strip().splitlines()) == 1
+
+
+async def test_through_the_gateway_in_front_of_the_sim() -> None:
+    async with run_sim(speedup=20) as sim, run_gateway(sim.url, slo_ttft="0", slo_itl="100") as gw:
+        async with aiohttp.ClientSession() as s:
+            for _ in range(3):
+                async with s.post(gw.url + "/v1/completions", json={
+                        "model": "sim-model", "prompt": "a b c", "max_tokens": 4, "ignore_eos": True,
+                        "stream": True}) as r:
+                    assert r.status == 200
+                    await r.read()
+        await gw.gateway.wait_finished(3)
+        m = gw.metrics
+        # a TTFT of 0 s never (prefill takes time); a mean ITL within 100 s always (chunks read together
+        # have gaps of 0, so an ITL SLO of 0 could be met under load)
+        assert (met_sim(m, "ttft"), met_sim(m, "itl"), met_sim(m, "all")) == (0, 3, 0)
+
+
+def met_sim(m: FrontendMetrics, kind: str) -> float:
+    return value(samples(m), m.names.slo_by_isl, model="sim-model", isl_bucket="0-512", slo=kind)
+
+
+def test_report_reads_the_counters_exactly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    slo = Slo(parse_threshold("0.5+0.0002*isl", BUCKETS), parse_threshold("0.01", BUCKETS))
+    m = FrontendMetrics(isl_buckets=BUCKETS, slo=slo)
+    m.register_model("m")
+    (tmp_path / "s0.txt").write_bytes(m.exposition())
+    judged = feed(m)
+    (tmp_path / "s1.txt").write_bytes(m.exposition())
+    flags = ["--isl-buckets", "1000,4000", "--slo-ttft", "0.5+0.0002*isl", "--slo-itl", "0.01"]
+    assert main(["report", "--metrics", str(tmp_path / "s1.txt"), "--metrics-before", str(tmp_path / "s0.txt"),
+                 "--slo-from", "counters", "--format", "json", *flags]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["slo"]["exact"] is True
+    got = {r["label"]: r for r in doc["slo"]["rows"]}
+    for a in attainment(judged, BUCKETS, slo, 1.0)[:-1]:
+        row = got[a.label]
+        assert (row["requests"], row["ttft_met"], row["itl_met"], row["all_met"]) == (
+            a.requests, a.ttft_met, a.itl_met, a.all_met)
+        assert row["goodput_rps"] is None  # a scrape has no window length
+    assert got["all"]["all_met"] == sum(a.all_met for a in attainment(judged, BUCKETS, slo, 1.0)[:-1])
+    # the flags must name the SLOs the gateway counts
+    assert main(["report", "--metrics", str(tmp_path / "s1.txt"), "--slo-from", "counters",
+                 "--isl-buckets", "1000,4000", "--slo-ttft", "1"]) == 2
+    assert "the gateway counts slo=all,itl,ttft" in capsys.readouterr().err
+    off = FrontendMetrics(isl_buckets=BUCKETS)
+    off.register_model("m")
+    (tmp_path / "off.txt").write_bytes(off.exposition())
+    assert main(["report", "--metrics", str(tmp_path / "off.txt"), "--slo-from", "counters", *flags]) == 2
+    assert "no SLO counters" in capsys.readouterr().err
