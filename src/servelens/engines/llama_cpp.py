@@ -75,7 +75,8 @@ for a real tokenizer; a request over the slot's context gets llama-server's 400.
 
 TOOLS_TEMPLATE = Path(__file__).with_name("templates") / "smollm2-tools.jinja"
 """SmolLM2's ChatML chat template with OpenAI ``tools`` listed in the system prompt and calls written
-as ``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` (the Hermes format llama-server parses);
+as ``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` (the Hermes format; llama-server then
+reports ``supports_tool_calls`` and reads replies with its tool-call parser);
 without tools it renders exactly as the GGUF's own template (default system prompt included)."""
 
 CACHE_RAM_MIB = 1024
@@ -102,7 +103,8 @@ class LlamaServer(EngineServer):
             own template has no tool syntax, and 0.3.36's llama-server then drops ``tools`` without a
             word (``/props``: ``chat_template_caps.supports_tools`` false); :data:`TOOLS_TEMPLATE` is
             the same ChatML template with the tools listed Hermes-style (``<tools>``, ``<tool_call>``),
-            which llama-server recognises and parses back into OpenAI ``tool_calls``.
+            which llama-server recognises as a tool-call format (docs/llama-cpp.md: SmolLM2-135M never
+            wrote a ``<tool_call>``, so the parse back into ``tool_calls`` was not seen here).
         model: served name (``--alias``); default ``SmolLM2-135M-Instruct-<variant>``.
         cache: the build cache folder (default :func:`~servelens.engines.harness.default_cache`).
         scratch, port, extra_args, startup_timeout_s, stop_timeout_s, echo_log: as for every
