@@ -7,6 +7,9 @@ Each deployment is served alone (one llama-server at a time, 4 slots), every sui
 
     python benchmarks/eval_llama.py --out .scratch/eval-llama
 
+``--bfcl-limit N`` adds N BFCL multi-turn conversations per deployment (the servers then use the
+harness's tools template, :data:`~servelens.engines.llama_cpp.TOOLS_TEMPLATE`).
+
 Writes ``OUT/<deployment>/<suite>/`` (records, summary, cache: a second invocation costs nothing),
 ``OUT/compare-*.json`` and ``.html``, and prints the compare tables and the timings.
 """
@@ -37,6 +40,8 @@ def suites(args: argparse.Namespace, first: bool) -> list[dict[str, Any]]:
     ]
     if first:
         out.append({"suite": "gsm8k", "limit": args.gsm8k_limit, "max_tokens": args.math_tokens})
+    if args.bfcl_limit:
+        out.append({"suite": "bfcl", "limit": args.bfcl_limit, "max_tokens": args.bfcl_tokens, "max_steps": 2})
     return out
 
 
@@ -54,11 +59,14 @@ def previous_port(out: Path) -> int:
 def run_deployment(variant: str, out: Path, args: argparse.Namespace, first: bool,
                    only: tuple[str, ...] | None = None) -> dict[str, Any]:
     """Serve ``variant``, run the suites (``only`` these, when given) into ``out``; timings per suite."""
-    from servelens.engines.llama_cpp import LlamaServer
+    from servelens.engines.llama_cpp import TOOLS_TEMPLATE, LlamaServer
 
     timings: dict[str, Any] = {}
     t0 = time.perf_counter()
-    with LlamaServer(variant=variant, port=previous_port(out)) as srv:
+    # BFCL needs tools in the prompt: SmolLM2's own template has none (llama-server drops them); the
+    # tools template renders every request without tools exactly as the GGUF's template does
+    template = TOOLS_TEMPLATE if args.bfcl_limit else None
+    with LlamaServer(variant=variant, port=previous_port(out), chat_template_file=template) as srv:
         timings["start_s"] = time.perf_counter() - t0
         for spec in suites(args, first):
             if only is not None and spec["suite"] not in only:
@@ -90,6 +98,10 @@ def main() -> None:
     ap.add_argument("--shots", type=int, default=3)
     ap.add_argument("--math-tokens", type=int, default=200)
     ap.add_argument("--rerun-suites", default="mgsm,mmlu", help="the suites of the self-comparison rerun")
+    ap.add_argument("--bfcl-limit", type=int, default=0,
+                    help="BFCL multi-turn: this many conversations per deployment (default 0: not run; every "
+                    "request carries ~4,600 prompt tokens of tool schemas), served with the tools template")
+    ap.add_argument("--bfcl-tokens", type=int, default=96, help="BFCL reply budget (default 96)")
     args = ap.parse_args()
     # the rerun of A has its own folder, so its own cache: its first invocation asks the engine afresh
     plan = [(SOURCE_VARIANT, "a"), (SOURCE_VARIANT, "a-rerun"), (args.low, "b")]

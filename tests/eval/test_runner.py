@@ -111,6 +111,38 @@ async def test_timeout_is_a_counted_failure(endpoint: Endpoint, tmp_path: Path) 
     assert res.summary["failed"] == 1 and res.summary["scored"] == 3
 
 
+async def test_an_error_sent_with_200_is_a_failure_not_cached(endpoint: Endpoint, tmp_path: Path) -> None:
+    """Some servers answer an error object with status 200: the item fails with its message, and as it
+    is no answer it is not cached, so the rerun asks exactly that item again."""
+    keyed(endpoint)
+    items = read_text_suite("gsm8k", None)
+    endpoint.error_200_prompts = {items[1].messages[-1]["content"]}
+    first = await run_eval(config(endpoint, tmp_path, limit=3))
+    (failed,) = [r for r in first.records if r.error is not None]
+    assert failed.item == "gsm8k/1" and failed.error == "HTTP 200 with an error: model overloaded"
+    assert first.summary["retries"] == 0 and first.summary["failed"] == 1
+    endpoint.error_200_prompts = set()
+    endpoint.bodies.clear()
+    second = await run_eval(config(endpoint, tmp_path, limit=3))
+    assert [b["messages"][-1]["content"] for b in endpoint.bodies] == [items[1].messages[-1]["content"]]
+    assert second.summary["failed"] == 0 and second.summary["cache_hits"] == 2
+
+
+async def test_cache_not_shared_between_endpoints_serving_the_same_model(tmp_path: Path) -> None:
+    """Two deployments under one model name, one output folder: the second is asked every item."""
+    from servelens.eval.testing import answering_endpoint
+
+    async with answering_endpoint() as a, answering_endpoint() as b:
+        keyed(a)
+        keyed(b)
+        await run_eval(config(a, tmp_path, limit=5))
+        res = await run_eval(config(b, tmp_path, limit=5))
+        assert a.model == b.model and len(b.bodies) == 5 and res.summary["cache_hits"] == 0
+        a.bodies.clear()
+        again = await run_eval(config(a, tmp_path, limit=5))  # A's answers are still A's
+        assert a.bodies == [] and again.summary["cache_hits"] == 5
+
+
 async def test_unreachable_endpoint_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"^cannot reach http://127\.0\.0\.1:9/v1/models: cannot connect"):
         await run_eval(EvalConfig(url="http://127.0.0.1:9", suite="gsm8k", output_dir=str(tmp_path)))

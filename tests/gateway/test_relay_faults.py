@@ -403,3 +403,34 @@ async def test_empty_body_labelled_gzip_is_relayed_as_it_is() -> None:
             assert resp.status == 429 and await resp.read() == b""
         await gw.gateway.wait_finished(1)
         assert requests_total(gw.metrics, error_type="overload") == 1
+
+
+async def test_an_upstream_closing_after_every_stream_costs_no_request() -> None:
+    """As llama-server does: keep-alive in the headers, yet the connection closes after the stream
+    (here as the next request arrives, so every reuse meets the close). Every request succeeds, is
+    counted once, and each resend on a fresh connection is in ``servelens_gateway_upstream_retries_total``."""
+    n = 6
+    reads: list[int] = []
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        reads.append(1)
+        w.write(SSE_HEAD + b"".join(http_chunk(e) for e in EVENTS) + b"0\r\n\r\n")
+        await w.drain()
+        await read_request(r)  # the next request on this connection: closed unanswered
+        reads.append(1)
+
+    async with raw_tcp_server(handler) as (port, conns), run_gateway(
+        f"http://127.0.0.1:{port}", models=["m"], inject_usage=False
+    ) as gw, aiohttp.ClientSession() as s:
+        for _ in range(n):
+            async with s.post(gw.url + "/v1/chat/completions", data=BODY,
+                              headers={"Content-Type": "application/json"}) as resp:
+                assert resp.status == 200 and (await resp.read()).endswith(b"data: [DONE]\n\n")
+        await gw.gateway.wait_finished(n)
+        assert requests_total(gw.metrics, status="success") == requests_total(gw.metrics) == n
+        assert gw.gateway.upstream_retries == n - 1
+        async with s.get(gw.url + "/metrics") as resp:
+            text = await resp.text()
+    assert f"servelens_gateway_upstream_retries_total {float(n - 1)}" in text
+    assert len(conns) == n and len(reads) == 2 * n - 1  # each reuse read once, unanswered

@@ -79,7 +79,10 @@ async def test_request_head_and_keep_alive_reuse() -> None:
     assert bodies == [b'{"x": 1}'] * 3
 
 
-async def test_a_request_is_never_sent_twice() -> None:
+async def test_a_reused_connection_closed_unanswered_is_resent_once_on_a_fresh_one() -> None:
+    """The upstream reads the next request on a kept-alive connection and closes it unanswered (as
+    llama-server's close after a stream meets a request sent in that moment): the request goes out
+    again on a fresh connection, once, and is counted. A fresh connection that fails is not resent."""
     posts: list[int] = []
 
     async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
@@ -94,18 +97,55 @@ async def test_a_request_is_never_sent_twice() -> None:
     async with raw_server(handler) as (url, conns):
         client = UpstreamClient(connect_timeout_s=2)
         try:
+            for expected_retries in (0, 1, 2):
+                resp = await client.request("POST", url, CIMultiDict(), b"{}")
+                assert await resp.read() == b"ok"
+                resp.close()
+                assert client.retries == expected_retries
+        finally:
+            await client.close()
+    assert len(posts) == 5 and len(conns) == 3, "1st; 2nd read unanswered, resent; 3rd the same"
+
+
+async def test_a_fresh_connection_or_a_started_response_is_never_resent() -> None:
+    posts: list[int] = []
+
+    async def hang_up(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        posts.append(1)
+
+    async def half_head_on_reuse(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        posts.append(1)
+        w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await w.drain()
+        await read_request(r)
+        posts.append(1)
+        w.write(b"HTTP/1.1 200 O")  # a response byte came: the upstream answered, it is not asked again
+        await w.drain()
+
+    async with raw_server(hang_up) as (url, conns):
+        client = UpstreamClient(connect_timeout_s=2)
+        with pytest.raises(UpstreamError) as err:
+            await client.request("POST", url, CIMultiDict(), b"{}")
+        assert err.value.error_type == "unavailable" and err.value.before_response
+        assert client.retries == 0
+        await client.close()
+    assert len(posts) == 1 and len(conns) == 1
+    posts.clear()
+    async with raw_server(half_head_on_reuse) as (url, conns):
+        client = UpstreamClient(connect_timeout_s=2)
+        try:
             resp = await client.request("POST", url, CIMultiDict(), b"{}")
             assert await resp.read() == b"ok"
             resp.close()
-            with pytest.raises(UpstreamError) as err:  # not resent: the upstream may have acted on it
+            with pytest.raises(UpstreamError) as err:
                 await client.request("POST", url, CIMultiDict(), b"{}")
-            assert err.value.error_type == "unavailable"
-            resp = await client.request("POST", url, CIMultiDict(), b"{}")  # a new connection
-            assert await resp.read() == b"ok"
-            resp.close()
+            assert err.value.error_type == "unavailable" and not err.value.before_response
+            assert client.retries == 0
         finally:
             await client.close()
-    assert len(posts) == 3 and len(conns) == 2
+    assert len(posts) == 2 and len(conns) == 1
 
 
 async def test_chunked_close_delimited_and_after_interim_responses() -> None:
@@ -479,7 +519,7 @@ IDLE_CLOSE_IDS = ["fin", "408-then-fin", "stray-response"]
 @pytest.mark.parametrize("sent", IDLE_CLOSE, ids=IDLE_CLOSE_IDS)
 async def test_an_idle_connection_with_unread_eof_or_bytes_is_not_reused(sent: bytes) -> None:
     # the upstream's close or bytes are in the socket, not yet read by the event loop, when a request
-    # is sent (request's _acquire before it suspends): it went on that connection (a 502, the 408 or
+    # is sent (request's _reuse before it suspends): it went on that connection (a 502, the 408 or
     # the stray response as its answer)
     writers: list[asyncio.StreamWriter] = []
 

@@ -15,7 +15,7 @@ from servelens.cli.main import interrupted
 from servelens.eval.cache import CACHE_FILE
 from servelens.eval.compare import compare_dirs
 from servelens.eval.report import notes, rich_table, to_json, write_html
-from servelens.eval.runner import DEFAULT_OUTPUT_DIR, EvalConfig, print_summary, run_eval_sync
+from servelens.eval.runner import DEFAULT_OUTPUT_DIR, EvalConfig, EvalInterrupted, print_summary, run_eval_sync
 from servelens.eval.suites import DEFAULT_MAX_TOKENS, SUITE_NAMES, answer_key, read_text_suite
 from servelens.formats.table import WIDE_WIDTH, fit_to, output_width
 
@@ -110,7 +110,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
 
 
 def run(args: argparse.Namespace) -> int:
-    """``eval run``: exit 0, 1 when every item failed."""
+    """``eval run``: exit 0, 1 when every item failed; 128 + the signal's number when stopped by Ctrl-C
+    (130), SIGTERM (143) or SIGHUP (129), with one line saying how many items were done."""
     config = EvalConfig(
         url=args.url, suite=args.suite, model=args.model, data=args.data, groups=_groups(args.groups),
         limit=args.limit, runs=args.runs, temperature=args.temperature, max_tokens=args.max_tokens,
@@ -120,7 +121,13 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         result = run_eval_sync(config)
-    except KeyboardInterrupt as exc:
+    except EvalInterrupted as exc:
+        status, which = interrupted(exc)
+        print(f"servelens: interrupted{which}: {exc.done} of {exc.total} items done, their answers cached in "
+              f"{exc.cache}; run the same command again to send only the missing {exc.total - exc.done}",
+              file=sys.stderr)
+        return status
+    except KeyboardInterrupt as exc:  # before the run's loop took the signals
         status, which = interrupted(exc)
         cache = Path(config.output_dir) / config.suite / CACHE_FILE
         print(f"servelens: interrupted{which}; the answers so far are cached in {cache}: run the same command "

@@ -50,6 +50,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--no-usage-injection", dest="inject_usage", action="store_false", default=None,
                    help="never add stream_options.include_usage to client streams")
     p.add_argument("--tokenizer", metavar="PATH", help="tokenizer.json to count prompt tokens at arrival")
+    p.add_argument("--chat-template", metavar="PATH",
+                   help="with --tokenizer: the model's chat template (tokenizer_config.json or a Jinja file); chat "
+                   "prompts are counted as rendered by it (exact when the engine uses the same template)")
     p.add_argument("--request-log", metavar="PATH", help="append one JSON line per measured request")
     p.add_argument("--request-log-chunks", action="store_true", default=None,
                    help="the request log also holds every output chunk's arrival time and tokens")
@@ -80,7 +83,8 @@ _FLAGS = (
     "metrics_port", "metrics_host",  # the metrics listener
     "upstream", "host", "port", "isl_buckets", "uncached_buckets", "metrics_prefix", "ttft_edges_s", "itl_edges_s",
     "max_series",
-    "by_isl_only", "continuous_usage", "inject_usage", "tokenizer", "request_log", "request_log_chunks",
+    "by_isl_only", "continuous_usage", "inject_usage", "tokenizer", "chat_template", "request_log",
+    "request_log_chunks",
     "max_body_bytes", "connect_timeout_s", "response_timeout_s",
     "read_timeout_s", "client_timeout_s", "models_refresh_s", "shutdown_timeout_s", "slo_ttft", "slo_itl",
 )

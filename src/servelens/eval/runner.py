@@ -1,7 +1,9 @@
 """Running an eval: items -> requests (bounded concurrency, retries, cache) -> scored records -> summary.
 
 Entry points: :class:`EvalConfig` (frozen), ``await run_eval(config)`` or :func:`run_eval_sync`, and
-:func:`print_summary` (a rich table).
+:func:`print_summary` (a rich table). :func:`run_eval_sync` stops on Ctrl-C, SIGTERM or SIGHUP and raises
+:class:`EvalInterrupted` (how many items were done; every answer so far is in the cache, so the same run
+again sends only the missing ones).
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import signal
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -111,6 +115,36 @@ class EvalConfig:
         """The chat-completions URL."""
         u = self.url.rstrip("/")
         return (u[:-3] if u.endswith("/v1") else u) + "/v1/chat/completions"
+
+
+class EvalInterrupted(KeyboardInterrupt):
+    """A run stopped by a signal before its end. ``args[0]`` is the signal's name (``"SIGINT"``,
+    ``"SIGTERM"``, ``"SIGHUP"``; :func:`servelens.cli.main.interrupted` reads it).
+
+    Attributes:
+        done: item runs answered (or failed) and recorded before the stop.
+        total: item runs the run had (items x runs; 0 when it stopped before the items were read).
+        cache: the run's cache file, which holds every answer received.
+    """
+
+    def __init__(self, signal_name: str, done: int, total: int, cache: Path) -> None:
+        super().__init__(signal_name)
+        self.done = done
+        self.total = total
+        self.cache = cache
+
+
+@dataclass
+class RunProgress:
+    """Progress of a run, updated by :func:`run_eval` as it goes (read when the run is stopped).
+
+    Attributes:
+        done: item runs recorded so far.
+        total: item runs in the run (items x runs), set once the suite is read.
+    """
+
+    done: int = 0
+    total: int = 0
 
 
 @dataclass(frozen=True)
@@ -264,15 +298,19 @@ def _load(config: EvalConfig) -> tuple[list[Any], dict[str, Any]]:
     return [(c, t) for c in convs for t in range(len(c.turns))], notes
 
 
-async def run_eval(config: EvalConfig) -> EvalResult:
+async def run_eval(config: EvalConfig, progress: RunProgress | None = None) -> EvalResult:
     """Run ``config`` in the running loop; records and summary under ``output_dir/<suite>/``.
 
     Raises ValueError (unreachable endpoint, bad suite data, unwritable folder) and OSError; failed
-    requests are recorded and counted, not raised.
+    requests are recorded and counted, not raised. Cancelled, it stops at once: the answers received
+    are in the cache, the records of the finished items in the records file; ``progress`` (when
+    given) says how far it got.
     """
+    tally = progress if progress is not None else RunProgress()
     units, notes = _load(config)
     if not units:
         raise ValueError("no items selected")
+    tally.total = len(units) * config.runs  # known before the endpoint is asked, for an early stop
     out = Path(config.output_dir) / config.suite
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -287,7 +325,7 @@ async def run_eval(config: EvalConfig) -> EvalResult:
         sender = Sender(session, config.chat_url, model, cache, config.retries, config.backoff_s,
                         config.timeout_s, headers)
         run = _Run(config, sender, model, out)
-        total = len(units) * config.runs
+        total = tally.total
         bar = Progress(TextColumn("eval " + config.suite), BarColumn(), MofNCompleteColumn(),
                        TextColumn("failed {task.fields[failed]}  cached {task.fields[cached]}"),
                        TimeElapsedColumn(), console=Console(stderr=True), disable=not config.progress,
@@ -301,6 +339,7 @@ async def run_eval(config: EvalConfig) -> EvalResult:
                     await run.text_item(unit, k)
                 else:
                     await run.bfcl_turn(unit[0], unit[1], k)
+            tally.done = run.done
             bar.update(task, completed=run.done, failed=run.failed, cached=run.cached)
 
         try:
@@ -330,9 +369,47 @@ async def run_eval(config: EvalConfig) -> EvalResult:
     return EvalResult(records, summary, out)
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""Signals that stop :func:`run_eval_sync` cleanly (Ctrl-C, ``kill``, a closed terminal)."""
+
+
+async def _run_until_signal(config: EvalConfig) -> EvalResult:
+    """:func:`run_eval`, cancelled by a signal of :data:`STOP_SIGNALS` (taken by the loop: a handler
+    raising at an arbitrary point could be swallowed by a callback), then :class:`EvalInterrupted`.
+    Outside the main thread the signals are left alone."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    tally = RunProgress()
+    got: list[str] = []
+
+    def stop(sig: signal.Signals) -> None:
+        if not got and task is not None:
+            got.append(sig.name)
+            task.cancel()
+
+    previous: dict[signal.Signals, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in STOP_SIGNALS:
+            previous[sig] = signal.getsignal(sig)
+            loop.add_signal_handler(sig, stop, sig)
+    try:
+        return await run_eval(config, tally)
+    except asyncio.CancelledError:
+        if got:
+            raise EvalInterrupted(got[0], tally.done, tally.total,
+                                  Path(config.output_dir) / config.suite / CACHE_FILE) from None
+        raise
+    finally:
+        for sig, handler in previous.items():
+            loop.remove_signal_handler(sig)
+            if handler is not None:  # None: set from C, cannot be put back from Python
+                signal.signal(sig, handler)
+
+
 def run_eval_sync(config: EvalConfig) -> EvalResult:
-    """:func:`run_eval` in a fresh event loop."""
-    return asyncio.run(run_eval(config))
+    """:func:`run_eval` in a fresh event loop. Raises :class:`EvalInterrupted` on Ctrl-C, SIGTERM or
+    SIGHUP (in the main thread), once the run has stopped and its files are closed."""
+    return asyncio.run(_run_until_signal(config))
 
 
 def _fmt(v: float | None, digits: int = 3) -> str:

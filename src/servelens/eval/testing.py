@@ -38,6 +38,7 @@ class Endpoint:
     fail_status: int | None = None  # every request answers this status
     fail_prompts: set[str] = field(default_factory=set)  # requests whose last message contains one: 500
     hang_prompts: set[str] = field(default_factory=set)  # never answered (the client times out)
+    error_200_prompts: set[str] = field(default_factory=set)  # answered 200 with an error object, no choices
     context_chars: int | None = None  # a request whose messages' JSON is longer: 400, context length
     stop_after: int | None = None  # requests after the first N answer 500 (an endpoint that went away)
     tool_reply: Callable[[dict[str, Any]], dict[str, Any]] | None = None  # the reply message for a tools request
@@ -75,6 +76,8 @@ async def answering_endpoint() -> AsyncIterator[Endpoint]:
         if ep.context_chars is not None and len(json.dumps(body["messages"])) > ep.context_chars:
             return web.json_response({"error": {"message": "This model's maximum context length is 2048 tokens",
                                                 "type": "BadRequestError", "code": 400}}, status=400)
+        if any(p in last for p in ep.error_200_prompts):
+            return web.json_response({"error": {"message": "model overloaded", "type": "server_error"}})
         if any(p in last for p in ep.hang_prompts):
             await ep.never.wait()
         if body.get("tools") and ep.tool_reply is not None:

@@ -71,7 +71,7 @@ class Gateway:
             slo=config.slo,
         )
         self.router = ModelRouter(config, self.metrics)
-        self.prompt_counter = PromptCounter(config.tokenizer) if config.tokenizer else None
+        self.prompt_counter = PromptCounter(config.tokenizer, config.chat_template) if config.tokenizer else None
         self.accounting = Accounting(
             self.metrics, RequestLog(config.request_log, config.request_log_chunks) if config.request_log else None)
         self._upstream_bases = tuple(u.rstrip("/") for u in config.upstreams)
@@ -145,6 +145,11 @@ class Gateway:
         if self._upstream is None:
             raise RuntimeError("gateway is not running")
         return self._upstream
+
+    @property
+    def upstream_retries(self) -> int:
+        """Measured requests resent on a fresh upstream connection (see :attr:`UpstreamClient.retries`)."""
+        return self._upstream.retries if self._upstream is not None else 0
 
     def response_headers(self, headers: MultiMapping[str]) -> CIMultiDict[str]:
         """Upstream response headers as the client gets them (:func:`~.http.response_headers`, with a

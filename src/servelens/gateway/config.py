@@ -17,6 +17,7 @@ YAML file shape (every key optional; CLI flags given explicitly override it)::
     continuous_usage: auto                 # auto | on | off
     by_isl_only: false
     tokenizer: /path/to/tokenizer.json
+    chat_template: /path/to/tokenizer_config.json  # or a .jinja file: chat prompts counted as the engine renders them
     request_log: /tmp/requests.jsonl
     request_log_chunks: false              # also log every output chunk's time and tokens
     max_body_bytes: 16777216
@@ -128,6 +129,9 @@ class GatewayConfig:
             (and strip it from what the client receives). Off: token counts come from the
             client's own request only.
         tokenizer: path of a ``tokenizer.json`` to count prompt tokens at arrival.
+        chat_template: with ``tokenizer``, the model's chat template (a ``tokenizer_config.json`` or a
+            Jinja file): chat prompts are counted as rendered by it, exactly the engine's count when it
+            serves with the same template (:mod:`servelens.gateway.prompt`).
         request_log: path of a JSONL per-request debug log (None: no log).
         request_log_chunks: the request log also holds every output chunk's arrival time and tokens
             (for accuracy checks of ITL against an engine's token times; ~10 bytes per token).
@@ -169,6 +173,7 @@ class GatewayConfig:
     continuous_usage: ContinuousUsage = "auto"
     inject_usage: bool = True
     tokenizer: str | None = None
+    chat_template: str | None = None
     request_log: str | None = None
     request_log_chunks: bool = False
     host: str = "127.0.0.1"
@@ -249,6 +254,11 @@ class GatewayConfig:
             raise ValueError(f"max_series must be >= 1, got {self.max_series}")
         if self.tokenizer is not None and not Path(self.tokenizer).is_file():
             raise ValueError(f"tokenizer file not found: {self.tokenizer}")
+        if self.chat_template is not None:
+            if self.tokenizer is None:
+                raise ValueError("chat_template needs a tokenizer (--tokenizer) to count the rendered prompt")
+            if not Path(self.chat_template).is_file():
+                raise ValueError(f"chat template file not found: {self.chat_template}")
         ups = [u for _, u in models]
         if self.upstream is not None:
             ups.insert(0, self.upstream)
@@ -256,7 +266,8 @@ class GatewayConfig:
 
     def _check_types(self) -> None:
         """ValueError (one line) for a setting of the wrong type (a YAML file can hold anything)."""
-        for name in ("host", "metrics_prefix", "tokenizer", "request_log", "metrics_host", "slo_ttft", "slo_itl"):
+        for name in ("host", "metrics_prefix", "tokenizer", "chat_template", "request_log", "metrics_host", "slo_ttft",
+                     "slo_itl"):
             v = getattr(self, name)
             if not isinstance(v, str) and (v is not None or name in ("host", "metrics_prefix")):
                 raise ValueError(f"{name} must be a string, got {v!r}")

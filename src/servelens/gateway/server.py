@@ -106,7 +106,8 @@ async def start_gateway(config: GatewayConfig, metrics: FrontendMetrics | None =
     await runner.setup()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     guard = ConnectionGuard(file_budget(soft, hard, open_files() or 0))
-    gateway.metrics.add_collector(ConnectionsCollector(lambda: guard.failures, guard.budget.max_connections))
+    gateway.metrics.add_collector(ConnectionsCollector(lambda: guard.failures, guard.budget.max_connections,
+                                                        lambda: gateway.upstream_retries))
     loop = asyncio.get_running_loop()
     previous = loop.get_exception_handler()
     loop.set_exception_handler(guard.exception_handler(previous))

@@ -14,8 +14,15 @@ against nginx (docs/benchmarks.md, issue 4). This client does what a reverse pro
   compresses anyway with gzip or deflate is decoded here (its ``Content-Encoding`` dropped), so the
   stream is measured, cut and relayed as if it came plain; another coding fails as ``backend_error``;
 * connections kept alive ``keepalive_s`` after use (LIFO; below the 5 s keep-alive of uvicorn, which
-  serves vLLM and SGLang, so the upstream rarely closes a connection just as it is reused); a request
-  is never sent twice (like nginx and aiohttp for POST: an upstream that read it may have acted on it);
+  serves vLLM and SGLang, so the upstream rarely closes a connection just as it is reused). A request
+  whose *reused* connection fails before any byte of a response was read (EOF or reset: the upstream
+  closed the idle connection as the request went out) is sent once more on a fresh connection, and
+  counted (:attr:`UpstreamClient.retries`): llama-server closes its connection after every streamed
+  response although its headers say keep-alive, and a request sent in that moment met the close
+  (docs/llama-cpp.md). Browsers resend on the same condition. The cost: an upstream that read the
+  request and then closed without a byte may compute it twice (an inference request has no other
+  effect). A request is never resent after any response byte, after a timeout, or from a fresh
+  connection;
 * limits: response head (status line and headers) at most :data:`MAX_HEAD_BYTES`; a body held whole
   (read with :meth:`UpstreamResponse.read`, or not yet pumped) at most :data:`~.upstream_response.MAX_BODY_BYTES`; a
   response after the final one on the same connection is not read (the connection is dropped);
@@ -24,7 +31,7 @@ against nginx (docs/benchmarks.md, issue 4). This client does what a reverse pro
   the gateway itself holds reading back because its client is slow); one timer per request.
 
 Errors are :class:`UpstreamError` with a Dynamo ``error_type``: ``unavailable`` (cannot connect, or the
-connection failed before a response), ``response_timeout`` (silence), ``truncated_stream`` (the body
+connection failed before a response, a reused one twice), ``response_timeout`` (silence), ``truncated_stream`` (the body
 was cut), ``backend_error`` (a body to hold whole over :data:`~.upstream_response.MAX_BODY_BYTES`).
 
 Three modules, one client: this one has the pool (:class:`UpstreamClient`) and the connection, a
@@ -329,6 +336,9 @@ class UpstreamClient:
         self._ssl = ssl_context
         self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
         self._all: set[_Connection] = set()
+        self.retries = 0
+        """Requests sent a second time, on a fresh connection, because their reused connection failed
+        before any response byte (since the client was made)."""
 
     async def request(self, method: str, url: URL, headers: CIMultiDict[str], body: bytes = b"") -> UpstreamResponse:
         """Send a request and wait for the response headers.
@@ -337,15 +347,31 @@ class UpstreamClient:
         are); ``headers``: sent as given, plus ``Host`` and ``Content-Length`` (set here), and
         ``Authorization: Basic`` from the URL's credentials when ``headers`` has none. Returns the
         response with status and headers; read its body with :meth:`UpstreamResponse.read` or
-        :meth:`UpstreamResponse.pump`. Raises :class:`UpstreamError` (``unavailable``,
-        ``response_timeout``: no headers within ``headers_timeout_s``, or silence over
-        ``read_timeout_s``).
+        :meth:`UpstreamResponse.pump`. A reused connection that fails before any response byte is
+        replaced by a fresh one and the request sent again, once (counted in :attr:`retries`).
+        Raises :class:`UpstreamError` (``unavailable``, ``response_timeout``: no headers within
+        ``headers_timeout_s``, or silence over ``read_timeout_s``).
         """
         if url.scheme not in ("http", "https") or not url.host:
             raise UpstreamError("unavailable", f"unsupported upstream URL {redacted_url(str(url))} (http:// or https://)",
                                 True)
-        conn = await self._acquire((url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80)))
-        resp = conn.send(self._head(method, url, headers, len(body)), body)
+        key = (url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80))
+        head = self._head(method, url, headers, len(body))
+        conn = self._reuse(key)
+        if conn is not None:
+            resp = conn.send(head, body)
+            try:
+                await resp._headers_fut
+                return resp
+            except UpstreamError as exc:
+                resp.close()
+                if not (exc.before_response and exc.error_type == "unavailable"):
+                    raise
+                self.retries += 1  # closed as the request went out: nothing of a reply was read
+            except BaseException:
+                resp.close()
+                raise
+        resp = (await self._connect(key)).send(head, body)
         try:
             await resp._headers_fut
         except BaseException:
@@ -368,12 +394,17 @@ class UpstreamClient:
         lines.append(f"Content-Length: {length}\r\n\r\n")
         return "".join(lines).encode("utf-8", "surrogateescape")
 
-    async def _acquire(self, key: tuple[str, str, int]) -> _Connection:
+    def _reuse(self, key: tuple[str, str, int]) -> _Connection | None:
+        """The most recently parked idle connection to ``key`` that may take a request, or None."""
         idle = self._idle.get(key)
         while idle:
             conn = idle.pop()
             if conn.reusable():
                 return conn
+        return None
+
+    async def _connect(self, key: tuple[str, str, int]) -> _Connection:
+        """A new connection to ``key`` (TLS for https). Raises :class:`UpstreamError` ``unavailable``."""
         scheme, host, port = key
         loop = asyncio.get_running_loop()
         tls: dict[str, Any] = {}
