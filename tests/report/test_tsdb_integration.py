@@ -30,7 +30,7 @@ from servelens.report.sources import report_from_prometheus
 from servelens.testing.exporter import feed, serve_metrics, synthetic_samples
 from servelens.testing.tsdb import TsdbServer, run_prometheus, run_victoria_metrics
 
-pytestmark = pytest.mark.prometheus
+pytestmark = pytest.mark.binaries("prometheus", "victoria-metrics")
 
 BUCKETS = IslBuckets.parse("512,1024,2048,4096,8192,16384")
 PER_BUCKET = 24
