@@ -13,6 +13,7 @@ against llama.cpp's ``llama-server`` serving a real model, SmolLM2-135M-Instruct
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import math
 import signal
 import sys
@@ -40,6 +41,26 @@ DEMO_PREFIX_CACHE_BLOCKS = 250_000
 store (Mooncake, LMCache). With the preset's 320k tokens the conversation turns that share long prefixes
 come back after their blocks were evicted, and every bucket shows only the shared first block."""
 ENGINES = ("sim", "vllm", "llama.cpp")
+ENGINE_EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "vllm": ("tokenizers", ("tokenizers",)),
+    "llama.cpp": ("llamacpp", ("tokenizers", "gguf")),
+}
+"""Per real engine: the package extra it needs and the modules in it. The bench builds prompts and the
+gateway counts them with the engine's own ``tokenizer.json`` (``tokenizers``); llama.cpp's is made from
+its GGUF model file (``gguf``). Extras, not core dependencies: ``tokenizers`` brings ``huggingface_hub``
+and its own dependencies (~30 MB), which the gateway in front of an engine that reports usage never needs."""
+
+
+def check_engine_packages(engine: str) -> None:
+    """Raise ValueError (one line, with the ``pip install`` that fixes it) when a Python package the
+    ``engine``'s demo needs is not installed; nothing for the sim."""
+    extra, modules = ENGINE_EXTRAS.get(engine, ("", ()))
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ValueError(f"--engine {engine} needs the {' and '.join(repr(m) for m in missing)} package"
+                         f"{'s' if len(missing) > 1 else ''} (the bench and the gateway count tokens with the "
+                         f"engine's tokenizer): pip install -e '.[{extra}]' in a checkout, pip install "
+                         f"'servelens[{extra}]' otherwise")
 
 
 @dataclass(frozen=True)
@@ -179,6 +200,7 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoResult:
 
 
 def _run_demo(config: DemoConfig, console: Console | None) -> DemoResult:
+    check_engine_packages(config.engine)  # before anything is installed, built or started
     console = console or Console(width=None if sys.stdout.isatty() else 150)
     out = Path(config.output_dir)
     try:

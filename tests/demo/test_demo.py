@@ -206,6 +206,34 @@ def test_demo_bad_flags_are_one_line_before_anything_starts(
     assert message in err, err
 
 
+@pytest.mark.parametrize("engine, missing, extra", [
+    ("vllm", "tokenizers", "tokenizers"), ("llama.cpp", "tokenizers", "llamacpp"), ("llama.cpp", "gguf", "llamacpp"),
+])
+def test_demo_real_engine_without_its_extra_names_the_pip_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str, missing: str, extra: str
+) -> None:
+    """The README's ``servelens demo --engine vllm`` after a plain ``pip install -e .``: one line naming
+    the extra, before any engine is installed, built or started (it was the gateway's exit status 2)."""
+    import importlib.util
+
+    from servelens.engines import llama_cpp, vllm_cpu
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == missing else real(name, *a))
+
+    def no_engine(*_a: Any, **_k: Any) -> None:
+        raise AssertionError("an engine was started without its packages")
+
+    monkeypatch.setattr(vllm_cpu, "VllmServer", no_engine)
+    monkeypatch.setattr(llama_cpp, "LlamaServer", no_engine)
+    monkeypatch.setattr("servelens.demo.ServerProcess", no_engine)
+    rc, err = _demo_in_process("--engine", engine, "--output-dir", str(tmp_path / "o"))
+    assert rc == 2 and err.count("\n") == 1, err
+    assert f"--engine {engine} needs the '{missing}' package" in err
+    assert f"pip install -e '.[{extra}]'" in err and f"pip install 'servelens[{extra}]'" in err
+    assert not (tmp_path / "o").exists()
+
+
 def test_demo_engine_that_fails_to_start_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     class Failing:
         def __init__(self, *_a: Any, **_k: Any) -> None: ...
