@@ -38,6 +38,41 @@ def test_flags_and_config_file(tmp_path: Path) -> None:
     assert parse("--upstream", "http://h:1").port == 8080
 
 
+@pytest.mark.parametrize(("given", "expected"), [
+    ("16MiB", 16 * 1024 * 1024), ("16 MiB", 16 * 1024 * 1024), ("16M", 16 * 1024 * 1024), ("16m", 16 * 1024 * 1024),
+    ("512KiB", 512 * 1024), ("1GiB", 1024**3), ("16MB", 16_000_000), ("64kB", 64_000), ("2048", 2048),
+    ("2048B", 2048), ("1.5MiB", 1536 * 1024),
+])
+def test_max_body_bytes_takes_a_size(given: str, expected: int, tmp_path: Path) -> None:
+    """The help's own default, ``16MiB``, is accepted (it was refused), on the flag and in the file."""
+    assert parse("--upstream", "http://h:1", "--max-body-bytes", given).max_body_bytes == expected
+    f = tmp_path / "gw.yaml"
+    f.write_text(f"upstream: http://h:1\nmax_body_bytes: {given}\n")
+    assert parse("--config", str(f)).max_body_bytes == expected
+
+
+@pytest.mark.parametrize("given", ["16XB", "MiB", "-5", "1.5", "16iB", ""])
+def test_max_body_bytes_refuses_what_is_not_a_size(given: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["gateway", "--upstream", "http://h:1", "--max-body-bytes", given]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("servelens: error: max_body_bytes: a size must be") and err.count("\n") == 1, err
+
+
+def test_empty_isl_buckets_is_an_error_not_off(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--isl-buckets ''`` (an unset shell variable) silently turned the by-ISL metrics off; only the
+    words say off on purpose."""
+    for value in ("", "  "):
+        assert main(["gateway", "--upstream", "http://h:1", "--isl-buckets", value]) == 2
+        assert "isl_buckets is empty: give boundaries in tokens" in capsys.readouterr().err
+    f = tmp_path / "gw.yaml"
+    for text in ('isl_buckets: ""\n', "isl_buckets:\n"):
+        f.write_text("upstream: http://h:1\n" + text)
+        assert main(["gateway", "--config", str(f)]) == 2
+        assert "isl_buckets is empty" in capsys.readouterr().err
+    for off in ("off", "none", "false"):
+        assert parse("--upstream", "http://h:1", "--isl-buckets", off).isl_buckets is None
+
+
 def test_edges_and_series_budget_from_flags_and_file(tmp_path: Path) -> None:
     from servelens.core.edges import FINE_ITL_EDGES_S, FINE_TTFT_EDGES_S, MetricEdges
 
@@ -97,7 +132,7 @@ def test_bad_yaml_and_unknown_key(tmp_path: Path, capsys: pytest.CaptureFixture[
 @pytest.mark.parametrize(
     ("setting", "message"),
     [  # each was a TypeError traceback, or accepted and broken later
-        ("max_body_bytes: abc", "max_body_bytes must be an integer, got 'abc'"),
+        ("max_body_bytes: abc", "max_body_bytes: a size must be a number of bytes or e.g. 16MiB"),
         ("max_models: x", "max_models must be an integer"),
         ("max_models: .inf", "max_models must be an integer"),
         ("models_refresh_s: x", "models_refresh_s must be a number of seconds"),
