@@ -9,7 +9,7 @@ from pathlib import Path
 
 from servelens.bench import BenchConfig, print_result, run_bench_sync
 from servelens.bench.traces import PACKAGED_TRACES, TRACE_FORMATS, resolve_trace
-from servelens.cli.main import interrupted
+from servelens.cli.main import HelpFormatter, interrupted
 from servelens.core.buckets import DEFAULT_ISL_BOUNDARIES
 from servelens.formats.results import RESULTS_FILE
 
@@ -46,7 +46,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         help="load test an OpenAI-compatible endpoint; per-ISL-bucket TTFT/ITL table",
         description=DESCRIPTION,
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     g = p.add_argument_group("endpoint")
     g.add_argument("--url", required=True, metavar="URL",

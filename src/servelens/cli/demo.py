@@ -34,22 +34,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--engine", choices=ENGINES, default="sim",
                    help="sim (default), vllm (vLLM CPU build with a tiny local model; installs on first use) or "
                    "llama.cpp (llama-server with SmolLM2-135M-Instruct; builds on first use, cached per machine)")
-    p.add_argument("--trace", default=None,
+    p.add_argument("--trace", default=None, metavar="PATH|NAME",
                    help=f"replay this trace (path or packaged name, e.g. {DEMO_TRACE}) instead of the story "
                    f"(the real engines replay one always: default {DEMO_TRACE}, {DEMO_TRACE_SMALL} for llama.cpp)")
-    p.add_argument("--time-scale", type=float, default=None,
+    p.add_argument("--time-scale", type=float, default=None, metavar="FACTOR",
                    help="multiply trace timestamps by F (default 0.5 for sim; 4 for vllm and 8 for llama.cpp, "
                    "whose 2-core engines are slower)")
     p.add_argument("--duration", type=float, default=None, metavar="SECONDS",
                    help="the story: each phase's length (default 20); a replay: stop starting requests after "
                    "SECONDS (default: the whole cut, ~70 s)")
-    p.add_argument("--max-requests", type=int, default=None,
+    p.add_argument("--max-requests", type=int, default=None, metavar="N",
                    help="a replay: send at most N requests (default: all for sim, 30 for vllm, 10 for llama.cpp)")
     p.add_argument("--output-dir", default="servelens-demo", metavar="DIR",
                    help="where report.html, results.jsonl, summary.json and logs go (default servelens-demo)")
     p.add_argument("--keep-running", action="store_true",
                    help="leave the engine and gateway up after the run (for a dashboard) until Ctrl-C")
-    p.add_argument("--speedup", type=float, default=None,
+    p.add_argument("--speedup", type=float, default=None, metavar="FACTOR",
                    help="sim only: divide every simulated time by this (default 8: the packaged trace "
                    "carries more prefill than one simulated H100 serves)")
     p.set_defaults(func=_run)

@@ -36,15 +36,16 @@ def add_parser(subparsers: Any) -> None:
     src.add_argument("--prometheus", metavar="URL", help="Prometheus-compatible API base URL (Prometheus, "
                      "VictoriaMetrics)")
     p.add_argument("--metrics-before", metavar="URL|FILE",
-                   help="with --metrics: an earlier scrape; report the difference")
-    p.add_argument("--window", default=None,
+                   help="with --metrics: an earlier scrape; report the difference (default: none, counts "
+                   "since the server started)")
+    p.add_argument("--window", default=None, metavar="DURATION",
                    help="with --prometheus: the window of the rate() percentiles and of the Requests count "
                    "(exact: last value in the window minus the value at its start; default: 5m)")
     p.add_argument("--range", dest="range_", default=None, metavar="DURATION",
                    help="with --prometheus: span of the p95-over-time chart in --html (default: 1h)")
-    p.add_argument("--metrics-prefix", default=DEFAULT_PREFIX,
+    p.add_argument("--metrics-prefix", default=DEFAULT_PREFIX, metavar="PREFIX",
                    help="metric name prefix (dynamo_frontend for Dynamo names; default: servelens)")
-    p.add_argument("--model", help="only this model (default: all models summed)")
+    p.add_argument("--model", metavar="NAME", help="only this model (default: all models summed)")
     p.add_argument("--isl-buckets", metavar="B1,B2,...",
                    help="ISL bucket boundaries in tokens (default: the server's buckets for --metrics and "
                    "--prometheus; for --results the bench run's, from its summary.json, else 512,...,16384)")
@@ -52,16 +53,20 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--compare", metavar="PATH",
                    help="with --results: a second bench run, the candidate, compared bucket by bucket against "
                    "--results, the baseline (TTFT and ITL p50/p95/p99 in both, bootstrap intervals on candidate "
-                   "minus baseline, a verdict per bucket: faster, slower or no significant change)")
-    p.add_argument("--resamples", type=int, default=2000, help="with --compare: bootstrap resamples (default 2000)")
-    p.add_argument("--seed", type=int, default=0, help="with --compare: bootstrap seed (default 0)")
+                   "minus baseline, a verdict per bucket: faster, slower or no significant change; default: none)")
+    p.add_argument("--resamples", type=int, default=2000, metavar="N",
+                   help="with --compare: bootstrap resamples (default 2000)")
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="with --compare: bootstrap seed (default 0)")
     p.add_argument("--slo-ttft", metavar="SPEC",
-                   help="TTFT SLO (2.0 | 0.5+0.0002*isl | 0-512=0.5,...): attainment per bucket and goodput; "
-                   "exact from --results, bounds from histograms (exact only at an le edge)")
+                   help="TTFT SLO in seconds (2.0 | 0.5+0.0002*isl | 0-512=0.5,...): attainment per bucket and "
+                   "goodput; exact from --results, bounds from histograms (exact only at an le edge; default: none)")
     p.add_argument("--slo-itl", metavar="SPEC",
-                   help="ITL SLO, as --slo-ttft (--results: each request's mean ITL; histograms: each token)")
-    p.add_argument("--html", metavar="PATH", help="also write a self-contained HTML report")
-    p.add_argument("--title", default="servelens report", help="title of the table and HTML report")
+                   help="ITL SLO, as --slo-ttft (--results: each request's mean ITL; histograms: each token; "
+                   "default: none)")
+    p.add_argument("--html", metavar="PATH",
+                   help="also write a self-contained HTML report to PATH; its folder must exist (default: none)")
+    p.add_argument("--title", default="servelens report", metavar="TEXT",
+                   help="title of the table and HTML report (default: %(default)s)")
     p.set_defaults(func=run)
 
 
