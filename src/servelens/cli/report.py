@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from servelens.core.buckets import IslBuckets, label_sort_key
@@ -151,6 +154,8 @@ def run_compare(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Print the table; write the HTML report when asked."""
+    if args.html:
+        check_html_path(args.html)  # before any query or file is read
     if args.compare:
         return run_compare(args)
     report = build_report(args)
@@ -164,7 +169,27 @@ def run(args: argparse.Namespace) -> int:
         if slo is not None:
             sys.stdout.write(slo_markdown(slo) if args.format == "markdown" else slo_text(slo, width))
     sys.stdout.flush()
+    if report.last_sample_s is not None:
+        print(data_until(report.last_sample_s, time.time()), file=sys.stderr)
     if args.html:
         path = write_html(args.html, report.rows, report.timeseries, args.title, report.source)
         print(f"wrote {path}", file=sys.stderr)
     return 0
+
+
+def data_until(last_sample_s: float, now_s: float) -> str:
+    """The line that says up to when a Prometheus API's data goes: its last scrape's time (UTC) and
+    how long before ``now_s`` that was (requests that ended since come with the next scrape)."""
+    at = datetime.fromtimestamp(last_sample_s, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    ago = max(now_s - last_sample_s, 0.0)
+    return (f"data up to {at} ({ago:.0f} s ago), the last scrape: requests that ended since then are counted "
+            "after the next scrape")
+
+
+def check_html_path(path: str) -> None:
+    """ValueError (one line) unless ``path``'s folder exists: a typo in a folder name must not create a
+    new tree of folders in silence (the bench's --output-dir, a folder it owns, is created)."""
+    folder = Path(path).expanduser().parent
+    if not folder.is_dir():
+        what = "is not a folder" if folder.exists() else "does not exist"
+        raise ValueError(f"--html {path}: the folder {folder} {what} (create it first)")
