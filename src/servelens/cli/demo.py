@@ -49,6 +49,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    help="where report.html, results.jsonl, summary.json and logs go (default servelens-demo)")
     p.add_argument("--keep-running", action="store_true",
                    help="leave the engine and gateway up after the run (for a dashboard) until Ctrl-C")
+    p.add_argument("--engine-port", type=int, default=None, metavar="PORT",
+                   help="a replay: the engine's loopback port, fixed so a Prometheus scrape config can be reused "
+                   "(default: a free port, new each run)")
+    p.add_argument("--gateway-port", type=int, default=None, metavar="PORT",
+                   help="a replay: the gateway's loopback port, the one to scrape (default: a free port, new each "
+                   "run)")
     p.add_argument("--speedup", type=float, default=None, metavar="FACTOR",
                    help="sim only: divide every simulated time by this (default 8: the packaged trace "
                    "carries more prefill than one simulated H100 serves)")
@@ -67,6 +73,8 @@ def _run(args: argparse.Namespace) -> int:
         max_requests=args.max_requests if args.max_requests is not None else max_requests,
         output_dir=args.output_dir,
         keep_running=args.keep_running,
+        engine_port=args.engine_port or 0,
+        gateway_port=args.gateway_port or 0,
         **({"sim_speedup": args.speedup} if args.speedup is not None else {}),
     )
     try:
@@ -83,7 +91,8 @@ def _run(args: argparse.Namespace) -> int:
 def _story(args: argparse.Namespace, config: DemoConfig) -> int:
     """The three-phase story (the default on the sim)."""
     for flag, value in (("--time-scale", args.time_scale), ("--max-requests", args.max_requests),
-                        ("--keep-running", args.keep_running or None)):
+                        ("--keep-running", args.keep_running or None), ("--engine-port", args.engine_port),
+                        ("--gateway-port", args.gateway_port)):
         if value is not None:
             raise CliError(f"{flag} applies to a trace replay (--trace), not to the story")
     story = StoryConfig(phase_s=args.duration or 20.0, output_dir=config.output_dir,
