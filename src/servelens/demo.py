@@ -3,7 +3,8 @@
 Starts the simulated engine (a preset with prefix caching) and the gateway with ISL buckets on free
 loopback ports as child processes, replays a cut of the real Mooncake conversation trace
 (packaged with its license) through the gateway, time-compressed, then prints the per-bucket table
-from the client and from the gateway's ``/metrics`` side by side, writes ``report.html`` and the
+from the client and from the gateway's ``/metrics`` (side by side, or one above the other on a narrow
+terminal), writes ``report.html`` and the
 bench results, and stops everything. ``engine="vllm"`` runs the same against a real vLLM CPU
 engine serving a tiny local model (:mod:`servelens.engines.vllm_cpu`); ``engine="llama.cpp"``
 against llama.cpp's ``llama-server`` serving a real model, SmolLM2-135M-Instruct

@@ -4,7 +4,12 @@ The sim runs in this process, so its truth records use the same ``perf_counter_n
 bench's records (joined by ``x-request-id``).
 """
 
-from servelens.bench import BenchConfig, run_bench
+import io
+import re
+
+from rich.console import Console
+
+from servelens.bench import BenchConfig, print_result, run_bench
 from servelens.bench.traces import packaged_trace
 from servelens.core.buckets import IslBuckets
 from servelens.core.summary import ALL_LABEL
@@ -88,3 +93,17 @@ async def test_through_gateway_buckets_and_counts_agree() -> None:
             assert srow.ttft_mean_s is not None and crow.ttft_mean_s is not None
             engine_mean_s = sum(truth_ttft[label]) / len(truth_ttft[label])
             assert engine_mean_s < srow.ttft_mean_s <= crow.ttft_mean_s + 1e-9, (label, engine_mean_s, srow, crow)
+    # what is printed: client and server side by side where that fits with no cell wrapped, else the
+    # client's table and then the server's, one line per bucket (at 80 columns: the unit in the headers)
+    for width, stacked in ((80, True), (100, True), (250, False)):
+        buf = io.StringIO()
+        print_result(res, Console(file=buf, width=width, force_terminal=False, color_system=None))
+        out = buf.getvalue()
+        assert max(len(line) for line in out.splitlines()) <= width, out
+        assert not [line for line in out.splitlines() if re.match(r"│\s+│", line)], out  # no wrapped cell
+        assert ("Client (exact percentiles)" in out and "Server (gateway /metrics)" in out) == stacked, out
+        used = [label for label, crow in client.items() if crow.requests]
+        for label in used:  # once per table
+            shown = "all requests" if label == ALL_LABEL else label
+            assert len([line for line in out.splitlines() if line.startswith(f"│ {shown} ")]) == (
+                2 if stacked else 1), (label, out)

@@ -8,13 +8,14 @@ from rich.console import Console
 from servelens.bench.summary import BenchResult
 from servelens.core.clumping import detect_clumping
 from servelens.formats.slo_table import attainment_table
-from servelens.formats.table import fit_to, rich_table, side_by_side
+from servelens.formats.table import cells_wrap, fit_to, fitted_table, side_by_side
 
 
 def print_result(result: BenchResult, console: Console | None = None) -> None:
     """Print the client table (the client/server table instead when there are server rows; on a
-    terminal too narrow for it, the client's table and then the server's) and a few summary lines to
-    ``console`` (stdout by default)."""
+    terminal too narrow for it without wrapping a cell, the client's table and then the server's, with
+    the unit in the headers when a unit in every cell would wrap, as at 80 columns) and a few summary
+    lines to ``console`` (stdout by default)."""
     if console is None:
         console = Console()
         if not console.is_terminal:
@@ -36,19 +37,14 @@ def print_result(result: BenchResult, console: Console | None = None) -> None:
         title += " [TOKENS ARRIVE IN CLUMPS: A PROXY BUFFERS THE STREAM]"
     both = side_by_side(result.client_rows, result.server_rows, title=title + "\nClient vs server (gateway "
                         "/metrics)", notes=lines) if result.server_rows else None
-    if both is not None and fit_to(both, console.width):  # one table: the client's figures beside the server's
-        console.print(both)
-    elif both is not None:  # a narrow terminal: the client's table, then the server's
-        client = rich_table(result.client_rows, title=title + "\nClient (exact percentiles)", caption="\n".join(lines))
-        server = rich_table(result.server_rows or [], title="Server (gateway /metrics)")
-        fit_to(client, console.width)
-        fit_to(server, console.width)
-        console.print(client)
-        console.print(server)
+    if both is not None and fit_to(both, console.width) and not cells_wrap(both, console.width):
+        console.print(both)  # one table: the client's figures beside the server's, no cell wrapped
+    elif both is not None:  # a narrower terminal: the client's table, then the server's
+        console.print(fitted_table(result.client_rows, console.width, title=title + "\nClient (exact percentiles)",
+                                   caption="\n".join(lines)))
+        console.print(fitted_table(result.server_rows or [], console.width, title="Server (gateway /metrics)"))
     else:
-        table = rich_table(result.client_rows, title=title, caption="\n".join(lines))
-        fit_to(table, console.width)
-        console.print(table)
+        console.print(fitted_table(result.client_rows, console.width, title=title, caption="\n".join(lines)))
         if s.get("server_error"):
             console.print(f"server side: none, the final scrape failed: {s['server_error']}")
         elif result.server_rows is not None:

@@ -26,7 +26,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         description="Tell the story per-bucket metrics exist for: three phases on the simulated engine behind "
         "the gateway (ISL buckets 512..16384) on free loopback ports: a baseline; the traffic shifted toward "
         "long prompts; the baseline's traffic on an engine slowed on long prompts. After each phase the "
-        "per-bucket table (client beside gateway), then servelens explain's verdict against the baseline "
+        "per-bucket table (client and gateway: side by side, or one above the other on a narrow "
+        "terminal), then servelens explain's verdict against the baseline "
         "(mix or latency, and where), and report.html with the single TTFT p95 line beside the same at the "
         "baseline's mix and the per-bucket lines over time. About 90 s. With --trace (or a real --engine): "
         "one replay of that trace instead.",

@@ -36,6 +36,28 @@ def _ms(x: float | None) -> str:
     return f"{ms:.1f} ms" if ms < 1000 else f"{x:.2f} s"
 
 
+def _ms_number(x: float | None) -> str:
+    """Milliseconds without the unit (the column header carries it): ``1.6``, ``116.8``, ``12,345``."""
+    if x is None:
+        return "-"
+    ms = x * 1000
+    return f"{ms:.1f}" if ms < 1000 else f"{ms:,.0f}"
+
+
+COMPACT_HEADERS = (
+    "Input length (tokens)",
+    "Requests",
+    "TTFT p50 (ms)",
+    "TTFT p95 (ms)",
+    "TTFT p99 (ms)",
+    "ITL p50 (ms)",
+    "ITL p95 (ms)",
+    "Avg cached tokens",
+)
+"""The headers of a narrow terminal's table: the unit in the header, so that no cell wraps (``1.6 ms``
+wrapped to ``1.6`` over ``ms`` at 80 columns)."""
+
+
 def _cached(x: float | None) -> str:
     return "-" if x is None else f"{x:,.0f}"
 
@@ -105,29 +127,33 @@ def _value_columns(table: Table, headers: Sequence[str], cells: Sequence[Sequenc
         table.add_column(h, justify="right", min_width=max((len(w) for w in words), default=1))
 
 
-def row_cells(row: BucketRow) -> list[str]:
-    """The display cells of a row (times in ms or s, ``*`` marks a low-count bucket)."""
+def row_cells(row: BucketRow, compact: bool = False) -> list[str]:
+    """The display cells of a row (times in ms or s; ``compact``: in ms without the unit, as
+    :data:`COMPACT_HEADERS` say; ``*`` marks a low-count bucket)."""
+    ms = _ms_number if compact else _ms
     return [
         display_label(row.bucket),
         _requests(row),
-        _ms(row.ttft_p50_s),
-        _ms(row.ttft_p95_s),
-        _ms(row.ttft_p99_s),
-        _ms(row.itl_p50_s),
-        _ms(row.itl_p95_s),
+        ms(row.ttft_p50_s),
+        ms(row.ttft_p95_s),
+        ms(row.ttft_p99_s),
+        ms(row.itl_p50_s),
+        ms(row.itl_p95_s),
         _cached(row.mean_cached_tokens),
     ]
 
 
-def rich_table(rows: Sequence[BucketRow], title: str | None = None, caption: str | None = None) -> Table:
-    """A rich Table of the rows (buckets in the order given; "all" separated by a line)."""
+def rich_table(rows: Sequence[BucketRow], title: str | None = None, caption: str | None = None,
+               compact: bool = False) -> Table:
+    """A rich Table of the rows (buckets in the order given; "all" separated by a line). ``compact``:
+    times in ms with the unit in the header (:data:`COMPACT_HEADERS`), for a narrow terminal."""
     exact = all(r.exact for r in rows) if rows else True
     notes = [n for n in (low_count_note(rows), unbucketed_note(rows), None if exact else INTERPOLATED_NOTE) if n]
     lines = ([caption] if caption else []) + notes
     table = Table(title=title, caption="\n".join(lines) or None)
-    cells = [row_cells(r) for r in rows]
+    cells = [row_cells(r, compact) for r in rows]
     _label_column(table, rows)
-    _value_columns(table, HEADERS[1:], [c[1:] for c in cells])
+    _value_columns(table, (COMPACT_HEADERS if compact else HEADERS)[1:], [c[1:] for c in cells])
     for row, c in zip(rows, cells, strict=True):
         if row.bucket == "all":
             table.add_section()
@@ -210,6 +236,31 @@ def output_width() -> int | None:
     return None
 
 
+def fitted_table(rows: Sequence[BucketRow], width: int, title: str | None = None,
+                 caption: str | None = None) -> Table:
+    """:func:`rich_table` fitted to ``width`` columns with no cell wrapped when it can be: the table with
+    a unit in every cell when that fits on one line per row, else the compact one (ms in the headers),
+    fitted with :func:`fit_to`."""
+    table = rich_table(rows, title, caption)
+    if fits(table, width) and not cells_wrap(table, width):
+        return table
+    compact = rich_table(rows, title, caption, compact=True)
+    fit_to(compact, width)
+    return compact
+
+
+def cells_wrap(table: Table, width: int) -> bool:
+    """True when some body cell of ``table`` takes more than one line at ``width`` columns."""
+    buf = io.StringIO()
+    Console(file=buf, width=width, force_terminal=False, color_system=None).print(table)
+    lines = buf.getvalue().splitlines()
+    head_end = next((i for i, line in enumerate(lines) if line.startswith(("┡", "├"))), None)
+    if head_end is None:
+        return False
+    body = [line for line in lines[head_end + 1:] if line.startswith("│")]
+    return len(body) > table.row_count
+
+
 def fit_to(table: Table, width: int) -> bool:
     """Make ``table`` render within ``width`` columns if it can: when its natural layout does not fit,
     every column is set to its minimum width (its longest word; cells wrap between words), since
@@ -257,9 +308,7 @@ def format_rows(rows: Sequence[BucketRow], fmt: str, title: str | None = None, w
     """
     if fmt == "table":
         console = Console(file=io.StringIO(), record=True, width=width or WIDE_WIDTH, force_terminal=False)
-        table = rich_table(rows, title)
-        fit_to(table, width or WIDE_WIDTH)
-        console.print(table)
+        console.print(fitted_table(rows, width or WIDE_WIDTH, title))
         return console.export_text()
     if fmt == "json":
         return json.dumps([asdict(r) | {"low_count": r.low_count} for r in rows], indent=2) + "\n"
