@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import signal
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import aiohttp
@@ -175,6 +177,37 @@ def test_config_file_that_is_not_text_and_infinite_timeouts(tmp_path: Path, caps
     assert cfg.read_timeout_s == cfg.response_timeout_s == cfg.models_refresh_s == float("inf")
     assert cfg.client_timeout_s == float("inf")
     assert parse("--upstream", "http://h:1", "--client-timeout", "7").client_timeout_s == 7
+
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def _readme_gateway_yaml() -> str:
+    """The README's example ``gateway.yaml`` (the yaml block that starts ``# gateway.yaml``)."""
+    text = README.read_text()
+    start = text.index("```yaml\n# gateway.yaml\n") + len("```yaml\n")
+    return text[start:text.index("```", start)]
+
+
+def test_readme_gateway_yaml_parses_and_starts(tmp_path: Path) -> None:
+    """The README's example file: every setting is accepted, and a gateway starts from it (its engines
+    need not be up); the test binds loopback and free ports over the file's 0.0.0.0, 8080 and 9100."""
+    f = tmp_path / "gateway.yaml"
+    f.write_text(_readme_gateway_yaml())
+    log = tmp_path / "requests.jsonl"
+    cfg = parse("--config", str(f), "--request-log", str(log))
+    assert cfg.models == (("llama-3.1-8b", "http://127.0.0.1:8000"), ("qwen3-32b", "http://127.0.0.1:8001"))
+    assert (cfg.host, cfg.port, cfg.metrics_port) == ("0.0.0.0", 8080, 9100)
+    assert cfg.max_body_bytes == 16 * 1024 * 1024 and cfg.isl_buckets == "512,1024,2048,4096,8192,16384"
+    assert cfg.continuous_usage == "auto" and cfg.request_log == str(log) and cfg.shutdown_timeout_s == 25
+    with ServerProcess(["gateway", "--config", str(f), "--metrics-port", "0", "--request-log", str(log)]) as gw:
+        assert gw.url.startswith("http://127.0.0.1:")
+        with urllib.request.urlopen(gw.url + "/health", timeout=10) as resp:
+            assert resp.status == 200
+        with pytest.raises(urllib.error.HTTPError) as err:  # /metrics is on its own port
+            urllib.request.urlopen(gw.url + "/metrics", timeout=10)
+        assert err.value.code == 404
+    assert "models llama-3.1-8b, qwen3-32b" in gw.startup_lines[0], gw.startup_lines
 
 
 async def test_cli_serves_measures_and_stops_cleanly(tmp_path: Path) -> None:

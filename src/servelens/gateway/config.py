@@ -1,5 +1,6 @@
 """Gateway configuration: a frozen value built from CLI flags and/or a YAML file.
 
+The README's example file (section Gateway) is tested to parse and start (tests/gateway/test_cli.py).
 YAML file shape (every key optional; CLI flags given explicitly override it)::
 
     upstream: http://127.0.0.1:8000        # default upstream (its /v1/models is polled
