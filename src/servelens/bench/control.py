@@ -13,6 +13,8 @@ import aiohttp
 
 from servelens.bench.client import build_body, error_message
 from servelens.bench.config import BenchConfig
+from servelens.core.openai import parse_chunk
+from servelens.core.sse import SSEDecoder
 from servelens.core.summary import BucketRow, rows_from_histograms
 from servelens.formats.metrics_text import Scrape, bucket_histograms, parse_scrape
 from servelens.prometheus.names import MetricNames
@@ -70,26 +72,58 @@ async def discover(
     return model, ctx if isinstance(ctx, int) and ctx > 0 else None
 
 
+PROBE_PROMPT = "hello"
+"""The probe's prompt: one token for any tokenizer worth the name (the sim's, BPE vocabularies)."""
+
+
 async def probe(
-    session: aiohttp.ClientSession, url: str, model: str, config: BenchConfig, headers: dict[str, str]
-) -> tuple[bool, bool]:
-    """Which of continuous usage and ignore_eos the endpoint accepts (one tiny request each try)."""
+    session: aiohttp.ClientSession, url: str, model: str, config: BenchConfig, headers: dict[str, str],
+    want_prompt_tokens: bool = False,
+) -> tuple[bool, bool, int | None]:
+    """Which of continuous usage and ignore_eos the endpoint accepts (one tiny request each try), and
+    the ``usage.prompt_tokens`` the endpoint reported for the probe's prompt, :data:`PROBE_PROMPT` (None
+    when it reported none). With ``continuous_usage`` set in the config no probe is needed for the
+    options; one is sent anyway when ``want_prompt_tokens`` (the chat template's tokens, for fitting
+    long requests into the context), and any refusal of it is no error then (prompt tokens None)."""
     tries = [(True, config.ignore_eos), (False, config.ignore_eos), (False, False)]
-    if config.continuous_usage is not None:
-        return config.continuous_usage, config.ignore_eos
+    given = config.continuous_usage is not None
+    if given:
+        if not want_prompt_tokens:
+            return bool(config.continuous_usage), config.ignore_eos, None
+        tries = [(bool(config.continuous_usage), config.ignore_eos)]
     for cont, eos in tries:
-        body = build_body(config.endpoint, model, "hello", 1, continuous_usage=cont, ignore_eos=eos)
+        body = build_body(config.endpoint, model, PROBE_PROMPT, 1, continuous_usage=cont, ignore_eos=eos)
         try:
             async with session.post(url, data=body, headers=headers) as resp:
                 answer = await resp.read()
                 if resp.status == 200:
-                    return cont, eos
+                    return cont, eos, reported_prompt_tokens(answer)
+                if given:  # only the template was asked for: the run's own requests will say what fails
+                    return cont, eos, None
                 if resp.status not in (400, 422):
                     raise ValueError(f"POST {url} answered HTTP {resp.status} to a one-token probe request: "
                                      f"{error_message(answer)}")
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise ValueError(f"cannot reach {url}: {client_error_reason(exc)}") from None
     raise ValueError(f"POST {url} rejected a minimal streaming request (HTTP 400); check --model and --endpoint")
+
+
+def reported_prompt_tokens(stream: bytes) -> int | None:
+    """The last ``usage.prompt_tokens`` in an SSE stream's bytes (None when no chunk carried one)."""
+    found: int | None = None
+    for blk in SSEDecoder().decode(stream):
+        if blk.data is None:
+            continue
+        info = parse_chunk(blk.data, blk.event)
+        if info.usage is not None and info.usage.prompt_tokens is not None:
+            found = info.usage.prompt_tokens
+    return found
+
+
+def template_tokens(reported: int | None, counted: int) -> int | None:
+    """Tokens the endpoint adds to a prompt (its chat template, a BOS token): what it reported for the
+    probe's prompt less what the bench's tokenizer counts in it; None when nothing was reported."""
+    return None if reported is None else max(reported - counted, 0)
 
 
 async def fetch_scrape(session: aiohttp.ClientSession, url: str) -> Scrape:

@@ -26,8 +26,10 @@ def print_result(result: BenchResult, console: Console | None = None) -> None:
     if clumping.clumped:  # a buffering proxy: the client's ITL and TTFT are the proxy's, whatever the lag says
         lines.insert(0, clumping.line())
     if result.dropped or result.clipped:
-        lines.append(f"over the context ({s['max_context']} tokens): {result.dropped} dropped, "
-                     f"{result.clipped} clipped")
+        template = s.get("template_tokens")
+        lines.append(f"over the context ({s['max_context']} tokens"
+                     + (f", {template} of them the endpoint's chat template" if template else "")
+                     + f"): {result.dropped} dropped, {result.clipped} clipped")
     if s.get("tokens_per_chunk_from_usage") is False:
         lines.append("the server sent no continuous usage: ITL counts one token per chunk")
     title = f"servelens bench: {result.model} ({result.endpoint}), {len(result.records)} requests"
