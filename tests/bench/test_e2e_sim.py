@@ -107,3 +107,27 @@ async def test_through_gateway_buckets_and_counts_agree() -> None:
             shown = "all requests" if label == ALL_LABEL else label
             assert len([line for line in out.splitlines() if line.startswith(f"│ {shown} ")]) == (
                 2 if stacked else 1), (label, out)
+
+
+async def test_by_isl_only_server_all_row_is_the_buckets_summed() -> None:
+    """A sidecar gateway (--by-isl-only) exports no stock histograms: the server's "all requests" row is
+    the by-ISL histograms summed over the buckets (it was "-"), its count every request's."""
+    async with run_sim(speedup=20) as sim, run_gateway(sim.url, isl_buckets="512,1024,2048,4096,8192,16384",
+                                                       by_isl_only=True) as gw:
+        cfg = BenchConfig(url=gw.url, isl="300:0.5,1500:0.3,5000:0.2", osl="8", num_requests=20, concurrency=4,
+                          seed=7, metrics_url=gw.url + "/metrics")
+        res = await run_bench(cfg)
+    assert res.errors == 0 and res.server_rows
+    server = {row.bucket: row for row in res.server_rows}
+    buckets = [row for row in res.server_rows if row.bucket != ALL_LABEL and row.requests]
+    total = server[ALL_LABEL]
+    assert total.requests == sum(r.requests for r in buckets) == 20
+    # the mean of the sum is the count-weighted mean of the buckets (sums and counts add)
+    assert total.ttft_mean_s is not None
+    weighted = sum((r.ttft_mean_s or 0) * r.requests for r in buckets) / total.requests
+    assert abs(total.ttft_mean_s - weighted) < 1e-9
+    assert total.ttft_p50_s is not None and total.itl_p50_s is not None
+    assert res.summary["server_all_from_buckets"] is True
+    buf = io.StringIO()
+    print_result(res, Console(file=buf, width=250, force_terminal=False, color_system=None))
+    assert "server 'all requests': the by-ISL histograms summed over the buckets" in buf.getvalue()

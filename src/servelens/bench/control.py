@@ -15,7 +15,7 @@ from servelens.bench.client import build_body, error_message
 from servelens.bench.config import BenchConfig
 from servelens.core.openai import parse_chunk
 from servelens.core.sse import SSEDecoder
-from servelens.core.summary import BucketRow, rows_from_histograms
+from servelens.core.summary import BucketRow, rows_from_histograms, summed_over_buckets
 from servelens.formats.metrics_text import Scrape, bucket_histograms, parse_scrape
 from servelens.prometheus.names import MetricNames
 from servelens.serving import client_error_reason
@@ -153,19 +153,28 @@ async def quiet_scrape(session: aiohttp.ClientSession, config: BenchConfig) -> S
 
 async def fetch_server_rows(
     session: aiohttp.ClientSession, config: BenchConfig, before: Scrape, expect: int
-) -> tuple[BucketRow, ...]:
-    """Rows from ``after - before``; waits (bounded, 3 s) until the server has recorded ``expect`` requests,
-    since a proxy records a request just after its last bytes reach the client."""
+) -> tuple[tuple[BucketRow, ...], bool]:
+    """Rows from ``after - before``, and whether the "all requests" row is the by-ISL histograms summed
+    over the buckets (an endpoint without the stock families: a ``--by-isl-only`` sidecar gateway).
+    Waits (bounded, 3 s) until the server has recorded ``expect`` requests, since a proxy records a
+    request just after its last bytes reach the client."""
     assert config.metrics_url is not None
     names = MetricNames(config.metrics_prefix)
     deadline = time.monotonic() + 3.0
+    summed, overall = False, None
     while True:
         after = await fetch_scrape(session, config.metrics_url)
         per_bucket, all_h = bucket_histograms(after, names, before)
         if not per_bucket and all_h.duration is None:
             break  # no servelens families at this URL
-        seen = all_h.duration.count if all_h.duration is not None else 0
+        summed = all_h.duration is None and all_h.ttft is None
+        overall = summed_over_buckets(per_bucket) if summed else all_h
+        seen = overall.duration.count if overall is not None and overall.duration is not None else 0
         if seen >= expect or time.monotonic() > deadline:
             break
         await asyncio.sleep(0.05)
-    return tuple(rows_from_histograms(per_bucket, all_h if all_h.duration or all_h.ttft else None))
+    if not per_bucket and all_h.duration is None:
+        return (), False
+    if summed:
+        return tuple(rows_from_histograms(per_bucket, overall)), overall is not None
+    return tuple(rows_from_histograms(per_bucket, all_h)), False

@@ -30,6 +30,9 @@ def print_result(result: BenchResult, console: Console | None = None) -> None:
         lines.append(f"over the context ({s['max_context']} tokens"
                      + (f", {template} of them the endpoint's chat template" if template else "")
                      + f"): {result.dropped} dropped, {result.clipped} clipped")
+    if s.get("server_all_from_buckets"):
+        lines.append("server 'all requests': the by-ISL histograms summed over the buckets (the endpoint exports "
+                     "no stock histograms; a request that failed before its first token is in no bucket)")
     if s.get("tokens_per_chunk_from_usage") is False:
         lines.append("the server sent no continuous usage: ITL counts one token per chunk")
     title = f"servelens bench: {result.model} ({result.endpoint}), {len(result.records)} requests"

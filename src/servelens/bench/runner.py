@@ -151,10 +151,11 @@ async def run_bench(config: BenchConfig) -> BenchResult:
             results_path = write_results(Path(config.output_dir) / RESULTS_FILE, done)
         server_rows = None
         server_error = None
+        all_from_buckets = False
         if config.metrics_url and before is not None:
             expect = sum(1 for r in done if r.http_status is not None)
             try:
-                server_rows = await fetch_server_rows(session, config, before, expect)
+                server_rows, all_from_buckets = await fetch_server_rows(session, config, before, expect)
             except ValueError as exc:  # the server's side is missing, the client's figures stand
                 server_error = str(exc)
     buckets = IslBuckets(config.isl_buckets)
@@ -166,6 +167,8 @@ async def run_bench(config: BenchConfig) -> BenchResult:
 
     if server_error is not None:
         summary["server_error"] = server_error
+    if all_from_buckets:  # a sidecar (--by-isl-only) exports no stock histograms
+        summary["server_all_from_buckets"] = True
     slo = config.slo
     attained = None
     if slo is not None and done:
