@@ -203,6 +203,7 @@ def test_cli_results_folder_and_html(results_file: Path, tmp_path: Path) -> None
     (["--prometheus", "http://127.0.0.1:1", "--window", "5m"], "cannot reach"),
     (["--results", "x", "--metrics-before", "y"], "--metrics-before needs --metrics"),
     (["--results", "x", "--isl-buckets", "0"], "positive integer"),
+    (["--results", "x", "--isl-buckets", ""], "ISL bucket boundaries must not be empty"),  # was the default
     (["--results", "x", "--window", "10m"], "--window applies to --prometheus only"),
     (["--results", "/dev/null"], "no requests in it"),
     (["--prometheus", "http://127.0.0.1:1", "--range", "2h"], "--range is the span of the HTML report's chart"),

@@ -102,7 +102,7 @@ def _metrics(spec: str) -> tuple[str, ...]:
 
 def read_windows(args: argparse.Namespace) -> WindowPairs:
     """The windows for parsed arguments. Raises ValueError (one line) for bad input."""
-    buckets = IslBuckets.parse(args.isl_buckets) if args.isl_buckets else None
+    buckets = IslBuckets.parse(args.isl_buckets) if args.isl_buckets is not None else None
     names = MetricNames(args.metrics_prefix)
     if (args.before or args.after) and not args.prometheus:
         raise ExplainError("--before and --after go with --prometheus (--results and --metrics name their windows)")

@@ -76,7 +76,7 @@ def add_parser(subparsers: Any) -> None:
 def build_report(args: argparse.Namespace) -> Report:
     """The report for parsed arguments. Raises ValueError for bad input (one-line messages)."""
     names = MetricNames(args.metrics_prefix)
-    buckets = IslBuckets.parse(args.isl_buckets) if args.isl_buckets else None
+    buckets = IslBuckets.parse(args.isl_buckets) if args.isl_buckets is not None else None
     if args.metrics_before and not args.metrics:
         raise ValueError("--metrics-before needs --metrics")
     for flag, value in (("--window", args.window), ("--range", args.range_)):
@@ -113,7 +113,7 @@ def build_slo(args: argparse.Namespace, report: Report) -> SloReport | None:
         return None
     if args.format == "csv":
         raise ValueError("SLO attainment is printed with --format table, markdown or json, not csv")
-    given = IslBuckets.parse(args.isl_buckets) if args.isl_buckets else None
+    given = IslBuckets.parse(args.isl_buckets) if args.isl_buckets is not None else None
     if args.results:
         bench_bounds = summary_isl_buckets(args.results)
         buckets = given or (IslBuckets(bench_bounds) if bench_bounds else IslBuckets.default())
@@ -139,7 +139,7 @@ def run_compare(args: argparse.Namespace) -> int:
         raise ValueError("--slo-ttft/--slo-itl report one run; for two runs use servelens explain --results A B")
     if args.resamples < 10:
         raise ValueError(f"--resamples must be >= 10, got {args.resamples}")
-    buckets = IslBuckets.parse(args.isl_buckets) if args.isl_buckets else None
+    buckets = IslBuckets.parse(args.isl_buckets) if args.isl_buckets is not None else None
     result = compare.compare_results(args.results, args.compare, buckets, resamples=args.resamples, seed=args.seed)
     sys.stdout.write(compare.to_json(result) if args.format == "json" else compare.render_text(result))
     sys.stdout.flush()
