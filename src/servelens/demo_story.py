@@ -199,7 +199,8 @@ def _explain(out: Path, name: str, console: Console) -> ExplainReport:
     report = explain_windows(from_results(str(out / "baseline"), str(out / name)))
     (out / f"explain-{name}.json").write_text(to_json(report))
     console.print()
-    console.rule(f"servelens explain: {dict(PHASES)[name]}, against phase 1", align="left")
+    phase = dict(PHASES)[name].split(":")[0]  # "phase 2": the phase's own title was its rule above (80 columns)
+    console.rule(f"servelens explain: {phase} against phase 1", align="left")
     for r in report.metrics:
         console.print(r.verdict_line, soft_wrap=True, highlight=False)
     ttft = report.metrics[0].explanation
