@@ -63,7 +63,8 @@ def add_parser(subparsers: Any) -> None:
                    help="probability, in [0, 1], that a request gets one of --fault-modes (default 0.0; a "
                    "request's own x-servelens-fault header works at any rate)")
     p.add_argument("--fault-modes", default="", metavar="MODE,MODE,...",
-                   help="comma-separated modes drawn from (default: none): " + ", ".join(FAULT_MODES))
+                   help="with --fault-rate: the comma-separated modes drawn from (default: all of them): "
+                   + ", ".join(FAULT_MODES))
     p.add_argument("--spin-us", type=int, default=1000, metavar="MICROSECONDS",
                    help="spin (yielding) instead of sleeping this long before each step deadline, for "
                    "precise step times (default 1000)")
