@@ -100,24 +100,11 @@ def run_servelens(url: str, conc: int, n: int, isl: int, osl: int, out: Path, tr
 
 
 def make_hf_cache(root: Path) -> str:
-    """A Hugging Face cache under ``root`` holding a word-level tokenizer ``local/sim-words`` (the sim's
-    prompt words, one token each), so aiperf can load a tokenizer with ``HF_HUB_OFFLINE=1``."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    """A Hugging Face cache under ``root`` holding the sim's tokenizer as ``local/sim-words``
+    (:mod:`servelens.sim.hf_tokenizer`), so aiperf can load a tokenizer with ``HF_HUB_OFFLINE=1``."""
+    from servelens.sim.hf_tokenizer import write_hf_cache
 
-    from servelens.sim.tokenizer import OUTPUT_WORDS
-
-    vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate(OUTPUT_WORDS)}}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    rev = "0" * 40
-    snap = root / "hub" / "models--local--sim-words" / "snapshots" / rev
-    snap.mkdir(parents=True)
-    (root / "hub" / "models--local--sim-words" / "refs").mkdir()
-    (root / "hub" / "models--local--sim-words" / "refs" / "main").write_text(rev)
-    tok.save(str(snap / "tokenizer.json"))
-    (snap / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
-                                                            "unk_token": "[UNK]"}))
-    return "local/sim-words"
+    return write_hf_cache(root)
 
 
 def run_aiperf(aiperf: str, tokenizer: str, hf_home: Path, url: str, model: str, conc: int, n: int, isl: int,

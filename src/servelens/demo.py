@@ -3,7 +3,8 @@
 Starts the simulated engine (a preset with prefix caching) and the gateway with ISL buckets on free
 loopback ports as child processes, replays a cut of the real Mooncake conversation trace
 (packaged with its license) through the gateway, time-compressed, then prints the per-bucket table
-from the client and from the gateway's ``/metrics`` side by side, writes ``report.html`` and the
+from the client and from the gateway's ``/metrics`` (side by side, or one above the other on a narrow
+terminal), writes ``report.html`` and the
 bench results, and stops everything. ``engine="vllm"`` runs the same against a real vLLM CPU
 engine serving a tiny local model (:mod:`servelens.engines.vllm_cpu`); ``engine="llama.cpp"``
 against llama.cpp's ``llama-server`` serving a real model, SmolLM2-135M-Instruct
@@ -13,6 +14,7 @@ against llama.cpp's ``llama-server`` serving a real model, SmolLM2-135M-Instruct
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import math
 import signal
 import sys
@@ -40,6 +42,26 @@ DEMO_PREFIX_CACHE_BLOCKS = 250_000
 store (Mooncake, LMCache). With the preset's 320k tokens the conversation turns that share long prefixes
 come back after their blocks were evicted, and every bucket shows only the shared first block."""
 ENGINES = ("sim", "vllm", "llama.cpp")
+ENGINE_EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "vllm": ("tokenizers", ("tokenizers",)),
+    "llama.cpp": ("llamacpp", ("tokenizers", "gguf")),
+}
+"""Per real engine: the package extra it needs and the modules in it. The bench builds prompts and the
+gateway counts them with the engine's own ``tokenizer.json`` (``tokenizers``); llama.cpp's is made from
+its GGUF model file (``gguf``). Extras, not core dependencies: ``tokenizers`` brings ``huggingface_hub``
+and its own dependencies (~30 MB), which the gateway in front of an engine that reports usage never needs."""
+
+
+def check_engine_packages(engine: str) -> None:
+    """Raise ValueError (one line, with the ``pip install`` that fixes it) when a Python package the
+    ``engine``'s demo needs is not installed; nothing for the sim."""
+    extra, modules = ENGINE_EXTRAS.get(engine, ("", ()))
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ValueError(f"--engine {engine} needs the {' and '.join(repr(m) for m in missing)} package"
+                         f"{'s' if len(missing) > 1 else ''} (the bench and the gateway count tokens with the "
+                         f"engine's tokenizer): pip install -e '.[{extra}]' in a checkout, pip install "
+                         f"'servelens[{extra}]' otherwise")
 
 
 @dataclass(frozen=True)
@@ -56,6 +78,8 @@ class DemoConfig:
         max_requests: send at most this many requests (None: no limit).
         output_dir: where ``report.html``, ``results.jsonl``, ``summary.json`` and logs go.
         keep_running: leave the engine and gateway up after the run until Ctrl-C.
+        engine_port, gateway_port: the loopback ports of the engine and the gateway (0: a free one,
+            new each run); fixed ones let a Prometheus scrape config be reused across runs.
         sim_preset, sim_speedup: the simulated engine's timing preset and speedup (every
             simulated time divided by it).
         isl_buckets: the gateway's and the table's ISL boundaries.
@@ -69,6 +93,8 @@ class DemoConfig:
     max_requests: int | None = None
     output_dir: str = "servelens-demo"
     keep_running: bool = False
+    engine_port: int = 0
+    gateway_port: int = 0
     sim_preset: str = "llama-3.1-8b-h100"
     sim_speedup: float = 8.0
     isl_buckets: tuple[int, ...] = DEFAULT_ISL_BOUNDARIES
@@ -82,6 +108,12 @@ class DemoConfig:
             raise ValueError(f"time-scale must be a finite number > 0, got {self.time_scale}")
         if self.duration_s is not None and not (math.isfinite(self.duration_s) and self.duration_s > 0):
             raise ValueError(f"duration must be a finite number of seconds > 0, got {self.duration_s}")
+        for name in ("engine_port", "gateway_port"):
+            port = getattr(self, name)
+            if not 0 <= port <= 65535:
+                raise ValueError(f"{name.replace('_', '-')} must be 0..65535 (0: a free port), got {port}")
+        if self.engine_port and self.engine_port == self.gateway_port:
+            raise ValueError(f"engine-port and gateway-port must differ, both are {self.engine_port}")
         if self.max_requests is not None and self.max_requests < 1:
             raise ValueError(f"max-requests must be >= 1, got {self.max_requests}")
         if not (math.isfinite(self.sim_speedup) and self.sim_speedup >= MIN_SPEEDUP):
@@ -111,7 +143,7 @@ def _engine(config: DemoConfig, out: Path, console: Console) -> Iterator[tuple[s
     if config.engine == "sim":
         args = ["sim", "--preset", config.sim_preset, "--speedup", str(config.sim_speedup),
                 "--max-model-len", str(config.max_context), "--seed", "0",
-                "--prefix-cache-blocks", str(DEMO_PREFIX_CACHE_BLOCKS)]
+                "--prefix-cache-blocks", str(DEMO_PREFIX_CACHE_BLOCKS), "--port", str(config.engine_port)]
         with ServerProcess(args, log_path=out / "sim.log") as sim:
             console.print(f"[bold]engine[/]  servelens sim at {sim.url}")
             console.print(f"        preset {config.sim_preset}, speedup {config.sim_speedup:g} (every simulated "
@@ -124,7 +156,7 @@ def _engine(config: DemoConfig, out: Path, console: Console) -> Iterator[tuple[s
 
         console.print("[bold]engine[/]  llama.cpp's llama-server with SmolLM2-135M-Instruct "
                       "(the first run on a machine builds it: minutes)")
-        with LlamaServer() as llama:
+        with LlamaServer(port=config.engine_port) as llama:
             console.print(f"[bold]engine[/]  llama-server at {llama.url}, model {llama.model}, "
                           f"{llama.n_slots} slots of {llama.ctx_per_slot} tokens")
             yield llama.url, str(llama.tokenizer_path), llama.bench_max_context
@@ -132,7 +164,7 @@ def _engine(config: DemoConfig, out: Path, console: Console) -> Iterator[tuple[s
     from servelens.engines.vllm_cpu import VllmServer
 
     console.print("[bold]engine[/]  vLLM CPU build with a tiny local model (first run installs it: minutes)")
-    with VllmServer() as srv:
+    with VllmServer(port=config.engine_port) as srv:
         console.print(f"[bold]engine[/]  vLLM at {srv.url}, model {srv.model}")
         yield srv.url, str(srv.tokenizer_path), srv.bench_max_context
 
@@ -179,6 +211,7 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoResult:
 
 
 def _run_demo(config: DemoConfig, console: Console | None) -> DemoResult:
+    check_engine_packages(config.engine)  # before anything is installed, built or started
     console = console or Console(width=None if sys.stdout.isatty() else 150)
     out = Path(config.output_dir)
     try:
@@ -189,6 +222,7 @@ def _run_demo(config: DemoConfig, console: Console | None) -> DemoResult:
     trace = str(resolve_trace(config.trace))  # before the engine and gateway start
     with _engine(config, out, console) as (engine_url, tokenizer, max_context):
         gw_args = ["gateway", "--upstream", engine_url, "--isl-buckets", buckets.spec,
+                   "--port", str(config.gateway_port),
                    "--request-log", str(out / "gateway-requests.jsonl")]
         if tokenizer:
             gw_args += ["--tokenizer", tokenizer]

@@ -13,7 +13,8 @@ Three phases on the embedded simulated engine, each a bench run through the gate
    texts) on an engine whose attention cost is ``slow_attention`` times higher: long prompts get much
    slower, short ones barely.
 
-After each phase the per-bucket table (client beside gateway); after phases 2 and 3, ``servelens
+After each phase the per-bucket table (client and gateway: side by side, or one above the other
+on a narrow terminal); after phases 2 and 3, ``servelens
 explain``'s verdict against phase 1 and its per-bucket table; then ``report.html`` with the
 "without and with" charts over the three phases: the single TTFT p95 line beside the same at phase
 1's mix, then the per-bucket lines. The traces, results, summaries, the gateway's ``/metrics``
@@ -200,7 +201,8 @@ def _explain(out: Path, name: str, console: Console) -> ExplainReport:
     report = explain_windows(from_results(str(out / "baseline"), str(out / name)))
     (out / f"explain-{name}.json").write_text(to_json(report))
     console.print()
-    console.rule(f"servelens explain: {dict(PHASES)[name]}, against phase 1", align="left")
+    phase = dict(PHASES)[name].split(":")[0]  # "phase 2": the phase's own title was its rule above (80 columns)
+    console.rule(f"servelens explain: {phase} against phase 1", align="left")
     for r in report.metrics:
         console.print(r.verdict_line, soft_wrap=True, highlight=False)
     ttft = report.metrics[0].explanation

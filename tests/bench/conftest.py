@@ -25,6 +25,7 @@ class Upstream:
     truncate_after: int | None = None  # end the stream after N output chunks, without [DONE]
     tokens_per_chunk: int = 1
     prompt_extra_tokens: int = 0  # added to usage.prompt_tokens (as a chat template would)
+    context_limit: int | None = None  # prompt tokens (with the extra) + max_tokens above it: a 400, as vLLM's
     more_models: tuple[str, ...] = ()  # listed after ``model`` by /v1/models
     metrics_ok_scrapes: int | None = None  # /metrics answers 500 after this many scrapes
     scrapes: int = 0
@@ -64,6 +65,10 @@ async def upstream() -> AsyncIterator[Upstream]:
         chat = "messages" in body
         pt = _words(body) + up.prompt_extra_tokens
         n = int(body.get("max_tokens", 4))
+        if up.context_limit is not None and pt + n > up.context_limit:
+            return web.json_response({"error": {"message": f"{pt} prompt + {n} output tokens exceed the context "
+                                                f"{up.context_limit}", "type": "BadRequestError", "param": None,
+                                                "code": 400}}, status=400, headers={"x-request-id": rid})
         cont = bool(so.get("continuous_usage_stats"))
 
         def usage(ct: int) -> dict[str, Any]:

@@ -4,7 +4,12 @@ The sim runs in this process, so its truth records use the same ``perf_counter_n
 bench's records (joined by ``x-request-id``).
 """
 
-from servelens.bench import BenchConfig, run_bench
+import io
+import re
+
+from rich.console import Console
+
+from servelens.bench import BenchConfig, print_result, run_bench
 from servelens.bench.traces import packaged_trace
 from servelens.core.buckets import IslBuckets
 from servelens.core.summary import ALL_LABEL
@@ -88,3 +93,41 @@ async def test_through_gateway_buckets_and_counts_agree() -> None:
             assert srow.ttft_mean_s is not None and crow.ttft_mean_s is not None
             engine_mean_s = sum(truth_ttft[label]) / len(truth_ttft[label])
             assert engine_mean_s < srow.ttft_mean_s <= crow.ttft_mean_s + 1e-9, (label, engine_mean_s, srow, crow)
+    # what is printed: client and server side by side where that fits with no cell wrapped, else the
+    # client's table and then the server's, one line per bucket (at 80 columns: the unit in the headers)
+    for width, stacked in ((80, True), (100, True), (250, False)):
+        buf = io.StringIO()
+        print_result(res, Console(file=buf, width=width, force_terminal=False, color_system=None))
+        out = buf.getvalue()
+        assert max(len(line) for line in out.splitlines()) <= width, out
+        assert not [line for line in out.splitlines() if re.match(r"│\s+│", line)], out  # no wrapped cell
+        assert ("Client (exact percentiles)" in out and "Server (gateway /metrics)" in out) == stacked, out
+        used = [label for label, crow in client.items() if crow.requests]
+        for label in used:  # once per table
+            shown = "all requests" if label == ALL_LABEL else label
+            assert len([line for line in out.splitlines() if line.startswith(f"│ {shown} ")]) == (
+                2 if stacked else 1), (label, out)
+
+
+async def test_by_isl_only_server_all_row_is_the_buckets_summed() -> None:
+    """A sidecar gateway (--by-isl-only) exports no stock histograms: the server's "all requests" row is
+    the by-ISL histograms summed over the buckets (it was "-"), its count every request's."""
+    async with run_sim(speedup=20) as sim, run_gateway(sim.url, isl_buckets="512,1024,2048,4096,8192,16384",
+                                                       by_isl_only=True) as gw:
+        cfg = BenchConfig(url=gw.url, isl="300:0.5,1500:0.3,5000:0.2", osl="8", num_requests=20, concurrency=4,
+                          seed=7, metrics_url=gw.url + "/metrics")
+        res = await run_bench(cfg)
+    assert res.errors == 0 and res.server_rows
+    server = {row.bucket: row for row in res.server_rows}
+    buckets = [row for row in res.server_rows if row.bucket != ALL_LABEL and row.requests]
+    total = server[ALL_LABEL]
+    assert total.requests == sum(r.requests for r in buckets) == 20
+    # the mean of the sum is the count-weighted mean of the buckets (sums and counts add)
+    assert total.ttft_mean_s is not None
+    weighted = sum((r.ttft_mean_s or 0) * r.requests for r in buckets) / total.requests
+    assert abs(total.ttft_mean_s - weighted) < 1e-9
+    assert total.ttft_p50_s is not None and total.itl_p50_s is not None
+    assert res.summary["server_all_from_buckets"] is True
+    buf = io.StringIO()
+    print_result(res, Console(file=buf, width=250, force_terminal=False, color_system=None))
+    assert "server 'all requests': the by-ISL histograms summed over the buckets" in buf.getvalue()

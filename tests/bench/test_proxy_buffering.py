@@ -21,9 +21,9 @@ from servelens.bench.client import RequestSpec, send_request
 from servelens.core.clumping import ClumpingReport, detect_clumping
 from servelens.formats.results import BenchRecord
 from servelens.gateway.testing import run_gateway, serve_app
-from servelens.testing.nginx import PROXY_PASS_ONLY, nginx_binary, run_nginx
+from servelens.testing.nginx import PROXY_PASS_ONLY, run_nginx
 
-pytestmark = pytest.mark.skipif(nginx_binary() is None, reason="needs nginx (Debian package nginx)")
+pytestmark = pytest.mark.binaries("nginx")
 
 CHUNKS = 60
 PACE_S = 0.005  # the engine's decode step: 5 chunks per 25 ms, well above the 1 ms near-zero bound

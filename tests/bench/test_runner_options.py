@@ -124,6 +124,43 @@ async def test_dropped_and_clipped_counts_reach_summary_and_console(upstream: Up
         await run_bench(BenchConfig(url=upstream.url, isl="5000", osl="100", num_requests=2, max_context=2000))
 
 
+@pytest.mark.parametrize("continuous_usage", [None, True])
+async def test_clip_leaves_room_for_the_chat_template_the_probe_reported(
+    upstream: Upstream, continuous_usage: bool | None
+) -> None:
+    """An endpoint that adds 7 template tokens to every prompt and refuses what exceeds its context:
+    prompts clipped to the whole context all failed (Dynamo: 21 of 300); clipped to the context less the
+    template, learned from the probe's usage, all succeed. Also when --no-continuous-usage style settings
+    skip the options probe (one probe is sent for the template then)."""
+    upstream.prompt_extra_tokens = 7
+    upstream.context_limit = 2000
+    res = await run_bench(BenchConfig(url=upstream.url, isl="5000:0.5,1990:0.5", osl="100", num_requests=4,
+                                      max_context=2000, long_requests="clip", continuous_usage=continuous_usage))
+    assert res.errors == 0 and res.clipped == 4, [r.error for r in res.records]
+    assert {(r.isl_target, r.osl_target) for r in res.records} == {(1893, 100)}
+    assert all(r.isl == 1900 for r in res.records)  # the server's count: prompt + template + output fit
+    assert res.summary["template_tokens"] == 7 and res.summary["max_context"] == 2000
+    buf = io.StringIO()
+    print_result(res, Console(file=buf, width=150))
+    assert "over the context (2000 tokens, 7 of them the endpoint's chat template): 0 dropped, 4 clipped" in (
+        buf.getvalue())
+    # drop: what fits without the template but not with it is dropped, not sent to fail
+    with pytest.raises(ValueError, match=r"empty: 2 requests were over the context \(2000 tokens, ISL \+ OSL \+ 7 of "
+                       r"chat template\) and dropped"):
+        await run_bench(BenchConfig(url=upstream.url, isl="1895", osl="100", num_requests=2, max_context=2000))
+
+
+async def test_the_template_is_learned_for_a_given_or_a_discovered_context(upstream: Upstream) -> None:
+    upstream.prompt_extra_tokens = 7
+    res = await run_bench(BenchConfig(url=upstream.url, isl="10", osl="1", num_requests=1, max_context=2000))
+    assert res.summary["template_tokens"] == 7
+    res = await run_bench(BenchConfig(url=upstream.url, isl="10", osl="1", num_requests=1))  # 4096 from /v1/models
+    assert res.summary["template_tokens"] == 7
+    upstream.prompt_extra_tokens = 0
+    assert (await run_bench(BenchConfig(url=upstream.url, isl="10", osl="1", num_requests=1))).summary[
+        "template_tokens"] == 0
+
+
 async def test_prompt_length_report_when_the_server_counts_more(upstream: Upstream) -> None:
     upstream.prompt_extra_tokens = 7  # as a chat template would add
     res = await run_bench(BenchConfig(url=upstream.url, isl="300", osl="1", num_requests=3))

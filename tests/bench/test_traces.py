@@ -1,4 +1,6 @@
 import json
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -64,6 +66,40 @@ def test_bad_trace_lines_name_the_line(tmp_path: Path) -> None:
         read_trace(q)
     with pytest.raises(ValueError, match="expected CSV columns"):
         read_trace(q, "azure")
+
+
+@pytest.mark.parametrize("fmt", [None, "mooncake", "azure"])
+@pytest.mark.parametrize("content", ["", "\n\n  \n"])
+def test_an_empty_trace_says_it_is_empty(tmp_path: Path, fmt: str | None, content: str) -> None:
+    """It was "cannot tell the trace format" (or "expected CSV columns")."""
+    p = tmp_path / "t.jsonl"
+    p.write_text(content)
+    with pytest.raises(ValueError, match=r"is empty: no requests in it|has no requests"):
+        read_trace(p, fmt)
+    if fmt is None:
+        with pytest.raises(ValueError, match=r"t.jsonl is empty: no requests in it"):
+            read_trace(p)
+
+
+@pytest.mark.parametrize("zone", ["UTC", "America/New_York", "Australia/Lord_Howe"])
+def test_azure_times_are_utc_whatever_the_machines_zone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        zone: str) -> None:
+    """Two rows across New York's 2023-03-12 spring-forward (02:00 EST -> 03:00 EDT): 3,602 s apart in
+    UTC, the traces' zone; read as local time they were 2 s apart under TZ=America/New_York."""
+    p = tmp_path / "t.csv"
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-03-12 01:59:59.5000000,10,2\n"
+                 "2023-03-12 03:00:01.5000000,10,2\n2023-11-05 01:30:00.0000000,10,2\n")
+    monkeypatch.setenv("TZ", zone)
+    time.tzset()
+    try:
+        rows = read_trace(p)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert [r.offset_ns for r in rows[:2]] == [0, 3_602_000_000_000]
+    first = datetime(2023, 3, 12, 1, 59, 59, 500000, tzinfo=UTC)
+    third = datetime(2023, 11, 5, 1, 30, tzinfo=UTC)  # New York's fall-back hour: ambiguous locally
+    assert rows[2].offset_ns == round((third - first).total_seconds() * 1e9)
 
 
 class StubTokenizer:

@@ -9,6 +9,7 @@ from servelens.core.summary import (
     RequestSample,
     row_from_histograms,
     rows_from_samples,
+    summed_over_buckets,
 )
 
 
@@ -50,3 +51,17 @@ def test_row_from_histograms_has_itl_p99() -> None:
     row = row_from_histograms("0-512", BucketHistograms(None, itl, None, None))
     assert row.itl_p99_s == pytest.approx(0.019) and row.itl_p50_s == pytest.approx(0.01 * 50 / 90)
     assert not row.exact
+
+
+def test_summed_over_buckets_adds_each_family_by_le() -> None:
+    a = CumulativeHistogram(((1.0, 2.0), (math.inf, 4.0)), 6.0)
+    b = CumulativeHistogram(((1.0, 1.0), (math.inf, 1.0)), 0.5)
+    total = summed_over_buckets({"0-512": BucketHistograms(a, a, a, None), "513+": BucketHistograms(b, b, b, b)})
+    assert total is not None and total.ttft == a.plus(b) and total.duration is not None
+    assert total.duration.count == 5.0 and total.duration.sum == 6.5
+    assert total.cached is None  # missing from a bucket: no sum
+    assert summed_over_buckets({}) is None
+    with pytest.raises(ValueError, match="different le edges"):
+        summed_over_buckets({"x": BucketHistograms(a, None, None, None),
+                             "y": BucketHistograms(CumulativeHistogram(((2.0, 0.0), (math.inf, 0.0)), 0), None, None,
+                                                   None)})

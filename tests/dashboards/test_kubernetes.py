@@ -164,6 +164,7 @@ def test_the_validation_catches_a_broken_manifest(kind: str, mutate: Any) -> Non
         validate(doc)
 
 
+@pytest.mark.binaries("promtool")
 def test_rules_pass_promtool(tmp_path: Path) -> None:
     promtool = shutil.which("promtool")
     assert promtool, "promtool (Debian package prometheus) is required"

@@ -44,11 +44,10 @@ from servelens.gateway.requestlog import read_request_log
 from servelens.process import ServerProcess, free_port
 from servelens.prometheus.names import MetricNames, default_edges
 from servelens.sim.testing import TEST_SPEEDUP
-from servelens.testing.nginx import nginx_binary, run_nginx
+from servelens.testing.nginx import run_nginx
 from servelens.testing.tsdb import run_prometheus
 
-pytestmark = [pytest.mark.prometheus,
-              pytest.mark.skipif(nginx_binary() is None, reason="nginx is not installed (Debian package nginx)")]
+pytestmark = pytest.mark.binaries("prometheus", "nginx")
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

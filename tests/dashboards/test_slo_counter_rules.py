@@ -10,11 +10,13 @@ import subprocess
 from contextlib import redirect_stdout
 from pathlib import Path
 
+import pytest
 import yaml
 
 from servelens.cli.main import main
 
 PROMTOOL = shutil.which("promtool")
+pytestmark = pytest.mark.binaries("promtool")
 
 
 def _promtool(*argv: str) -> subprocess.CompletedProcess[str]:

@@ -152,8 +152,14 @@ def test_demo_sigterm_mid_run_stops_engine_and_gateway(tmp_path: Path) -> None:
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads children from /proc (Linux)")
 def test_demo_keep_running_with_another_trace(tmp_path: Path) -> None:
     out = tmp_path / "demo"
+    from servelens.process import free_port
+
+    engine_port, gateway_port = free_port(), free_port()
+    while gateway_port == engine_port:
+        gateway_port = free_port()
+    # fixed ports (issue 19): a Prometheus scrape config can be reused from run to run
     proc = _start_demo("--trace", "azure_conv_2023_500.csv", "--duration", "2", "--keep-running",
-                       "--output-dir", str(out))
+                       "--output-dir", str(out), "--engine-port", str(engine_port), "--gateway-port", str(gateway_port))
     kids: list[int] = []
     try:
         lines = _read_until(proc, "--keep-running")
@@ -161,6 +167,9 @@ def test_demo_keep_running_with_another_trace(tmp_path: Path) -> None:
         assert len(kids) == 2, kids
         gateway = next(re.search(r"gateway at (http://\S+)", line)[1] for line in lines  # type: ignore[index]
                        if line.startswith("gateway"))
+        engine = next(re.search(r"servelens sim at (http://\S+)", line)[1] for line in lines  # type: ignore[index]
+                      if line.startswith("engine"))
+        assert (gateway, engine) == (f"http://127.0.0.1:{gateway_port}", f"http://127.0.0.1:{engine_port}")
         # the run is over (report written) and the gateway still serves its metrics for a dashboard
         assert (out / "report.html").exists()
         summary = json.loads((out / "summary.json").read_text())
@@ -193,6 +202,10 @@ def _demo_in_process(*argv: str) -> tuple[int, str]:
     (["--trace", "/nonexistent/trace.jsonl"], "trace file not found"),
     (["--trace", "/"], "--trace / is a folder"),  # was "[Errno 21] Is a directory", once both were up
     (["--output-dir", "/proc/version/o"], "cannot write to --output-dir /proc/version/o"),  # was "[Errno 20] ..."
+    (["--engine-port", "8000"], "--engine-port applies to a trace replay (--trace), not to the story"),
+    (["--trace", "azure_conv_2023_500.csv", "--gateway-port", "70000"], "gateway-port must be 0..65535"),
+    (["--trace", "azure_conv_2023_500.csv", "--gateway-port", "8000", "--engine-port", "8000"],
+     "engine-port and gateway-port must differ"),
 ])
 def test_demo_bad_flags_are_one_line_before_anything_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, argv: list[str], message: str
@@ -204,6 +217,34 @@ def test_demo_bad_flags_are_one_line_before_anything_starts(
     rc, err = _demo_in_process("--output-dir", str(tmp_path / "o"), *argv)  # a later --output-dir wins
     assert rc == 2 and err.startswith("servelens: error:") and err.count("\n") == 1, err
     assert message in err, err
+
+
+@pytest.mark.parametrize("engine, missing, extra", [
+    ("vllm", "tokenizers", "tokenizers"), ("llama.cpp", "tokenizers", "llamacpp"), ("llama.cpp", "gguf", "llamacpp"),
+])
+def test_demo_real_engine_without_its_extra_names_the_pip_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str, missing: str, extra: str
+) -> None:
+    """The README's ``servelens demo --engine vllm`` after a plain ``pip install -e .``: one line naming
+    the extra, before any engine is installed, built or started (it was the gateway's exit status 2)."""
+    import importlib.util
+
+    from servelens.engines import llama_cpp, vllm_cpu
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == missing else real(name, *a))
+
+    def no_engine(*_a: Any, **_k: Any) -> None:
+        raise AssertionError("an engine was started without its packages")
+
+    monkeypatch.setattr(vllm_cpu, "VllmServer", no_engine)
+    monkeypatch.setattr(llama_cpp, "LlamaServer", no_engine)
+    monkeypatch.setattr("servelens.demo.ServerProcess", no_engine)
+    rc, err = _demo_in_process("--engine", engine, "--output-dir", str(tmp_path / "o"))
+    assert rc == 2 and err.count("\n") == 1, err
+    assert f"--engine {engine} needs the '{missing}' package" in err
+    assert f"pip install -e '.[{extra}]'" in err and f"pip install 'servelens[{extra}]'" in err
+    assert not (tmp_path / "o").exists()
 
 
 def test_demo_engine_that_fails_to_start_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

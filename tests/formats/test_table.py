@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -72,6 +73,29 @@ def test_narrow_terminal_keeps_bucket_labels_and_numbers_whole(width: int) -> No
     for label in ("0-512", "513-1024", "1025-2048", "16385+"):
         assert len(_lines_of(out, f"│ {label} ")) == 1, (label, out)
     assert "12,345" in out
+
+
+def _wrapped_cells(text: str) -> list[str]:
+    """Body lines that continue a row (a wrapped cell): the label column blank."""
+    return [line for line in text.splitlines() if re.match(r"│\s+│", line)]
+
+
+@pytest.mark.parametrize("width", [80, 100])  # 100: room for the unit in every cell (with the cache-hit column)
+def test_80_columns_wrap_no_cell_the_unit_goes_to_the_header(width: int) -> None:
+    """At 80 columns every ITL cell wrapped onto two lines (``1.6`` over ``ms``): the unit moves to the
+    header and every row is one line."""
+    rows = [_row("0-512", 1200), _row("513-1024", 15, 1.2), _row("8193-16384", 3, 12.3456), _row("all", 1218)]
+    out = format_rows(rows, "table", width=width)
+    assert max(len(line) for line in out.splitlines()) <= width
+    assert not _wrapped_cells(out), out
+    if width > 80:  # room for a unit in every cell: kept there
+        assert "20.4 ms" in out
+        return
+    body = [line for line in out.splitlines() if line.startswith("│")]
+    assert "TTFT" in out and "(ms)" in out and not [line for line in body if " ms " in line or " s " in line]
+    assert "12,346" in out and "1,200" in out and "20.4" in out  # 12.3456 s, 1.2 s in ms
+    wide = format_rows(rows, "table", width=160)
+    assert "20.4 ms" in wide and "12.35 s" in wide and not _wrapped_cells(wide)
 
 
 def test_table_uses_the_width_given_and_a_wide_default() -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import signal
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import aiohttp
@@ -36,6 +38,41 @@ def test_flags_and_config_file(tmp_path: Path) -> None:
         ("x", "http://h:1"), ("y", "http://h:1"))
     assert parse("--upstream", "http://h:1", "--isl-buckets", "off").isl_buckets is None
     assert parse("--upstream", "http://h:1").port == 8080
+
+
+@pytest.mark.parametrize(("given", "expected"), [
+    ("16MiB", 16 * 1024 * 1024), ("16 MiB", 16 * 1024 * 1024), ("16M", 16 * 1024 * 1024), ("16m", 16 * 1024 * 1024),
+    ("512KiB", 512 * 1024), ("1GiB", 1024**3), ("16MB", 16_000_000), ("64kB", 64_000), ("2048", 2048),
+    ("2048B", 2048), ("1.5MiB", 1536 * 1024),
+])
+def test_max_body_bytes_takes_a_size(given: str, expected: int, tmp_path: Path) -> None:
+    """The help's own default, ``16MiB``, is accepted (it was refused), on the flag and in the file."""
+    assert parse("--upstream", "http://h:1", "--max-body-bytes", given).max_body_bytes == expected
+    f = tmp_path / "gw.yaml"
+    f.write_text(f"upstream: http://h:1\nmax_body_bytes: {given}\n")
+    assert parse("--config", str(f)).max_body_bytes == expected
+
+
+@pytest.mark.parametrize("given", ["16XB", "MiB", "-5", "1.5", "16iB", ""])
+def test_max_body_bytes_refuses_what_is_not_a_size(given: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["gateway", "--upstream", "http://h:1", "--max-body-bytes", given]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("servelens: error: max_body_bytes: a size must be") and err.count("\n") == 1, err
+
+
+def test_empty_isl_buckets_is_an_error_not_off(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--isl-buckets ''`` (an unset shell variable) silently turned the by-ISL metrics off; only the
+    words say off on purpose."""
+    for value in ("", "  "):
+        assert main(["gateway", "--upstream", "http://h:1", "--isl-buckets", value]) == 2
+        assert "isl_buckets is empty: give boundaries in tokens" in capsys.readouterr().err
+    f = tmp_path / "gw.yaml"
+    for text in ('isl_buckets: ""\n', "isl_buckets:\n"):
+        f.write_text("upstream: http://h:1\n" + text)
+        assert main(["gateway", "--config", str(f)]) == 2
+        assert "isl_buckets is empty" in capsys.readouterr().err
+    for off in ("off", "none", "false"):
+        assert parse("--upstream", "http://h:1", "--isl-buckets", off).isl_buckets is None
 
 
 def test_edges_and_series_budget_from_flags_and_file(tmp_path: Path) -> None:
@@ -97,7 +134,7 @@ def test_bad_yaml_and_unknown_key(tmp_path: Path, capsys: pytest.CaptureFixture[
 @pytest.mark.parametrize(
     ("setting", "message"),
     [  # each was a TypeError traceback, or accepted and broken later
-        ("max_body_bytes: abc", "max_body_bytes must be an integer, got 'abc'"),
+        ("max_body_bytes: abc", "max_body_bytes: a size must be a number of bytes or e.g. 16MiB"),
         ("max_models: x", "max_models must be an integer"),
         ("max_models: .inf", "max_models must be an integer"),
         ("models_refresh_s: x", "models_refresh_s must be a number of seconds"),
@@ -140,6 +177,37 @@ def test_config_file_that_is_not_text_and_infinite_timeouts(tmp_path: Path, caps
     assert cfg.read_timeout_s == cfg.response_timeout_s == cfg.models_refresh_s == float("inf")
     assert cfg.client_timeout_s == float("inf")
     assert parse("--upstream", "http://h:1", "--client-timeout", "7").client_timeout_s == 7
+
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def _readme_gateway_yaml() -> str:
+    """The README's example ``gateway.yaml`` (the yaml block that starts ``# gateway.yaml``)."""
+    text = README.read_text()
+    start = text.index("```yaml\n# gateway.yaml\n") + len("```yaml\n")
+    return text[start:text.index("```", start)]
+
+
+def test_readme_gateway_yaml_parses_and_starts(tmp_path: Path) -> None:
+    """The README's example file: every setting is accepted, and a gateway starts from it (its engines
+    need not be up); the test binds loopback and free ports over the file's 0.0.0.0, 8080 and 9100."""
+    f = tmp_path / "gateway.yaml"
+    f.write_text(_readme_gateway_yaml())
+    log = tmp_path / "requests.jsonl"
+    cfg = parse("--config", str(f), "--request-log", str(log))
+    assert cfg.models == (("llama-3.1-8b", "http://127.0.0.1:8000"), ("qwen3-32b", "http://127.0.0.1:8001"))
+    assert (cfg.host, cfg.port, cfg.metrics_port) == ("0.0.0.0", 8080, 9100)
+    assert cfg.max_body_bytes == 16 * 1024 * 1024 and cfg.isl_buckets == "512,1024,2048,4096,8192,16384"
+    assert cfg.continuous_usage == "auto" and cfg.request_log == str(log) and cfg.shutdown_timeout_s == 25
+    with ServerProcess(["gateway", "--config", str(f), "--metrics-port", "0", "--request-log", str(log)]) as gw:
+        assert gw.url.startswith("http://127.0.0.1:")
+        with urllib.request.urlopen(gw.url + "/health", timeout=10) as resp:
+            assert resp.status == 200
+        with pytest.raises(urllib.error.HTTPError) as err:  # /metrics is on its own port
+            urllib.request.urlopen(gw.url + "/metrics", timeout=10)
+        assert err.value.code == 404
+    assert "models llama-3.1-8b, qwen3-32b" in gw.startup_lines[0], gw.startup_lines
 
 
 async def test_cli_serves_measures_and_stops_cleanly(tmp_path: Path) -> None:

@@ -1,5 +1,4 @@
 import itertools
-import shutil
 import subprocess
 
 import pytest
@@ -207,7 +206,7 @@ def test_bad_prefix_rejected() -> None:
         FrontendMetrics(prefix="9bad-prefix")
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian package prometheus) not installed")
+@pytest.mark.binaries("promtool")
 def test_exposition_passes_promtool_check_metrics() -> None:
     reg = CollectorRegistry()
     m = FrontendMetrics(registry=reg, prefix="dynamo_frontend", isl_buckets=BUCKETS)

@@ -3,7 +3,6 @@ same bytes, hence the same samples and values, at the default and the large conf
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 
@@ -158,7 +157,7 @@ def test_collectors_added_follow_the_frontend_families() -> None:
     assert m.added_exposition().endswith(b'servelens_test_extra_total{k="v"} 3.0\n')
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian package prometheus) not installed")
+@pytest.mark.binaries("promtool")
 @pytest.mark.parametrize("build", [awkward_values, many_series_metrics])
 def test_promtool_check_metrics_is_clean(build: Callable[[], FrontendMetrics]) -> None:
     proc = subprocess.run(["promtool", "check", "metrics"], input=build().exposition(), capture_output=True,

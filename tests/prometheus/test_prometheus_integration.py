@@ -19,7 +19,7 @@ MEAN = ("sum by (isl_bucket) (rate(dynamo_frontend_time_to_first_token_by_isl_se
         "sum by (isl_bucket) (rate(dynamo_frontend_time_to_first_token_by_isl_seconds_count[5m]))")
 
 
-@pytest.mark.prometheus
+@pytest.mark.binaries("prometheus")
 def test_seed_queries_on_real_prometheus() -> None:
     metrics = FrontendMetrics(registry=CollectorRegistry(), prefix="dynamo_frontend", isl_buckets=BUCKETS)
     metrics.register_model("test-model")

@@ -29,7 +29,7 @@ from servelens.prometheus.names import MetricNames
 from servelens.sim.testing import run_sim
 from servelens.testing.tsdb import TsdbServer, run_prometheus, run_victoria_metrics
 
-pytestmark = pytest.mark.prometheus
+pytestmark = pytest.mark.binaries("prometheus", "victoria-metrics")
 
 BUCKETS = IslBuckets.default()
 NAMES = MetricNames()

@@ -81,6 +81,7 @@ def test_boundaries_that_differ_between_windows_are_one_line(runs: dict[str, str
     one_line_error(["--metrics", runs["s0"], runs["s1"], runs["t0"], runs["t1"]], "the ISL buckets differ between")
     one_line_error(["--metrics", runs["s0"], runs["s1"], runs["s0"], runs["s1"], "--isl-buckets", "100,200"],
                    "does not match the server's ISL buckets")
+    one_line_error(["--results", runs["a"], runs["a"], "--isl-buckets", ""], "ISL bucket boundaries must not be empty")
     # raw per-request data can be put into the same buckets
     rc, out, _ = cli("--results", runs["a"], runs["other"], "--isl-buckets", BUCKETS.spec, "--metric", "ttft")
     assert rc == 0 and out.startswith("TTFT p95")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 import re
@@ -202,6 +203,7 @@ def test_cli_results_folder_and_html(results_file: Path, tmp_path: Path) -> None
     (["--prometheus", "http://127.0.0.1:1", "--window", "5m"], "cannot reach"),
     (["--results", "x", "--metrics-before", "y"], "--metrics-before needs --metrics"),
     (["--results", "x", "--isl-buckets", "0"], "positive integer"),
+    (["--results", "x", "--isl-buckets", ""], "ISL bucket boundaries must not be empty"),  # was the default
     (["--results", "x", "--window", "10m"], "--window applies to --prometheus only"),
     (["--results", "/dev/null"], "no requests in it"),
     (["--prometheus", "http://127.0.0.1:1", "--range", "2h"], "--range is the span of the HTML report's chart"),
@@ -212,6 +214,64 @@ def test_cli_errors_are_one_line(argv: list[str], message: str) -> None:
     assert rc == 2, err
     assert err.startswith("servelens: error:") and err.count("\n") == 1
     assert message in err
+
+
+def test_cli_missing_metrics_file_is_named_once() -> None:
+    rc, _, err = _run(["report", "--metrics", "nope.txt"])
+    assert rc == 2 and err == "servelens: error: cannot read metrics file nope.txt: No such file or directory\n"
+
+
+def test_cli_html_into_a_missing_folder_is_an_error_before_any_work(results_file: Path, tmp_path: Path) -> None:
+    """A typo in the folder no longer creates a tree of folders in silence; nothing is read first (the
+    source here does not exist, and the error is the folder's)."""
+    target = tmp_path / "missing-dir" / "deeper" / "r.html"
+    rc, out, err = _run(["report", "--prometheus", "http://127.0.0.1:1", "--html", str(target)])
+    assert rc == 2 and out == "" and err.count("\n") == 1
+    assert f"--html {target}: the folder {target.parent} does not exist (create it first)" in err
+    assert not (tmp_path / "missing-dir").exists()
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    rc, _, err = _run(["report", "--results", str(results_file), "--html", str(afile / "r.html")])
+    assert rc == 2 and "is not a folder" in err
+    rc, _, err = _run(["report", "--results", str(results_file), "--html", str(tmp_path / "r.html")])
+    assert rc == 0 and (tmp_path / "r.html").exists()
+
+
+@pytest.mark.parametrize("status, body, content_type", [
+    (404, b"404: Not Found", "text/plain"),  # the gateway's answer to /api/v1/...
+    (200, b"# HELP x\n# TYPE x counter\nx_total 1\n", "text/plain"),  # an exporter answering every path
+    (200, b'{"object": "list", "data": []}', "application/json"),  # JSON, but another API's
+    (404, b'{"error": {"message": "not found"}}', "application/json"),  # an OpenAI-style error object
+])
+def test_cli_prometheus_url_that_is_not_a_prometheus_api_says_so(status: int, body: bytes,
+                                                                content_type: str) -> None:
+    from servelens.testing.static import serve_static
+
+    with serve_static(body, content_type=content_type, status=status) as url:
+        rc, _, err = _run(["report", "--prometheus", url])
+    assert rc == 2 and err.count("\n") == 1, err
+    assert "not a Prometheus API (give the base URL of Prometheus or VictoriaMetrics" in err, err
+
+
+def test_cli_csv_has_no_float_noise(results_file: Path) -> None:
+    rc, out, _ = _run(["report", "--results", str(results_file), "--format", "csv"])
+    assert rc == 0
+    rows = list(csv.DictReader(io.StringIO(out)))
+    cells = [v for r in rows for v in r.values() if v and v.replace(".", "", 1).isdigit() and "." in v]
+    assert cells and all(len(v.split(".")[1]) <= 9 for v in cells), cells  # nanoseconds at most
+    json_rows = json.loads(_run(["report", "--results", str(results_file), "--format", "json"])[1])
+    for r, j in zip(rows, json_rows, strict=True):  # the same figures, rounded to the nanosecond
+        for k, v in j.items():
+            if isinstance(v, float):
+                assert float(r[k]) == pytest.approx(v, abs=1e-9)
+
+
+def test_data_until_line() -> None:
+    from servelens.cli.report import data_until
+
+    assert data_until(1_800_000_000.0, 1_800_000_012.4) == (
+        "data up to 2027-01-15 08:00:00 UTC (12 s ago), the last scrape: requests that ended since then are "
+        "counted after the next scrape")
 
 
 def test_cli_garbage_files(tmp_path: Path) -> None:

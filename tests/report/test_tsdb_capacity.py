@@ -28,7 +28,7 @@ from servelens.testing.sim_runs import BASE, engine_exposition, feed_records, ru
 from servelens.testing.static import serve_static
 from servelens.testing.tsdb import TsdbServer, run_prometheus, run_victoria_metrics
 
-pytestmark = pytest.mark.prometheus
+pytestmark = pytest.mark.binaries("prometheus", "victoria-metrics")
 
 BUCKETS = IslBuckets.default()
 NAMES = MetricNames()

@@ -8,9 +8,11 @@ import functools
 import io
 import json
 import math
+import time
 from collections.abc import Callable, Iterator
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -30,7 +32,7 @@ from servelens.report.sources import report_from_prometheus
 from servelens.testing.exporter import feed, serve_metrics, synthetic_samples
 from servelens.testing.tsdb import TsdbServer, run_prometheus, run_victoria_metrics
 
-pytestmark = pytest.mark.prometheus
+pytestmark = pytest.mark.binaries("prometheus", "victoria-metrics")
 
 BUCKETS = IslBuckets.parse("512,1024,2048,4096,8192,16384")
 PER_BUCKET = 24
@@ -128,11 +130,17 @@ def _assert_row_matches(got: BucketRow | dict, want: BucketRow, exact: BucketRow
 @pytest.mark.parametrize("server", ["prom", "vm"])
 def test_report_prometheus_cli_matches_fed_data(fed: Fed, server: str) -> None:
     s: TsdbServer = getattr(fed, server)
-    buf = io.StringIO()
-    with redirect_stdout(buf):
+    buf, err = io.StringIO(), io.StringIO()
+    before_s = time.time()
+    with redirect_stdout(buf), redirect_stderr(err):
         rc = main(["report", "--prometheus", s.url, "--window", "5m", "--isl-buckets", BUCKETS.spec,
                    "--format", "json"])
     assert rc == 0
+    # up to when the data goes: the last scrape's time, in the past (a scrape interval or less ago)
+    line = err.getvalue()
+    assert line.startswith("data up to ") and line.count("\n") == 1 and "s ago), the last scrape" in line, line
+    last = datetime.strptime(line.split("data up to ")[1][:19], "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC)
+    assert last.timestamp() <= before_s + 1
     rows = json.loads(buf.getvalue())
     assert [r["bucket"] for r in rows] == [*BUCKETS.labels, "all"]  # numeric order
     for r in rows:

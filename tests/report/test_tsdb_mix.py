@@ -42,7 +42,7 @@ from servelens.testing.latency_windows import EARLY_MIX, LATE_MIX
 from servelens.testing.sim_runs import feed_records, run_phase, slowed
 from servelens.testing.tsdb import TsdbServer, run_prometheus, run_victoria_metrics
 
-pytestmark = pytest.mark.prometheus
+pytestmark = pytest.mark.binaries("prometheus", "victoria-metrics")
 
 BUCKETS = IslBuckets.default()
 NAMES = MetricNames()

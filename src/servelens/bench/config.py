@@ -37,8 +37,9 @@ class BenchConfig:
         concurrency: closed loop with this many workers; with ``rate`` or a trace: cap on in-flight.
         rate: open loop at this many requests/s with ``arrival`` (``poisson`` or ``constant``).
         tokenizer: a ``tokenizer.json`` for a real engine; None uses the sim's documented tokenizer.
-        max_context: requests whose ISL + OSL exceeds this are dropped or clipped
-            (``long_requests``); None: the ``max_model_len`` that ``/v1/models`` reports, if any.
+        max_context: requests whose ISL + OSL, plus the tokens the endpoint's chat template adds (learned
+            from the probe request's usage), exceeds this are dropped or clipped (``long_requests``);
+            None: the ``max_model_len`` that ``/v1/models`` reports, if any.
         isl_buckets: ISL bucket boundaries for the table.
         uncached_buckets: boundaries of a second table by uncached prompt tokens (ISL minus cached
             tokens, from each response's usage; server side the gateway's ``--uncached-buckets``

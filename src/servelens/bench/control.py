@@ -13,7 +13,9 @@ import aiohttp
 
 from servelens.bench.client import build_body, error_message
 from servelens.bench.config import BenchConfig
-from servelens.core.summary import BucketRow, rows_from_histograms
+from servelens.core.openai import parse_chunk
+from servelens.core.sse import SSEDecoder
+from servelens.core.summary import BucketRow, rows_from_histograms, summed_over_buckets
 from servelens.formats.metrics_text import Scrape, bucket_histograms, parse_scrape
 from servelens.prometheus.names import MetricNames
 from servelens.serving import client_error_reason
@@ -70,26 +72,58 @@ async def discover(
     return model, ctx if isinstance(ctx, int) and ctx > 0 else None
 
 
+PROBE_PROMPT = "hello"
+"""The probe's prompt: one token for any tokenizer worth the name (the sim's, BPE vocabularies)."""
+
+
 async def probe(
-    session: aiohttp.ClientSession, url: str, model: str, config: BenchConfig, headers: dict[str, str]
-) -> tuple[bool, bool]:
-    """Which of continuous usage and ignore_eos the endpoint accepts (one tiny request each try)."""
+    session: aiohttp.ClientSession, url: str, model: str, config: BenchConfig, headers: dict[str, str],
+    want_prompt_tokens: bool = False,
+) -> tuple[bool, bool, int | None]:
+    """Which of continuous usage and ignore_eos the endpoint accepts (one tiny request each try), and
+    the ``usage.prompt_tokens`` the endpoint reported for the probe's prompt, :data:`PROBE_PROMPT` (None
+    when it reported none). With ``continuous_usage`` set in the config no probe is needed for the
+    options; one is sent anyway when ``want_prompt_tokens`` (the chat template's tokens, for fitting
+    long requests into the context), and any refusal of it is no error then (prompt tokens None)."""
     tries = [(True, config.ignore_eos), (False, config.ignore_eos), (False, False)]
-    if config.continuous_usage is not None:
-        return config.continuous_usage, config.ignore_eos
+    given = config.continuous_usage is not None
+    if given:
+        if not want_prompt_tokens:
+            return bool(config.continuous_usage), config.ignore_eos, None
+        tries = [(bool(config.continuous_usage), config.ignore_eos)]
     for cont, eos in tries:
-        body = build_body(config.endpoint, model, "hello", 1, continuous_usage=cont, ignore_eos=eos)
+        body = build_body(config.endpoint, model, PROBE_PROMPT, 1, continuous_usage=cont, ignore_eos=eos)
         try:
             async with session.post(url, data=body, headers=headers) as resp:
                 answer = await resp.read()
                 if resp.status == 200:
-                    return cont, eos
+                    return cont, eos, reported_prompt_tokens(answer)
+                if given:  # only the template was asked for: the run's own requests will say what fails
+                    return cont, eos, None
                 if resp.status not in (400, 422):
                     raise ValueError(f"POST {url} answered HTTP {resp.status} to a one-token probe request: "
                                      f"{error_message(answer)}")
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise ValueError(f"cannot reach {url}: {client_error_reason(exc)}") from None
     raise ValueError(f"POST {url} rejected a minimal streaming request (HTTP 400); check --model and --endpoint")
+
+
+def reported_prompt_tokens(stream: bytes) -> int | None:
+    """The last ``usage.prompt_tokens`` in an SSE stream's bytes (None when no chunk carried one)."""
+    found: int | None = None
+    for blk in SSEDecoder().decode(stream):
+        if blk.data is None:
+            continue
+        info = parse_chunk(blk.data, blk.event)
+        if info.usage is not None and info.usage.prompt_tokens is not None:
+            found = info.usage.prompt_tokens
+    return found
+
+
+def template_tokens(reported: int | None, counted: int) -> int | None:
+    """Tokens the endpoint adds to a prompt (its chat template, a BOS token): what it reported for the
+    probe's prompt less what the bench's tokenizer counts in it; None when nothing was reported."""
+    return None if reported is None else max(reported - counted, 0)
 
 
 async def fetch_scrape(session: aiohttp.ClientSession, url: str) -> Scrape:
@@ -119,26 +153,34 @@ async def quiet_scrape(session: aiohttp.ClientSession, config: BenchConfig) -> S
 
 async def fetch_server_rows(
     session: aiohttp.ClientSession, config: BenchConfig, before: Scrape, expect: int
-) -> tuple[tuple[BucketRow, ...], tuple[BucketRow, ...] | None]:
-    """Rows from ``after - before``; waits (bounded, 3 s) until the server has recorded ``expect`` requests,
-    since a proxy records a request just after its last bytes reach the client. Second: the rows per
-    uncached bucket from the same scrapes when ``config.uncached_buckets`` is set (empty when the
-    server has no such families), else None."""
+) -> tuple[tuple[BucketRow, ...], tuple[BucketRow, ...] | None, bool]:
+    """Rows from ``after - before``; the rows per uncached bucket from the same scrapes when
+    ``config.uncached_buckets`` is set (empty when the server has no such families), else None; and
+    whether the "all requests" row is the by-ISL histograms summed over the buckets (an endpoint
+    without the stock families: a ``--by-isl-only`` sidecar gateway). Waits (bounded, 3 s) until the
+    server has recorded ``expect`` requests, since a proxy records a request just after its last
+    bytes reach the client."""
     assert config.metrics_url is not None
     names = MetricNames(config.metrics_prefix)
     deadline = time.monotonic() + 3.0
+    summed, overall = False, None
     while True:
         after = await fetch_scrape(session, config.metrics_url)
         per_bucket, all_h = bucket_histograms(after, names, before)
         if not per_bucket and all_h.duration is None:
             break  # no servelens families at this URL
-        seen = all_h.duration.count if all_h.duration is not None else 0
+        summed = all_h.duration is None and all_h.ttft is None
+        overall = summed_over_buckets(per_bucket) if summed else all_h
+        seen = overall.duration.count if overall is not None and overall.duration is not None else 0
         if seen >= expect or time.monotonic() > deadline:
             break
         await asyncio.sleep(0.05)
-    all_row = all_h if all_h.duration or all_h.ttft else None
+    if not per_bucket and all_h.duration is None:
+        return (), (None if config.uncached_buckets is None else ()), False
+    all_row = overall if summed else all_h
     rows = tuple(rows_from_histograms(per_bucket, all_row))
+    from_buckets = summed and overall is not None
     if config.uncached_buckets is None:
-        return rows, None
+        return rows, None, from_buckets
     per_uncached, _ = bucket_histograms(after, names, before, by="uncached")
-    return rows, tuple(rows_from_histograms(per_uncached, all_row)) if per_uncached else ()
+    return rows, (tuple(rows_from_histograms(per_uncached, all_row)) if per_uncached else ()), from_buckets

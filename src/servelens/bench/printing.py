@@ -8,13 +8,14 @@ from rich.console import Console
 from servelens.bench.summary import BenchResult
 from servelens.core.clumping import detect_clumping
 from servelens.formats.slo_table import attainment_table
-from servelens.formats.table import UNCACHED_HEADER, fit_to, rich_table, side_by_side
+from servelens.formats.table import UNCACHED_HEADER, cells_wrap, fit_to, fitted_table, side_by_side
 
 
 def print_result(result: BenchResult, console: Console | None = None) -> None:
     """Print the client table (the client/server table instead when there are server rows; on a
-    terminal too narrow for it, the client's table and then the server's) and a few summary lines to
-    ``console`` (stdout by default)."""
+    terminal too narrow for it without wrapping a cell, the client's table and then the server's, with
+    the unit in the headers when a unit in every cell would wrap, as at 80 columns) and a few summary
+    lines to ``console`` (stdout by default)."""
     if console is None:
         console = Console()
         if not console.is_terminal:
@@ -25,8 +26,13 @@ def print_result(result: BenchResult, console: Console | None = None) -> None:
     if clumping.clumped:  # a buffering proxy: the client's ITL and TTFT are the proxy's, whatever the lag says
         lines.insert(0, clumping.line())
     if result.dropped or result.clipped:
-        lines.append(f"over the context ({s['max_context']} tokens): {result.dropped} dropped, "
-                     f"{result.clipped} clipped")
+        template = s.get("template_tokens")
+        lines.append(f"over the context ({s['max_context']} tokens"
+                     + (f", {template} of them the endpoint's chat template" if template else "")
+                     + f"): {result.dropped} dropped, {result.clipped} clipped")
+    if s.get("server_all_from_buckets"):
+        lines.append("server 'all requests': the by-ISL histograms summed over the buckets (the endpoint exports "
+                     "no stock histograms; a request that failed before its first token is in no bucket)")
     if s.get("tokens_per_chunk_from_usage") is False:
         lines.append("the server sent no continuous usage: ITL counts one token per chunk")
     title = f"servelens bench: {result.model} ({result.endpoint}), {len(result.records)} requests"
@@ -36,19 +42,14 @@ def print_result(result: BenchResult, console: Console | None = None) -> None:
         title += " [TOKENS ARRIVE IN CLUMPS: A PROXY BUFFERS THE STREAM]"
     both = side_by_side(result.client_rows, result.server_rows, title=title + "\nClient vs server (gateway "
                         "/metrics)", notes=lines) if result.server_rows else None
-    if both is not None and fit_to(both, console.width):  # one table: the client's figures beside the server's
-        console.print(both)
-    elif both is not None:  # a narrow terminal: the client's table, then the server's
-        client = rich_table(result.client_rows, title=title + "\nClient (exact percentiles)", caption="\n".join(lines))
-        server = rich_table(result.server_rows or [], title="Server (gateway /metrics)")
-        fit_to(client, console.width)
-        fit_to(server, console.width)
-        console.print(client)
-        console.print(server)
+    if both is not None and fit_to(both, console.width) and not cells_wrap(both, console.width):
+        console.print(both)  # one table: the client's figures beside the server's, no cell wrapped
+    elif both is not None:  # a narrower terminal: the client's table, then the server's
+        console.print(fitted_table(result.client_rows, console.width, title=title + "\nClient (exact percentiles)",
+                                   caption="\n".join(lines)))
+        console.print(fitted_table(result.server_rows or [], console.width, title="Server (gateway /metrics)"))
     else:
-        table = rich_table(result.client_rows, title=title, caption="\n".join(lines))
-        fit_to(table, console.width)
-        console.print(table)
+        console.print(fitted_table(result.client_rows, console.width, title=title, caption="\n".join(lines)))
         if s.get("server_error"):
             console.print(f"server side: none, the final scrape failed: {s['server_error']}")
         elif result.server_rows is not None:
@@ -77,10 +78,13 @@ def _print_uncached(result: BenchResult, console: Console) -> None:
     server = result.uncached_server_rows
     table = (side_by_side(result.uncached_client_rows, server, title=title + "\nClient vs server (gateway /metrics)",
                           label_header=UNCACHED_HEADER) if server else None)
-    if table is None or not fit_to(table, console.width):
-        table = rich_table(result.uncached_client_rows, label_header=UNCACHED_HEADER,
-                           title=title + ("\nClient (exact percentiles)" if server else ""))
-        fit_to(table, console.width)
-    console.print(table)
+    if table is not None and fit_to(table, console.width) and not cells_wrap(table, console.width):
+        console.print(table)
+    else:  # one above the other, as the ISL tables at a narrow width
+        console.print(fitted_table(result.uncached_client_rows, console.width, label_header=UNCACHED_HEADER,
+                                   title=title + ("\nClient (exact percentiles)" if server else "")))
+        if server:
+            console.print(fitted_table(server, console.width, label_header=UNCACHED_HEADER,
+                                       title="Server (gateway /metrics)"))
     if server is not None and not server:
         console.print("server side by uncached prompt tokens: none (run the gateway with --uncached-buckets)")

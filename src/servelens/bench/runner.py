@@ -28,7 +28,7 @@ import aiohttp
 
 from servelens.bench.client import ENDPOINTS, RequestSpec, build_body, send_request
 from servelens.bench.config import BenchConfig
-from servelens.bench.control import discover, fetch_server_rows, probe, quiet_scrape
+from servelens.bench.control import PROBE_PROMPT, discover, fetch_server_rows, probe, quiet_scrape, template_tokens
 from servelens.bench.lag import LagMonitor
 from servelens.bench.loops import closed_loop, open_loop
 from servelens.bench.progress import Progress
@@ -85,14 +85,20 @@ async def run_bench(config: BenchConfig) -> BenchResult:
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         model, ctx = await discover(session, config, headers)
         max_context = config.max_context if config.max_context is not None else ctx
-        items, dropped, clipped, scheduled = build_workload(config, max_context)
+        url = config.base_url + ENDPOINTS[config.endpoint]
+        continuous, ignore_eos, reported = await probe(session, url, model, config, headers,
+                                                       want_prompt_tokens=max_context is not None)
+        # the endpoint's chat template takes part of the context: what does not fit with it is dropped
+        # or clipped to fit (a prompt clipped to the whole context failed on every engine with a template)
+        template = template_tokens(reported, tokenizer.count_tokens(PROBE_PROMPT))
+        fit_context = None if max_context is None else max(max_context - (template or 0), 2)
+        items, dropped, clipped, scheduled = build_workload(config, fit_context)
         if not items:
             if dropped:
                 raise ValueError(f"the workload is empty: {dropped} requests were over the context ({max_context} "
-                                 "tokens, ISL + OSL) and dropped; --long-requests clip keeps them, clipped to fit")
+                                 f"tokens, ISL + OSL{f' + {template} of chat template' if template else ''}) and "
+                                 "dropped; --long-requests clip keeps them, clipped to fit")
             raise ValueError("the workload is empty (every request was filtered out by --duration)")
-        url = config.base_url + ENDPOINTS[config.endpoint]
-        continuous, ignore_eos = await probe(session, url, model, config, headers)
 
         def make_spec(i: int, it: WorkItem) -> RequestSpec:
             key = ("req", config.seed, i)
@@ -147,10 +153,12 @@ async def run_bench(config: BenchConfig) -> BenchResult:
         server_rows = None
         server_uncached = None
         server_error = None
+        all_from_buckets = False
         if config.metrics_url and before is not None:
             expect = sum(1 for r in done if r.http_status is not None)
             try:
-                server_rows, server_uncached = await fetch_server_rows(session, config, before, expect)
+                server_rows, server_uncached, all_from_buckets = await fetch_server_rows(
+                    session, config, before, expect)
             except ValueError as exc:  # the server's side is missing, the client's figures stand
                 server_error = str(exc)
     buckets = IslBuckets(config.isl_buckets)
@@ -160,7 +168,7 @@ async def run_bench(config: BenchConfig) -> BenchResult:
     elapsed = (max(r.end_ns for r in done) - min(r.send_ns for r in done)) / NS_PER_S if done else 0.0
     deviation = PromptDeviation.of(done)
     summary = build_summary(config, model, done, client_rows, server_rows, lag_report, dropped, clipped, elapsed,
-                       deviation, continuous, ignore_eos, tokenizer.name, max_context, client_cpu_s)
+                       deviation, continuous, ignore_eos, tokenizer.name, max_context, client_cpu_s, template)
 
     if server_error is not None:
         summary["server_error"] = server_error
@@ -168,6 +176,8 @@ async def run_bench(config: BenchConfig) -> BenchResult:
         summary["client_rows_by_uncached"] = [asdict(r) for r in client_uncached]
         summary["server_rows_by_uncached"] = ([asdict(r) for r in server_uncached]
                                               if server_uncached is not None else None)
+    if all_from_buckets:  # a sidecar (--by-isl-only) exports no stock histograms
+        summary["server_all_from_buckets"] = True
     slo = config.slo
     attained = None
     if slo is not None and done:

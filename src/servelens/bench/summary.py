@@ -111,7 +111,7 @@ def build_summary(
     config: BenchConfig, model: str, records: Sequence[BenchRecord], client_rows: Sequence[BucketRow],
     server_rows: Sequence[BucketRow] | None, lag: LagReport, dropped: int, clipped: int, elapsed: float,
     deviation: PromptDeviation, continuous: bool, ignore_eos: bool, tokenizer: str, max_context: int | None,
-    client_cpu_s: float,
+    client_cpu_s: float, template_tokens: int | None = None,
 ) -> dict[str, Any]:
     ok = [r for r in records if r.ok]
     chunks = sum(len(r.chunk_offsets_ns) for r in records)
@@ -132,6 +132,9 @@ def build_summary(
         "config": cfg,
         "tokenizer": tokenizer,
         "max_context": max_context,
+        # what the endpoint adds to every prompt (its chat template), learned from the probe; requests
+        # are fitted into max_context less this (None: the endpoint reported no usage for the probe)
+        "template_tokens": template_tokens,
         "continuous_usage": continuous,
         "ignore_eos": ignore_eos,
         "requests": len(records),

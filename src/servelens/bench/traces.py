@@ -15,7 +15,7 @@ from __future__ import annotations
 import csv
 import json
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
 
@@ -71,18 +71,23 @@ def resolve_trace(name_or_path: str) -> Path:
 def detect_format(path: str | Path) -> str:
     """``"mooncake"`` or ``"azure"`` from the first non-empty line of the file.
 
-    Raises ValueError when neither format is recognised; OSError when unreadable.
+    Raises ValueError when the file is empty (or blank) or neither format is recognised; OSError when
+    unreadable.
     """
+    blank = True
     with open(path, encoding="utf-8-sig") as f:
         for line in f:
             s = line.strip()
             if not s:
                 continue
+            blank = False
             if s.startswith("{"):
                 return "mooncake"
             if "ContextTokens" in s and "GeneratedTokens" in s:
                 return "azure"
             break
+    if blank:
+        raise ValueError(f"trace {path} is empty: no requests in it")
     raise ValueError(
         f"cannot tell the trace format of {path}: expected Mooncake JSONL (timestamp, input_length, "
         "output_length, hash_ids) or an Azure CSV (TIMESTAMP,ContextTokens,GeneratedTokens); "
@@ -140,11 +145,13 @@ def read_mooncake(path: str | Path, max_rows: int | None = None) -> list[TraceRo
 
 
 def _parse_azure_time(text: str, where: str) -> int:
-    """``YYYY-MM-DD HH:MM:SS.fffffff`` -> ns since the epoch (fraction kept to the ns)."""
+    """``YYYY-MM-DD HH:MM:SS.fffffff`` -> ns since the epoch (fraction kept to the ns). The traces'
+    times are UTC; they are read so whatever the machine's time zone (read as local time, two rows on
+    either side of a daylight-saving change were an hour off)."""
     s = text.strip()
     head, _, frac = s.partition(".")
     try:
-        base = datetime.strptime(head, "%Y-%m-%d %H:%M:%S")
+        base = datetime.strptime(head, "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC)
         frac_ns = int((frac + "000000000")[:9]) if frac else 0
     except ValueError:
         raise ValueError(f"{where}: TIMESTAMP {s!r} is not 'YYYY-MM-DD HH:MM:SS.fffffff'") from None
@@ -182,6 +189,12 @@ def read_azure(path: str | Path, max_rows: int | None = None) -> list[TraceRow]:
     return rows
 
 
+def _blank(path: str | Path) -> bool:
+    """True when the file holds nothing but whitespace (read until the first other byte)."""
+    with open(path, "rb") as f:
+        return not any(chunk.strip() for chunk in iter(lambda: f.read(1 << 16), b""))
+
+
 def read_trace(path: str | Path, fmt: str | None = None, max_rows: int | None = None) -> list[TraceRow]:
     """Read a trace file in ``fmt`` (``mooncake``/``azure``) or the detected format.
 
@@ -190,6 +203,8 @@ def read_trace(path: str | Path, fmt: str | None = None, max_rows: int | None = 
     """
     try:
         fmt = fmt or detect_format(path)
+        if fmt == "azure" and _blank(path):  # else "expected CSV columns" of nothing
+            raise ValueError(f"trace {path} is empty: no requests in it")
         if fmt == "mooncake":
             rows = read_mooncake(path, max_rows)
         elif fmt == "azure":

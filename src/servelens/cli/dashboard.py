@@ -31,16 +31,16 @@ def add_parser(subparsers: Any) -> None:
         "attainment per bucket) and alert-rules.yml (per-bucket TTFT p95 above --ttft-p95-slo; attainment "
         "below --attainment-target).",
     )
-    p.add_argument("--output-dir", default=".", help="directory for the three files (default: .)")
+    p.add_argument("--output-dir", default=".", metavar="DIR", help="directory for the three files (default: .)")
     p.add_argument("--kubernetes", metavar="DIR",
                    help="instead, write Kubernetes manifests into DIR (kustomize: base/ with a PrometheusRule and the "
                    "dashboard ConfigMap, overlays/gateway and overlays/vllm-sidecar); the repository's deploy/ is "
-                   "this with the defaults")
+                   "this with the defaults (default: none)")
     p.add_argument("--engine-url", default=KubernetesOptions.engine_url, metavar="URL",
                    help="with --kubernetes: the engine Service the gateway Deployment relays to (default: %(default)s)")
-    p.add_argument("--metrics-prefix", default=DEFAULT_PREFIX,
+    p.add_argument("--metrics-prefix", default=DEFAULT_PREFIX, metavar="PREFIX",
                    help="metric name prefix (dynamo_frontend gives Dynamo names; default: servelens)")
-    p.add_argument("--isl-buckets", default=",".join(str(b) for b in DEFAULT_ISL_BOUNDARIES),
+    p.add_argument("--isl-buckets", default=",".join(str(b) for b in DEFAULT_ISL_BOUNDARIES), metavar="B1,B2,...",
                    help="ISL bucket boundaries in tokens, as the server exports them (default: %(default)s)")
     p.add_argument("--uncached-buckets", metavar="B1,B2,...",
                    help="the gateway's --uncached-buckets: also panels and rules per uncached bucket (default: none)")
@@ -49,21 +49,24 @@ def add_parser(subparsers: Any) -> None:
     ref = p.add_mutually_exclusive_group()
     ref.add_argument("--reference-mix", metavar="FILE",
                      help="the mix-adjusted TTFT at these fixed bucket shares (a YAML file, e.g. from servelens "
-                     "explain --write-mix): a steady yardstick, kept by hand")
+                     "explain --write-mix): a steady yardstick, kept by hand (default: none, --reference-window)")
     ref.add_argument("--reference-window", default="24h", metavar="DURATION",
                      help="else at the mix over this long a window, which follows slow drift (default: 24h)")
     p.add_argument("--slo-ttft", metavar="SPEC",
                    help="TTFT SLO (2.0 | 0.5+0.0002*isl | 0-512=0.5,...): per-bucket attainment rules and alerts, "
-                   "counted at the largest le edge at or below the threshold (a lower bound unless it is an edge)")
-    p.add_argument("--slo-itl", metavar="SPEC", help="ITL SLO, as --slo-ttft (the share of tokens within it)")
+                   "counted at the largest le edge at or below the threshold (a lower bound unless it is an edge; "
+                   "default: none)")
+    p.add_argument("--slo-itl", metavar="SPEC",
+                   help="ITL SLO, as --slo-ttft (the share of tokens within it; default: none)")
     p.add_argument("--ttft-edges", metavar="EDGES",
                    help="the TTFT le edges the server exports, for the attainment rules: fine, dynamo or "
                    "S1,S2,... as the gateway's flag (default: the prefix's, fine for servelens' names)")
-    p.add_argument("--itl-edges", metavar="EDGES", help="the ITL le edges the server exports, as --ttft-edges")
+    p.add_argument("--itl-edges", metavar="EDGES",
+                   help="the ITL le edges the server exports, as --ttft-edges (default: the prefix's)")
     p.add_argument("--slo-from", choices=SLO_SOURCES, default="histograms",
-                   help="histograms (default: any server's by-ISL histograms, at an le edge: a lower bound unless "
+                   help="histograms (any server's by-ISL histograms, at an le edge: a lower bound unless "
                    "the SLO is an edge) or counters (exact: the gateway's own --slo-ttft/--slo-itl counters, which "
-                   "must be the SLOs given here; adds goodput per bucket)")
+                   "must be the SLOs given here; adds goodput per bucket) (default: %(default)s)")
     p.add_argument("--attainment-target", type=float, default=DEFAULT_TARGET, metavar="SHARE",
                    help=f"alert when a bucket's attainment over 5m is below this (default: {DEFAULT_TARGET})")
     p.set_defaults(func=run)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from servelens.cli.main import interrupted
+from servelens.cli.main import HelpFormatter, interrupted
 from servelens.eval.cache import CACHE_FILE
 from servelens.eval.compare import compare_dirs
 from servelens.eval.report import notes, rich_table, to_json, write_html
@@ -21,13 +21,17 @@ from servelens.formats.table import WIDE_WIDTH, fit_to, output_width
 
 RUN_EPILOG = """\
 examples:
-  servelens eval run --url http://127.0.0.1:8000 --suite gsm8k --limit 50 --temperature 0
-  servelens eval run --url http://127.0.0.1:8000 --suite mgsm --groups de,fr,es,ja,zh --limit 20 --output-dir bf16
-  servelens eval run --url http://127.0.0.1:8000 --suite bfcl --runs 3          # the model's default temperature
+  servelens eval run --url http://127.0.0.1:8000 --suite gsm8k --limit 50 \\
+      --temperature 0
+  servelens eval run --url http://127.0.0.1:8000 --suite mgsm \\
+      --groups de,fr,es,ja,zh --limit 20 --output-dir bf16
+  servelens eval run --url http://127.0.0.1:8000 --suite bfcl --runs 3
+      # (no --temperature: the model's default temperature)
 
-suites: gsm8k, mgsm (groups: languages), mmlu (groups: subjects), bfcl (BFCL v3 multi-turn; groups: API
-classes); without --data each reads the small cut shipped in the package. An interrupted run resumes
-where it stopped when run again with the same options (answers are cached per endpoint and model in
+suites: gsm8k, mgsm (groups: languages), mmlu (groups: subjects), bfcl (BFCL
+v3 multi-turn; groups: API classes); without --data each reads the small cut
+shipped in the package. An interrupted run resumes where it stopped when run
+again with the same options (answers are cached per endpoint and model in
 DIR/SUITE/cache.jsonl)."""
 
 COMPARE_EPILOG = """\
@@ -54,47 +58,55 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p.set_defaults(func=lambda args: (p.print_help(), 0)[1])
 
     r = sub.add_parser("run", help="run a suite against an endpoint", epilog=RUN_EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       formatter_class=HelpFormatter,
                        description="Send every item of a suite to an endpoint (chat completions, not streamed), "
                        "score the replies, write per-item records and a summary, print the summary table.")
-    r.add_argument("--url", required=True, help="endpoint base URL, e.g. http://127.0.0.1:8000 (/v1/... is appended)")
-    r.add_argument("--model", help="model name (default: the first model GET /v1/models lists)")
-    r.add_argument("--suite", required=True, choices=SUITE_NAMES)
-    r.add_argument("--data", help="the suite's full data file or folder (default: the packaged cut)")
-    r.add_argument("--groups", help="only these groups, comma-separated (languages, subjects, API classes)")
-    r.add_argument("--limit", type=int, help="at most N items per group (suites without groups: in total; "
-                   "bfcl: N conversations)")
-    r.add_argument("--runs", type=int, default=1, help="repeat every item K times (default 1)")
-    r.add_argument("--temperature", type=float,
+    r.add_argument("--url", required=True, metavar="URL",
+                   help="endpoint base URL, e.g. http://127.0.0.1:8000 (/v1/... is appended)")
+    r.add_argument("--model", metavar="NAME", help="model name (default: the first model GET /v1/models lists)")
+    r.add_argument("--suite", required=True, choices=SUITE_NAMES, help="the eval suite: " + ", ".join(SUITE_NAMES))
+    r.add_argument("--data", metavar="PATH",
+                   help="the suite's full data file or folder (default: the packaged cut)")
+    r.add_argument("--groups", metavar="NAME,NAME,...",
+                   help="only these groups, comma-separated: languages, subjects, API classes (default: all)")
+    r.add_argument("--limit", type=int, metavar="N", help="at most N items per group (suites without groups: in "
+                   "total; bfcl: N conversations; default: all)")
+    r.add_argument("--runs", type=int, default=1, metavar="K", help="repeat every item K times (default 1)")
+    r.add_argument("--temperature", type=float, metavar="T",
                    help="sent with every request (default: none sent, the model's own default applies)")
-    r.add_argument("--max-tokens", type=int, help="reply budget per request (default per suite: "
+    r.add_argument("--max-tokens", type=int, metavar="TOKENS", help="reply budget per request (default per suite: "
                    + ", ".join(f"{k} {v}" for k, v in DEFAULT_MAX_TOKENS.items()) + ")")
-    r.add_argument("--shots", type=int, default=0, help="mmlu: few-shot exemplars from the dev split (0-5)")
-    r.add_argument("--concurrency", type=int, default=8, help="items in flight at once (default 8)")
-    r.add_argument("--retries", type=int, default=4, help="retries on 429, 5xx, connection errors, timeouts")
-    r.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds (default 600)")
+    r.add_argument("--shots", type=int, default=0, metavar="N",
+                   help="mmlu: few-shot exemplars from the dev split, 0-5 (default 0)")
+    r.add_argument("--concurrency", type=int, default=8, metavar="N", help="items in flight at once (default 8)")
+    r.add_argument("--retries", type=int, default=4, metavar="N",
+                   help="retries on 429, 5xx, connection errors, timeouts (default 4)")
+    r.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
+                   help="per-request timeout in seconds (default 600)")
     r.add_argument("--tool-results", choices=("auto", "bfcl-eval", "stand-in"), default="auto",
                    help="bfcl: tool results from the bfcl-eval package's API classes, or the documented "
-                   "stand-in (auto: bfcl-eval when installed)")
-    r.add_argument("--max-steps", type=int, default=4, help="bfcl: model replies per turn at most (default 4)")
-    r.add_argument("--output-dir", default=DEFAULT_OUTPUT_DIR,
+                   "stand-in (default auto: bfcl-eval when installed)")
+    r.add_argument("--max-steps", type=int, default=4, metavar="N",
+                   help="bfcl: model replies per turn at most (default 4)")
+    r.add_argument("--output-dir", default=DEFAULT_OUTPUT_DIR, metavar="DIR",
                    help=f"results go to DIR/SUITE/ (default {DEFAULT_OUTPUT_DIR})")
     r.add_argument("--no-cache", action="store_true", help="send every request afresh (answers are still stored)")
-    r.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
+    r.add_argument("--api-key", metavar="KEY", default=os.environ.get("OPENAI_API_KEY"),
                    help="bearer token (default: $OPENAI_API_KEY)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     r.set_defaults(func=run)
 
     c = sub.add_parser("compare", help="compare two deployments' runs", epilog=COMPARE_EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       formatter_class=HelpFormatter,
                        description="Compare the runs in DIR_A and DIR_B (output folders of `eval run`) item by "
                        "item: per eval and per group, A and B, items only A / only B got right, the p-value and "
                        "whether the difference is real.")
-    c.add_argument("dir_a", metavar="DIR_A")
-    c.add_argument("dir_b", metavar="DIR_B")
-    c.add_argument("--alpha", type=float, default=0.05, help="significance level (default 0.05)")
-    c.add_argument("--format", choices=("table", "json"), default="table")
-    c.add_argument("--html", default="eval-compare.html", help="write the plots here (default eval-compare.html)")
+    c.add_argument("dir_a", metavar="DIR_A", help="deployment A's eval run --output-dir")
+    c.add_argument("dir_b", metavar="DIR_B", help="deployment B's eval run --output-dir")
+    c.add_argument("--alpha", type=float, default=0.05, metavar="LEVEL", help="significance level (default 0.05)")
+    c.add_argument("--format", choices=("table", "json"), default="table", help="output format (default: table)")
+    c.add_argument("--html", default="eval-compare.html", metavar="PATH",
+                   help="write the plots here (default eval-compare.html)")
     c.add_argument("--no-html", action="store_true", help="write no HTML page")
     c.set_defaults(func=compare)
 
@@ -103,8 +115,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
                        "item its id, its last user message, a reply the suite scores right and one it scores wrong. "
                        "`servelens sim --answer-key FILE --answer-accuracy P` then answers those items right with "
                        "probability P, so `eval compare` can be checked against a known truth.")
-    k.add_argument("--suite", required=True, choices=tuple(s for s in SUITE_NAMES if s != "bfcl"))
-    k.add_argument("--data", help="the suite's data file or folder (default: the cut shipped in the package)")
+    key_suites = tuple(s for s in SUITE_NAMES if s != "bfcl")
+    k.add_argument("--suite", required=True, choices=key_suites, help="the eval suite: " + ", ".join(key_suites))
+    k.add_argument("--data", metavar="PATH",
+                   help="the suite's data file or folder (default: the cut shipped in the package)")
     k.add_argument("--output", required=True, metavar="PATH", help="the answer key to write (JSONL)")
     k.set_defaults(func=write_key)
 

@@ -8,6 +8,7 @@ import json
 import sys
 from typing import Any
 
+from servelens.cli.main import HelpFormatter
 from servelens.core.buckets import IslBuckets
 from servelens.core.capacity import verdict_line
 from servelens.core.slo import Slo, parse_threshold
@@ -24,12 +25,19 @@ EPILOG = """\
 examples:
   servelens explain --results run-monday/ run-tuesday/
   servelens explain --metrics t0.txt t1.txt t2.txt http://127.0.0.1:8080/metrics
-  servelens explain --prometheus http://127.0.0.1:9090 --before 1h --after 10m --format json
+  servelens explain --prometheus http://127.0.0.1:9090 --before 1h --after 10m \\
+      --format json
 
-ranges (--before, --after): DURATION ends now (--after) or where --after starts (--before); DURATION@END
-ends at END: now, now-10m, unix seconds or 2026-01-31T12:00:00Z.
-SLOs (--slo-ttft, --slo-itl): 2.0 | 0.5+0.0002*isl | 0-512=0.5,513-1024=0.8,... (seconds; ITL judges each
-request's mean ITL from results files, each token from histograms)."""
+ranges (--before, --after): DURATION ends now (--after) or where --after
+starts (--before); DURATION@END ends at END: now, now-10m, unix seconds or
+2026-01-31T12:00:00Z.
+SLOs (--slo-ttft, --slo-itl), seconds: 2.0 | 0.5+0.0002*isl |
+0-512=0.5,513-1024=0.8,... (ITL judges each request's mean ITL from results
+files, each token from histograms)."""
+
+USAGE = """\
+%(prog)s [-h] (--results BEFORE AFTER | --metrics B0 B1 A0 A1 |
+           --prometheus URL --before RANGE --after RANGE) [options]"""
 
 
 def add_parser(subparsers: Any) -> None:
@@ -43,7 +51,8 @@ def add_parser(subparsers: Any) -> None:
         "(mean, p50/p95/p99) and the buckets whose own latency changed, ranked by contribution. The first "
         "lines are one verdict per metric: mix, latency, both or none.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage=USAGE,
+        formatter_class=HelpFormatter,
     )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--results", nargs=2, metavar=("BEFORE", "AFTER"),
@@ -52,31 +61,40 @@ def add_parser(subparsers: Any) -> None:
                      help="two pairs of /metrics scrapes (files or URLs): earlier window B1-B0, later A1-A0")
     src.add_argument("--prometheus", metavar="URL", help="Prometheus-compatible API base URL (Prometheus, "
                      "VictoriaMetrics), with --before and --after")
-    p.add_argument("--before", metavar="RANGE", help="with --prometheus: the earlier range (e.g. 1h)")
-    p.add_argument("--after", metavar="RANGE", help="with --prometheus: the later range (e.g. 10m)")
-    p.add_argument("--metrics-prefix", default=DEFAULT_PREFIX,
+    p.add_argument("--before", metavar="RANGE",
+                   help="with --prometheus: the earlier range, e.g. 1h (no default: required with --prometheus)")
+    p.add_argument("--after", metavar="RANGE",
+                   help="with --prometheus: the later range, e.g. 10m (no default: required with --prometheus)")
+    p.add_argument("--metrics-prefix", default=DEFAULT_PREFIX, metavar="PREFIX",
                    help="metric name prefix (dynamo_frontend for Dynamo names; default: servelens)")
-    p.add_argument("--model", help="with --metrics or --prometheus: only this model (default: all summed)")
+    p.add_argument("--model", metavar="NAME",
+                   help="with --metrics or --prometheus: only this model (default: all summed)")
     p.add_argument("--isl-buckets", metavar="B1,B2,...",
                    help="ISL bucket boundaries (default: the bench runs' own, or the server's)")
-    p.add_argument("--metric", default="ttft,itl,duration",
+    p.add_argument("--metric", default="ttft,itl,duration", metavar="NAME,NAME,...",
                    help="which metrics to explain, comma-separated (default: ttft,itl,duration)")
     p.add_argument("--quantile", type=float, default=0.95, metavar="Q",
                    help="the quantile the verdict line names (default: 0.95)")
-    p.add_argument("--confidence", type=float, default=0.95, help="interval level (default: 0.95)")
-    p.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples, results files (default 2000)")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: 0)")
+    p.add_argument("--confidence", type=float, default=0.95, metavar="LEVEL",
+                   help="interval level (default: 0.95)")
+    p.add_argument("--resamples", type=int, default=2000, metavar="N",
+                   help="bootstrap resamples, results files (default 2000)")
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="bootstrap seed (default: 0)")
     p.add_argument("--reference-mix", metavar="FILE",
-                   help="also show both windows at this bucket mix (a YAML file of shares per ISL bucket)")
+                   help="also show both windows at this bucket mix (a YAML file of shares per ISL bucket; "
+                   "default: none)")
     p.add_argument("--write-mix", metavar="FILE",
-                   help="write the earlier window's TTFT bucket mix as a reference-mix file")
-    p.add_argument("--slo-ttft", metavar="SPEC", help="TTFT SLO: attainment per bucket and goodput")
-    p.add_argument("--slo-itl", metavar="SPEC", help="ITL SLO: attainment per bucket and goodput")
+                   help="write the earlier window's TTFT bucket mix as a reference-mix file (default: none)")
+    p.add_argument("--slo-ttft", metavar="SPEC",
+                   help="TTFT SLO in seconds: attainment per bucket and goodput (default: none)")
+    p.add_argument("--slo-itl", metavar="SPEC",
+                   help="ITL SLO in seconds: attainment per bucket and goodput (default: none)")
     p.add_argument("--capacity", action="store_true",
                    help="with --results or --metrics: where the capacity is short in each window (TTFT split into "
                    "queue and prefill per bucket, the prefill throughput fit; see servelens report --capacity)")
     p.add_argument("--engine-log", nargs=2, metavar=("BEFORE", "AFTER"),
-                   help="with --results --capacity: each run's engine log (request_id, queue_s, prefill_s)")
+                   help="with --results --capacity: each run's engine log (request_id, queue_s, prefill_s) "
+                   "(default: none)")
     p.add_argument("--format", choices=("table", "json"), default="table", help="output format (default: table)")
     p.set_defaults(func=run)
 
@@ -94,7 +112,7 @@ def _metrics(spec: str) -> tuple[str, ...]:
 
 def read_windows(args: argparse.Namespace) -> WindowPairs:
     """The windows for parsed arguments. Raises ValueError (one line) for bad input."""
-    buckets = IslBuckets.parse(args.isl_buckets) if args.isl_buckets else None
+    buckets = IslBuckets.parse(args.isl_buckets) if args.isl_buckets is not None else None
     names = MetricNames(args.metrics_prefix)
     if (args.before or args.after) and not args.prometheus:
         raise ExplainError("--before and --after go with --prometheus (--results and --metrics name their windows)")

@@ -15,23 +15,28 @@ def add_parser(subparsers: Any) -> None:
         "gateway", help="run the measuring OpenAI-compatible proxy",
         description="A streaming reverse proxy for OpenAI-compatible servers (vLLM, SGLang, Dynamo, TGI, "
         "llama.cpp, the sim) that records TTFT/ITL/duration/ISL/OSL/cached tokens per model and ISL bucket "
-        "and serves them at /metrics. Flags given here override the --config file.",
+        "and serves them at /metrics. Flags given here override the --config file (a YAML example is in "
+        "the README, section Gateway).",
     )
-    p.add_argument("--upstream", metavar="URL", help="the engine's base URL, e.g. http://127.0.0.1:8000")
-    p.add_argument("--config", metavar="FILE", help="YAML file (models -> upstreams and any setting below)")
+    p.add_argument("--upstream", metavar="URL",
+                   help="the engine's base URL, e.g. http://127.0.0.1:8000 (default: the --config file's)")
+    p.add_argument("--config", metavar="FILE",
+                   help="YAML file: models -> upstreams and any setting below (default: none)")
     p.add_argument("--model", action="append", metavar="NAME", dest="models",
                    help="a model served by --upstream (repeatable; default: what its /v1/models lists)")
-    p.add_argument("--host", help="bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, help="port (0: pick a free one; default 8080)")
+    p.add_argument("--host", metavar="ADDRESS", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, metavar="PORT", help="port (0: pick a free one; default 8080)")
     p.add_argument("--metrics-port", type=int, metavar="PORT",
-                   help="serve /metrics on a listener of its own on PORT (0: a free one), not on --port")
+                   help="serve /metrics on a listener of its own on PORT (0: a free one), not on --port "
+                   "(default: /metrics on --port)")
     p.add_argument("--metrics-host", metavar="HOST", help="bind address of the metrics listener (default --host)")
     p.add_argument("--isl-buckets", metavar="B1,B2,...",
-                   help="ISL bucket upper bounds in tokens (default 512,1024,2048,4096,8192,16384; 'off' disables)")
+                   help="ISL bucket upper bounds in tokens (default 512,1024,2048,4096,8192,16384); 'off' turns "
+                   "the by-ISL metrics off (an empty value is an error)")
     p.add_argument("--uncached-buckets", metavar="B1,B2,...",
                    help="also bucket by uncached prompt tokens (ISL minus cached tokens; label uncached_bucket), "
                    "same rules as --isl-buckets (default off)")
-    p.add_argument("--metrics-prefix", metavar="P", help="metric name prefix (default servelens; "
+    p.add_argument("--metrics-prefix", metavar="PREFIX", help="metric name prefix (default servelens; "
                    "dynamo_frontend gives Dynamo's names)")
     p.add_argument("--ttft-edges", dest="ttft_edges_s", metavar="EDGES",
                    help="le edges of the TTFT histograms: fine (default: 2^(1/8) apart, ~1 ms to 128 s), dynamo "
@@ -49,32 +54,40 @@ def add_parser(subparsers: Any) -> None:
                    "add it, and stop for an upstream that rejects it), on, off")
     p.add_argument("--no-usage-injection", dest="inject_usage", action="store_false", default=None,
                    help="never add stream_options.include_usage to client streams")
-    p.add_argument("--tokenizer", metavar="PATH", help="tokenizer.json to count prompt tokens at arrival")
+    p.add_argument("--tokenizer", metavar="PATH",
+                   help="tokenizer.json to count prompt tokens at arrival; needs the tokenizers extra (default: "
+                   "none, the ISL comes from the stream's usage)")
     p.add_argument("--chat-template", metavar="PATH",
                    help="with --tokenizer: the model's chat template (tokenizer_config.json or a Jinja file); chat "
-                   "prompts are counted as rendered by it (exact when the engine uses the same template)")
-    p.add_argument("--request-log", metavar="PATH", help="append one JSON line per measured request")
+                   "prompts are counted as rendered by it, exact when the engine uses the same template "
+                   "(default: none, the messages' text)")
+    p.add_argument("--request-log", metavar="PATH",
+                   help="append one JSON line per measured request (default: none)")
     p.add_argument("--request-log-chunks", action="store_true", default=None,
                    help="the request log also holds every output chunk's arrival time and tokens")
-    p.add_argument("--max-body-bytes", type=int, help="request body limit (default 16 MiB; 413 above)")
-    p.add_argument("--connect-timeout", type=float, dest="connect_timeout_s", metavar="S",
+    p.add_argument("--max-body-bytes", metavar="SIZE",
+                   help="request body limit, bytes or a size: 16MiB, 512KiB, 16M (= 16MiB), 16MB (= 16,000,000); "
+                   "413 above (default 16MiB)")
+    p.add_argument("--connect-timeout", type=float, dest="connect_timeout_s", metavar="SECONDS",
                    help="upstream connect timeout (default 10 s)")
-    p.add_argument("--response-timeout", type=float, dest="response_timeout_s", metavar="S",
+    p.add_argument("--response-timeout", type=float, dest="response_timeout_s", metavar="SECONDS",
                    help="wait for the upstream's response headers / unary body (default 600 s; 504 after)")
-    p.add_argument("--read-timeout", type=float, dest="read_timeout_s", metavar="S",
+    p.add_argument("--read-timeout", type=float, dest="read_timeout_s", metavar="SECONDS",
                    help="longest silence inside a stream (default 600 s)")
-    p.add_argument("--client-timeout", type=float, dest="client_timeout_s", metavar="S",
+    p.add_argument("--client-timeout", type=float, dest="client_timeout_s", metavar="SECONDS",
                    help="longest silence of a client sending its request: an idle or unfinished connection is "
                    "closed, a stalled body answered 408 (default 60 s)")
-    p.add_argument("--models-refresh", type=float, dest="models_refresh_s", metavar="S",
-                   help="re-poll the upstream's /v1/models every S seconds (default 30; 0: never)")
-    p.add_argument("--shutdown-timeout", type=float, dest="shutdown_timeout_s", metavar="S",
-                   help="on SIGTERM, let requests in flight run up to S seconds, then cut and count them "
+    p.add_argument("--models-refresh", type=float, dest="models_refresh_s", metavar="SECONDS",
+                   help="re-poll the upstream's /v1/models every SECONDS (default 30; 0: never)")
+    p.add_argument("--shutdown-timeout", type=float, dest="shutdown_timeout_s", metavar="SECONDS",
+                   help="on SIGTERM, let requests in flight run up to SECONDS, then cut and count them "
                    "cancelled (default 25)")
     p.add_argument("--slo-ttft", metavar="SPEC",
                    help="count per ISL bucket the requests whose TTFT meets SPEC (2.0 | 0.5+0.0002*isl | "
-                   "0-512=0.5,...), exactly, in {prefix}_requests_within_slo_by_isl_total")
-    p.add_argument("--slo-itl", metavar="SPEC", help="the same for each request's mean ITL (as --slo-ttft)")
+                   "0-512=0.5,...; seconds), exactly, in {prefix}_requests_within_slo_by_isl_total (default: none, "
+                   "no SLO counters)")
+    p.add_argument("--slo-itl", metavar="SPEC",
+                   help="the same for each request's mean ITL, seconds (as --slo-ttft; default: none)")
     p.add_argument("--no-uvloop", action="store_true", help="use the default asyncio loop")
     p.set_defaults(func=run)
 

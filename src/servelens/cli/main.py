@@ -23,6 +23,16 @@ class CliError(Exception):
     """A user-facing error: printed as one line, exit status 2."""
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter, except that a description or epilog written on several lines (examples,
+    lists) is printed as written; a one-paragraph one is wrapped to the terminal as usual."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if "\n" in text.strip():
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse's parser whose usage errors (a bad flag, a missing or malformed value) are one line
     ``servelens: error: ...`` pointing at ``--help``, exit status 2, like every other user error

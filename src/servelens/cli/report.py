@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from servelens.core.buckets import IslBuckets, label_sort_key
@@ -38,15 +41,16 @@ def add_parser(subparsers: Any) -> None:
     src.add_argument("--prometheus", metavar="URL", help="Prometheus-compatible API base URL (Prometheus, "
                      "VictoriaMetrics)")
     p.add_argument("--metrics-before", metavar="URL|FILE",
-                   help="with --metrics: an earlier scrape; report the difference")
-    p.add_argument("--window", default=None,
+                   help="with --metrics: an earlier scrape; report the difference (default: none, counts "
+                   "since the server started)")
+    p.add_argument("--window", default=None, metavar="DURATION",
                    help="with --prometheus: the window of the rate() percentiles and of the Requests count "
                    "(exact: last value in the window minus the value at its start; default: 5m)")
     p.add_argument("--range", dest="range_", default=None, metavar="DURATION",
                    help="with --prometheus: span of the p95-over-time chart in --html (default: 1h)")
-    p.add_argument("--metrics-prefix", default=DEFAULT_PREFIX,
+    p.add_argument("--metrics-prefix", default=DEFAULT_PREFIX, metavar="PREFIX",
                    help="metric name prefix (dynamo_frontend for Dynamo names; default: servelens)")
-    p.add_argument("--model", help="only this model (default: all models summed)")
+    p.add_argument("--model", metavar="NAME", help="only this model (default: all models summed)")
     p.add_argument("--isl-buckets", metavar="B1,B2,...",
                    help="ISL bucket boundaries in tokens (default: the server's buckets for --metrics and "
                    "--prometheus; for --results the bench run's, from its summary.json, else 512,...,16384)")
@@ -61,30 +65,35 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--compare", metavar="PATH",
                    help="with --results: a second bench run, the candidate, compared bucket by bucket against "
                    "--results, the baseline (TTFT and ITL p50/p95/p99 in both, bootstrap intervals on candidate "
-                   "minus baseline, a verdict per bucket: faster, slower or no significant change)")
-    p.add_argument("--resamples", type=int, default=2000, help="with --compare: bootstrap resamples (default 2000)")
-    p.add_argument("--seed", type=int, default=0, help="with --compare: bootstrap seed (default 0)")
+                   "minus baseline, a verdict per bucket: faster, slower or no significant change; default: none)")
+    p.add_argument("--resamples", type=int, default=2000, metavar="N",
+                   help="with --compare: bootstrap resamples (default 2000)")
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="with --compare: bootstrap seed (default 0)")
     p.add_argument("--slo-ttft", metavar="SPEC",
-                   help="TTFT SLO (2.0 | 0.5+0.0002*isl | 0-512=0.5,...): attainment per bucket and goodput; "
-                   "exact from --results, bounds from histograms (exact only at an le edge)")
+                   help="TTFT SLO in seconds (2.0 | 0.5+0.0002*isl | 0-512=0.5,...): attainment per bucket and "
+                   "goodput; exact from --results, bounds from histograms (exact only at an le edge; default: none)")
     p.add_argument("--slo-itl", metavar="SPEC",
-                   help="ITL SLO, as --slo-ttft (--results: each request's mean ITL; histograms: each token)")
+                   help="ITL SLO, as --slo-ttft (--results: each request's mean ITL; histograms: each token; "
+                   "default: none)")
     p.add_argument("--slo-from", choices=("histograms", "counters"), default="histograms",
-                   help="with --metrics/--prometheus: histograms (default; bounds, exact at an le edge) or counters "
-                   "(exact: the gateway's --slo-ttft/--slo-itl counters; give the gateway's SLOs here)")
+                   help="with --metrics/--prometheus: histograms (bounds, exact at an le edge) or counters "
+                   "(exact: the gateway's --slo-ttft/--slo-itl counters; give the gateway's SLOs here) "
+                   "(default: %(default)s)")
     p.add_argument("--capacity", action="store_true",
                    help="where the capacity is short: per bucket, TTFT split into queue and prefill time, and the "
                    "prefill throughput fitted from TTFT against uncached prompt tokens")
     p.add_argument("--engine-log", metavar="PATH",
                    help="with --results --capacity: the engine's queue and prefill time per request (JSONL with "
-                   "request_id, queue_s, prefill_s; the sim's --truth-log is one)")
+                   "request_id, queue_s, prefill_s; the sim's --truth-log is one) (default: none)")
     p.add_argument("--engine-metrics", metavar="URL|FILE",
                    help="with --metrics --capacity: the engine's /metrics (vLLM's request_queue_time and "
                    "request_prefill_time histograms; default: looked for in --metrics itself)")
     p.add_argument("--engine-metrics-before", metavar="URL|FILE",
-                   help="with --engine-metrics: an earlier scrape of the engine; use the difference")
-    p.add_argument("--html", metavar="PATH", help="also write a self-contained HTML report")
-    p.add_argument("--title", default="servelens report", help="title of the table and HTML report")
+                   help="with --engine-metrics: an earlier scrape of the engine; use the difference (default: none)")
+    p.add_argument("--html", metavar="PATH",
+                   help="also write a self-contained HTML report to PATH; its folder must exist (default: none)")
+    p.add_argument("--title", default="servelens report", metavar="TEXT",
+                   help="title of the table and HTML report (default: %(default)s)")
     p.set_defaults(func=run)
 
 
@@ -103,14 +112,14 @@ def build_report(args: argparse.Namespace) -> Report:
     if by == "uncached":
         if args.slo_ttft or args.slo_itl:
             raise ValueError("SLO attainment is per ISL bucket: drop --by uncached (or the SLO flags)")
-        if args.isl_buckets:
+        if args.isl_buckets is not None:
             raise ValueError("--by uncached takes its boundaries from --uncached-buckets, not --isl-buckets")
         try:
-            buckets = IslBuckets.parse(args.uncached_buckets) if args.uncached_buckets else None
+            buckets = IslBuckets.parse(args.uncached_buckets) if args.uncached_buckets is not None else None
         except ValueError as exc:
             raise ValueError(f"--uncached-buckets: {exc}") from None
     else:
-        buckets = IslBuckets.parse(args.isl_buckets) if args.isl_buckets else None
+        buckets = IslBuckets.parse(args.isl_buckets) if args.isl_buckets is not None else None
     if args.metrics_before and not args.metrics:
         raise ValueError("--metrics-before needs --metrics")
     for flag, value in (("--window", args.window), ("--range", args.range_)):
@@ -149,7 +158,7 @@ def build_slo(args: argparse.Namespace, report: Report) -> SloReport | None:
         return None
     if args.format == "csv":
         raise ValueError("SLO attainment is printed with --format table, markdown or json, not csv")
-    given = IslBuckets.parse(args.isl_buckets) if args.isl_buckets else None
+    given = IslBuckets.parse(args.isl_buckets) if args.isl_buckets is not None else None
     if args.results:
         bench_bounds = summary_isl_buckets(args.results)
         buckets = given or (IslBuckets(bench_bounds) if bench_bounds else IslBuckets.default())
@@ -219,7 +228,7 @@ def run_compare(args: argparse.Namespace) -> int:
         raise ValueError("--compare is per ISL bucket: drop --by uncached")
     if args.resamples < 10:
         raise ValueError(f"--resamples must be >= 10, got {args.resamples}")
-    buckets = IslBuckets.parse(args.isl_buckets) if args.isl_buckets else None
+    buckets = IslBuckets.parse(args.isl_buckets) if args.isl_buckets is not None else None
     result = compare.compare_results(args.results, args.compare, buckets, resamples=args.resamples, seed=args.seed)
     sys.stdout.write(compare.to_json(result) if args.format == "json" else compare.render_text(result))
     sys.stdout.flush()
@@ -234,6 +243,8 @@ def run_compare(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Print the table; write the HTML report when asked."""
+    if args.html:
+        check_html_path(args.html)  # before any query or file is read
     if args.compare:
         if args.capacity:
             raise ValueError("--capacity reports one run; give it without --compare")
@@ -254,8 +265,28 @@ def run(args: argparse.Namespace) -> int:
         if cap is not None:
             sys.stdout.write(capacity_markdown(cap) if args.format == "markdown" else capacity_text(cap, width))
     sys.stdout.flush()
+    if report.last_sample_s is not None:
+        print(data_until(report.last_sample_s, time.time()), file=sys.stderr)
     if args.html:
         path = write_html(args.html, report.rows, report.timeseries, args.title, report.source,
                           label_header=UNCACHED_HEADER if _by(args) == "uncached" else ISL_HEADER)
         print(f"wrote {path}", file=sys.stderr)
     return 0
+
+
+def data_until(last_sample_s: float, now_s: float) -> str:
+    """The line that says up to when a Prometheus API's data goes: its last scrape's time (UTC) and
+    how long before ``now_s`` that was (requests that ended since come with the next scrape)."""
+    at = datetime.fromtimestamp(last_sample_s, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    ago = max(now_s - last_sample_s, 0.0)
+    return (f"data up to {at} ({ago:.0f} s ago), the last scrape: requests that ended since then are counted "
+            "after the next scrape")
+
+
+def check_html_path(path: str) -> None:
+    """ValueError (one line) unless ``path``'s folder exists: a typo in a folder name must not create a
+    new tree of folders in silence (the bench's --output-dir, a folder it owns, is created)."""
+    folder = Path(path).expanduser().parent
+    if not folder.is_dir():
+        what = "is not a folder" if folder.exists() else "does not exist"
+        raise ValueError(f"--html {path}: the folder {folder} {what} (create it first)")

@@ -15,18 +15,19 @@ from servelens.sim.presets import DEFAULT_PRESET, PRESETS
 from servelens.sim.server import start_server
 
 _PARAM_HELP = {
-    "step_overhead_s": "fixed cost of every step (s)",
-    "prefill_s_per_token": "linear prefill cost per uncached prompt token (s)",
-    "prefill_attn_s_per_token_pair": "quadratic attention cost per (query, context) token pair (s)",
-    "decode_base_s": "cost of a step with any decoding sequence (s)",
-    "decode_s_per_seq": "decode cost per sequence in the batch (s)",
-    "decode_s_per_kv_token": "decode cost per KV token held by decoding sequences (s)",
-    "max_num_seqs": "most sequences running at once",
-    "max_num_batched_tokens": "token budget of one step (decode + chunked prefill)",
-    "kv_capacity_tokens": "KV cache size in tokens (admission reserves prompt + max_tokens)",
-    "block_size": "prefix-cache block size in tokens",
-    "prefix_cache_blocks": "prefix-cache LRU capacity in blocks (0: off)",
+    "step_overhead_s": ("SECONDS", "fixed cost of every step"),
+    "prefill_s_per_token": ("SECONDS", "linear prefill cost per uncached prompt token"),
+    "prefill_attn_s_per_token_pair": ("SECONDS", "quadratic attention cost per (query, context) token pair"),
+    "decode_base_s": ("SECONDS", "cost of a step with any decoding sequence"),
+    "decode_s_per_seq": ("SECONDS", "decode cost per sequence in the batch"),
+    "decode_s_per_kv_token": ("SECONDS", "decode cost per KV token held by decoding sequences"),
+    "max_num_seqs": ("N", "most sequences running at once"),
+    "max_num_batched_tokens": ("TOKENS", "token budget of one step (decode + chunked prefill)"),
+    "kv_capacity_tokens": ("TOKENS", "KV cache size (admission reserves prompt + max_tokens)"),
+    "block_size": ("TOKENS", "prefix-cache block size"),
+    "prefix_cache_blocks": ("BLOCKS", "prefix-cache LRU capacity in blocks (0: off)"),
 }
+"""Timing-model flag -> (metavar, help); the default is the preset's value."""
 
 
 def add_parser(subparsers: Any) -> None:
@@ -37,25 +38,36 @@ def add_parser(subparsers: Any) -> None:
         description="A simulated continuous-batching LLM engine with an OpenAI-compatible API, "
         "vLLM-named /metrics, ground-truth records and fault injection. Presets: " + presets,
     )
-    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="port (0: pick a free one; default 8000)")
-    p.add_argument("--model", "--served-model-name", dest="model", default="sim-model",
+    p.add_argument("--host", default="127.0.0.1", metavar="ADDRESS", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, metavar="PORT", help="port (0: pick a free one; default 8000)")
+    p.add_argument("--model", "--served-model-name", dest="model", default="sim-model", metavar="NAME",
                    help="served model name (default sim-model)")
-    p.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS),
-                   help=f"timing preset (default {DEFAULT_PRESET})")
-    p.add_argument("--speedup", type=float, default=1.0, help="divide every simulated time by this (default 1)")
-    p.add_argument("--seed", type=int, default=0, help="generation and fault seed (default 0)")
-    p.add_argument("--default-max-tokens", type=int, default=128,
+    p.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS), metavar="NAME",
+                   help=f"timing preset: {', '.join(sorted(PRESETS))} (default {DEFAULT_PRESET})")
+    p.add_argument("--speedup", type=float, default=1.0, metavar="FACTOR",
+                   help="divide every simulated time by FACTOR (default 1: real time)")
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="generation and fault seed (default 0)")
+    p.add_argument("--default-max-tokens", type=int, default=128, metavar="TOKENS",
                    help="max_tokens of a request that sets none (default 128)")
-    p.add_argument("--eos-min-tokens", type=int, default=64, help="natural EOS point range, low end")
-    p.add_argument("--eos-max-tokens", type=int, default=2048, help="natural EOS point range, high end")
-    p.add_argument("--max-model-len", type=int, default=131072,
-                   help="context length in tokens; longer prompt + max_tokens get a 400 (default 131072)")
-    p.add_argument("--truth-log", metavar="PATH", help="append one JSON line per finished request")
+    p.add_argument("--eos-min-tokens", type=int, default=64, metavar="TOKENS",
+                   help="a request without ignore_eos ends at a natural EOS drawn per request between "
+                   "--eos-min-tokens and --eos-max-tokens output tokens (default 64)")
+    p.add_argument("--eos-max-tokens", type=int, default=2048, metavar="TOKENS",
+                   help="the high end of that range (default 2048)")
+    p.add_argument("--max-model-len", type=int, default=131072, metavar="TOKENS",
+                   help="context length; longer prompt + max_tokens get a 400 (default 131072)")
+    p.add_argument("--truth-log", metavar="PATH",
+                   help="append one JSON line per finished request (default: none)")
     p.add_argument("--debug", action="store_true", help="enable GET /debug/requests and /debug/stats")
-    p.add_argument("--fault-rate", type=float, default=0.0, help="probability of a global fault per request")
-    p.add_argument("--fault-modes", default="", help="comma-separated modes drawn from: " + ",".join(FAULT_MODES))
-    p.add_argument("--spin-us", type=int, default=1000, help="yield-spin window before each step deadline")
+    p.add_argument("--fault-rate", type=float, default=0.0, metavar="FRACTION",
+                   help="probability, in [0, 1], that a request gets one of --fault-modes (default 0.0; a "
+                   "request's own x-servelens-fault header works at any rate)")
+    p.add_argument("--fault-modes", default="", metavar="MODE,MODE,...",
+                   help="with --fault-rate: the comma-separated modes drawn from (default: all of them): "
+                   + ", ".join(FAULT_MODES))
+    p.add_argument("--spin-us", type=int, default=1000, metavar="MICROSECONDS",
+                   help="spin (yielding) instead of sleeping this long before each step deadline, for "
+                   "precise step times (default 1000)")
     p.add_argument("--keepalive-timeout", type=float, default=75.0, metavar="SECONDS",
                    help="close idle keep-alive connections after this (default 75, nginx's; vLLM: 5)")
     a = p.add_argument_group("eval items answered from a key (method checks of servelens eval)")
@@ -70,9 +82,11 @@ def add_parser(subparsers: Any) -> None:
     a.add_argument("--answer-shared-seed", type=int, default=0, metavar="N",
                    help="seed of the draws deployments of one model share (default 0)")
     g = p.add_argument_group("timing model (override the preset)")
-    for name, text in _PARAM_HELP.items():
+    default_params = PRESETS[DEFAULT_PRESET].params
+    for name, (metavar, text) in _PARAM_HELP.items():
         typ = float if name.endswith("_s") or "_s_per_" in name else int
-        g.add_argument("--" + name.replace("_", "-"), type=typ, default=None, help=text)
+        g.add_argument("--" + name.replace("_", "-"), type=typ, default=None, metavar=metavar,
+                       help=f"{text} (default: the preset's; {getattr(default_params, name):g} in {DEFAULT_PRESET})")
     p.set_defaults(func=run)
 
 

@@ -230,6 +230,28 @@ def row_from_histograms(label: str, h: BucketHistograms) -> BucketRow:
     )
 
 
+def summed_over_buckets(per_bucket: Mapping[str, BucketHistograms]) -> BucketHistograms | None:
+    """The buckets' histograms summed family by family (``sum by (le)`` over ``isl_bucket``): the "all
+    requests" figures of an endpoint that exports only the by-ISL families (a sidecar gateway). It
+    leaves out requests that got no bucket (failed before their prompt length was known). A family
+    missing from any bucket is None; no buckets: None. Raises ValueError when buckets' ``le`` edges
+    differ (the gateway gives every bucket the same)."""
+    if not per_bucket:
+        return None
+    hs = list(per_bucket.values())
+
+    def total(family: str) -> CumulativeHistogram | None:
+        parts = [getattr(h, family) for h in hs]
+        if any(p is None for p in parts):
+            return None
+        acc: CumulativeHistogram = parts[0]
+        for p in parts[1:]:
+            acc = acc.plus(p)
+        return acc
+
+    return BucketHistograms(total("ttft"), total("itl"), total("duration"), total("cached"))
+
+
 def rows_from_histograms(
     per_bucket: Mapping[str, BucketHistograms], all_requests: BucketHistograms | None = None
 ) -> list[BucketRow]:

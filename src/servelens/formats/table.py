@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import shutil
 import sys
 from collections.abc import Sequence
@@ -34,6 +35,28 @@ def _ms(x: float | None) -> str:
         return "-"
     ms = x * 1000
     return f"{ms:.1f} ms" if ms < 1000 else f"{x:.2f} s"
+
+
+def _ms_number(x: float | None) -> str:
+    """Milliseconds without the unit (the column header carries it): ``1.6``, ``116.8``, ``12,345``."""
+    if x is None:
+        return "-"
+    ms = x * 1000
+    return f"{ms:.1f}" if ms < 1000 else f"{ms:,.0f}"
+
+
+COMPACT_HEADERS = (
+    "Input length (tokens)",
+    "Requests",
+    "TTFT p50 (ms)",
+    "TTFT p95 (ms)",
+    "TTFT p99 (ms)",
+    "ITL p50 (ms)",
+    "ITL p95 (ms)",
+    "Avg cached tokens",
+)
+"""The headers of a narrow terminal's table: the unit in the header, so that no cell wraps (``1.6 ms``
+wrapped to ``1.6`` over ``ms`` at 80 columns)."""
 
 
 def _cached(x: float | None) -> str:
@@ -116,32 +139,35 @@ def _value_columns(table: Table, headers: Sequence[str], cells: Sequence[Sequenc
         table.add_column(h, justify="right", min_width=max((len(w) for w in words), default=1))
 
 
-def row_cells(row: BucketRow) -> list[str]:
-    """The display cells of a row (times in ms or s, ``*`` marks a low-count bucket)."""
+def row_cells(row: BucketRow, compact: bool = False) -> list[str]:
+    """The display cells of a row (times in ms or s; ``compact``: in ms without the unit, as
+    :data:`COMPACT_HEADERS` say; ``*`` marks a low-count bucket)."""
+    ms = _ms_number if compact else _ms
     return [
         display_label(row.bucket),
         _requests(row),
-        _ms(row.ttft_p50_s),
-        _ms(row.ttft_p95_s),
-        _ms(row.ttft_p99_s),
-        _ms(row.itl_p50_s),
-        _ms(row.itl_p95_s),
+        ms(row.ttft_p50_s),
+        ms(row.ttft_p95_s),
+        ms(row.ttft_p99_s),
+        ms(row.itl_p50_s),
+        ms(row.itl_p95_s),
         _cached(row.mean_cached_tokens),
         _ratio(row.cache_hit_ratio),
     ]
 
 
 def rich_table(rows: Sequence[BucketRow], title: str | None = None, caption: str | None = None,
-               label_header: str = ISL_HEADER) -> Table:
+               label_header: str = ISL_HEADER, compact: bool = False) -> Table:
     """A rich Table of the rows (buckets in the order given; "all" separated by a line); ``label_header``
-    names the bucket column (:data:`UNCACHED_HEADER` for buckets by uncached prompt tokens)."""
+    names the bucket column (:data:`UNCACHED_HEADER` for buckets by uncached prompt tokens). ``compact``:
+    times in ms with the unit in the header (:data:`COMPACT_HEADERS`), for a narrow terminal."""
     exact = all(r.exact for r in rows) if rows else True
     notes = [n for n in (low_count_note(rows), unbucketed_note(rows), None if exact else INTERPOLATED_NOTE) if n]
     lines = ([caption] if caption else []) + notes
     table = Table(title=title, caption="\n".join(lines) or None)
-    cells = [row_cells(r) for r in rows]
+    cells = [row_cells(r, compact) for r in rows]
     _label_column(table, rows, label_header)
-    _value_columns(table, HEADERS[1:], [c[1:] for c in cells])
+    _value_columns(table, (COMPACT_HEADERS if compact else HEADERS)[1:], [c[1:] for c in cells])
     for row, c in zip(rows, cells, strict=True):
         if row.bucket == "all":
             table.add_section()
@@ -226,6 +252,31 @@ def output_width() -> int | None:
     return None
 
 
+def fitted_table(rows: Sequence[BucketRow], width: int, title: str | None = None,
+                 caption: str | None = None, label_header: str = ISL_HEADER) -> Table:
+    """:func:`rich_table` fitted to ``width`` columns with no cell wrapped when it can be: the table with
+    a unit in every cell when that fits on one line per row, else the compact one (ms in the headers),
+    fitted with :func:`fit_to`."""
+    table = rich_table(rows, title, caption, label_header)
+    if fits(table, width) and not cells_wrap(table, width):
+        return table
+    compact = rich_table(rows, title, caption, label_header, compact=True)
+    fit_to(compact, width)
+    return compact
+
+
+def cells_wrap(table: Table, width: int) -> bool:
+    """True when some body cell of ``table`` takes more than one line at ``width`` columns."""
+    buf = io.StringIO()
+    Console(file=buf, width=width, force_terminal=False, color_system=None).print(table)
+    lines = buf.getvalue().splitlines()
+    head_end = next((i for i, line in enumerate(lines) if line.startswith(("┡", "├"))), None)
+    if head_end is None:
+        return False
+    body = [line for line in lines[head_end + 1:] if line.startswith("│")]
+    return len(body) > table.row_count
+
+
 def fit_to(table: Table, width: int) -> bool:
     """Make ``table`` render within ``width`` columns if it can: when its natural layout does not fit,
     every column is set to its minimum width (its longest word; cells wrap between words), since
@@ -250,6 +301,19 @@ def fit_to(table: Table, width: int) -> bool:
     return True
 
 
+CSV_DECIMALS = 9
+"""Decimals of a float in CSV: nanoseconds, the clocks' resolution, for figures in seconds; what is past
+them is summation noise (``0.5737770627999998``)."""
+
+
+def _csv_value(v: object) -> object:
+    """A CSV cell: floats rounded to :data:`CSV_DECIMALS` decimals and written shortest (``0.573777063``,
+    ``0.5``), the rest as it is."""
+    if isinstance(v, float) and math.isfinite(v):
+        return repr(round(v, CSV_DECIMALS))
+    return v
+
+
 def format_rows(rows: Sequence[BucketRow], fmt: str, title: str | None = None, width: int | None = None,
                 label_header: str = ISL_HEADER) -> str:
     """Render rows as ``table`` (rich, plain text), ``csv``, ``json`` or ``markdown``.
@@ -257,13 +321,12 @@ def format_rows(rows: Sequence[BucketRow], fmt: str, title: str | None = None, w
     ``width``: columns available to ``table`` (the terminal's width when printing to one; default
     :data:`WIDE_WIDTH`). ``table`` and ``markdown`` mark low-count buckets ``*`` and then, only then,
     end with the footnote. Raises ValueError for an unknown format. CSV/JSON carry raw seconds and
-    tokens (JSON also ``low_count``). ``label_header``: the bucket column's header.
+    tokens (JSON also ``low_count``; CSV to the nanosecond, :data:`CSV_DECIMALS`). ``label_header``: the
+    bucket column's header.
     """
     if fmt == "table":
         console = Console(file=io.StringIO(), record=True, width=width or WIDE_WIDTH, force_terminal=False)
-        table = rich_table(rows, title, label_header=label_header)
-        fit_to(table, width or WIDE_WIDTH)
-        console.print(table)
+        console.print(fitted_table(rows, width or WIDE_WIDTH, title, label_header=label_header))
         return console.export_text()
     if fmt == "json":
         return json.dumps([asdict(r) | {"low_count": r.low_count} for r in rows], indent=2) + "\n"
@@ -273,7 +336,7 @@ def format_rows(rows: Sequence[BucketRow], fmt: str, title: str | None = None, w
         w = csv.DictWriter(buf, fieldnames=fields)
         w.writeheader()
         for r in rows:
-            w.writerow(asdict(r))
+            w.writerow({k: _csv_value(v) for k, v in asdict(r).items()})
         return buf.getvalue()
     if fmt == "markdown":
         lines = ["| " + " | ".join((label_header, *HEADERS[1:])) + " |", "|" + "---|" * len(HEADERS)]

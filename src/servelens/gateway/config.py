@@ -1,5 +1,6 @@
 """Gateway configuration: a frozen value built from CLI flags and/or a YAML file.
 
+The README's example file (section Gateway) is tested to parse and start (tests/gateway/test_cli.py).
 YAML file shape (every key optional; CLI flags given explicitly override it)::
 
     upstream: http://127.0.0.1:8000        # default upstream (its /v1/models is polled
@@ -7,7 +8,7 @@ YAML file shape (every key optional; CLI flags given explicitly override it)::
     models:                                # model name -> upstream base URL
       llama-3-8b: http://127.0.0.1:8000
       qwen-7b: {upstream: http://127.0.0.1:8001}
-    isl_buckets: 512,1024,2048,4096,8192,16384   # or a list; "" or off disables by-ISL series
+    isl_buckets: 512,1024,2048,4096,8192,16384   # or a list; off disables by-ISL series
     uncached_buckets: off                  # buckets by uncached prompt tokens (ISL - cached), opt-in: a list
                                            #   or "512,1024,..." as isl_buckets (true: the default boundaries)
     metrics_prefix: servelens
@@ -20,7 +21,7 @@ YAML file shape (every key optional; CLI flags given explicitly override it)::
     chat_template: /path/to/tokenizer_config.json  # or a .jinja file: chat prompts counted as the engine renders them
     request_log: /tmp/requests.jsonl
     request_log_chunks: false              # also log every output chunk's time and tokens
-    max_body_bytes: 16777216
+    max_body_bytes: 16MiB                  # or bytes (16777216); 16M = 16MiB, 16MB = 16,000,000
     connect_timeout_s: 10
     response_timeout_s: 600
     read_timeout_s: 600
@@ -40,6 +41,7 @@ path unchanged.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -58,7 +60,7 @@ from servelens.prometheus.names import DEFAULT_PREFIX, DYNAMO_PREFIX, check_pref
 ContinuousUsage = Literal["auto", "on", "off"]
 CONTINUOUS_USAGE_MODES: tuple[str, ...] = ("auto", "on", "off")
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
-_OFF_WORDS = ("", "off", "none", "no", "false")
+_OFF_WORDS = ("off", "none", "no", "false")
 
 
 def normalize_upstream(url: str) -> str:
@@ -82,10 +84,42 @@ def normalize_upstream(url: str) -> str:
     return text
 
 
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmg]?)(i?)(b?)\s*", re.IGNORECASE)
+
+
+def parse_bytes(value: Any) -> int:
+    """A byte count from an integer or a size: ``16777216``, ``16MiB``, ``16 MiB``, ``16M`` or ``16m`` (as
+    nginx's ``client_max_body_size``: 1024-based), ``512KiB``, ``1GiB``; ``16MB``/``16kB`` are 1000-based.
+
+    Raises ValueError (one line) for anything else, a negative or a fractional byte count.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"a size must be a number of bytes or e.g. 16MiB, got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"a size must be >= 0 bytes, got {value}")
+        return value
+    m = _SIZE.fullmatch(str(value))
+    if m is None:
+        raise ValueError(f"a size must be a number of bytes or e.g. 16MiB, 512KiB, 16M, got {value!r}")
+    number, prefix, binary, unit_b = m.groups()
+    if prefix and unit_b and not binary:  # kB, MB, GB: SI
+        base = 1000
+    else:  # K, M, G, KiB, MiB, GiB (and a bare number or B)
+        base = 1024
+        if binary and not prefix:
+            raise ValueError(f"a size must be a number of bytes or e.g. 16MiB, 512KiB, 16M, got {value!r}")
+    size = float(number) * base ** " kmg".index(prefix.lower() or " ")
+    if size != int(size):
+        raise ValueError(f"a size must be a whole number of bytes, got {value!r}")
+    return int(size)
+
+
 def parse_isl_spec(spec: Any) -> str | None:
     """ISL boundaries from a flag/YAML value: ``"512,1024"``, a list, or off-words -> None.
 
-    Returns the canonical comma-separated spec. Raises ValueError on bad boundaries.
+    Returns the canonical comma-separated spec. Raises ValueError on bad boundaries, and on an empty
+    string (an unset shell variable, most likely: ``off`` says it on purpose).
     """
     if spec is None:
         return None
@@ -93,6 +127,9 @@ def parse_isl_spec(spec: Any) -> str | None:
         if spec:
             return IslBuckets.default().spec
         return None
+    if isinstance(spec, str) and not spec.strip():
+        raise ValueError("isl_buckets is empty: give boundaries in tokens (e.g. 512,1024,2048) or 'off' to turn "
+                         "the by-ISL metrics off")
     if isinstance(spec, str) and spec.strip().lower() in _OFF_WORDS:
         return None
     if isinstance(spec, int):
@@ -140,7 +177,8 @@ class GatewayConfig:
             and answer 404 for it on the API port, so the API port does not expose the metrics; None
             (default): ``/metrics`` on the API port.
         metrics_host: the address of that listener (None: ``host``).
-        max_body_bytes: request bodies above this get 413.
+        max_body_bytes: request bodies above this get 413 (bytes; a size such as ``"16MiB"`` is
+            accepted, see :func:`parse_bytes`).
         connect_timeout_s: TCP connect to the upstream.
         response_timeout_s: until the upstream's response headers (stream) or whole body (unary).
         read_timeout_s: longest silence between two reads of a streaming body.
@@ -194,6 +232,10 @@ class GatewayConfig:
     _upstreams: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        try:  # a YAML file or the flag may give a size such as 16MiB
+            object.__setattr__(self, "max_body_bytes", parse_bytes(self.max_body_bytes))
+        except ValueError as exc:
+            raise ValueError(f"max_body_bytes: {exc}") from None
         self._check_types()
         if self.upstream is not None:
             object.__setattr__(self, "upstream", normalize_upstream(self.upstream))
@@ -384,5 +426,8 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise ValueError(f"config file {p} must hold a mapping of settings")
-    return {str(k).replace("-", "_"): v for k, v in data.items()}
+    values = {str(k).replace("-", "_"): v for k, v in data.items()}
+    if "isl_buckets" in values and values["isl_buckets"] is None:  # `isl_buckets:` with nothing after it
+        raise ValueError(f"config file {p}: isl_buckets is empty: give boundaries in tokens or 'off'")
+    return values
 

@@ -31,6 +31,10 @@ class Series:
         return self.points[-1][1]
 
 
+NOT_PROMETHEUS = ("not a Prometheus API (give the base URL of Prometheus or VictoriaMetrics, e.g. "
+                  "http://host:9090; a gateway's or engine's /metrics goes to --metrics)")
+
+
 class PromApiError(ValueError):
     """The server was unreachable or answered with an error (bad query, timeout, ...)."""
 
@@ -63,7 +67,9 @@ class PromClient:
             try:
                 doc = json.loads(body)
             except (ValueError, RecursionError):
-                raise PromApiError(f"{self.url}{path}: HTTP {exc.code}") from None
+                raise PromApiError(f"{self.url}{path}: HTTP {exc.code}: {NOT_PROMETHEUS}") from None
+            if not isinstance(doc, dict) or doc.get("status") != "error":  # Prometheus' error replies have it
+                raise PromApiError(f"{self.url}{path}: HTTP {exc.code}: {NOT_PROMETHEUS}") from None
             raise PromApiError(
                 f"{self.url}{path}: {doc.get('errorType', 'error')}: {doc.get('error', exc.reason)}"
             ) from None
@@ -73,7 +79,9 @@ class PromClient:
         try:
             doc = json.loads(body)
         except (ValueError, RecursionError):  # RecursionError: nested too deeply to decode
-            raise PromApiError(f"{self.url}{path}: answer is not JSON (is this a Prometheus API?)") from None
+            raise PromApiError(f"{self.url}{path}: the answer is not JSON: {NOT_PROMETHEUS}") from None
+        if not isinstance(doc, dict) or "status" not in doc or (doc["status"] == "success" and "data" not in doc):
+            raise PromApiError(f"{self.url}{path}: the answer is not a Prometheus API reply: {NOT_PROMETHEUS}")
         if doc.get("status") != "success":
             raise PromApiError(f"{self.url}{path}: {doc.get('errorType', 'error')}: {doc.get('error', '')}")
         return doc["data"]

@@ -49,6 +49,9 @@ class Report:
     rows: tuple[BucketRow, ...]
     timeseries: tuple[TimeSeries, ...] = ()
     source: str = ""
+    last_sample_s: float | None = None
+    """A Prometheus API source: the time (unix s) of the newest sample the rows count, the last scrape;
+    requests that ended after it are not in the rows until the next scrape (None for other sources)."""
 
 
 # ---------------------------------------------------------------- results file (exact)
@@ -121,8 +124,9 @@ def read_metrics_text(source: str, timeout_s: float = 10.0) -> str:
 
 def scrape(source: str) -> Scrape:
     """A parsed scrape of a ``/metrics`` URL or file. Raises ValueError naming the source."""
+    text = read_metrics_text(source)  # its errors name the source already
     try:
-        return parse_scrape(read_metrics_text(source))
+        return parse_scrape(text)
     except ValueError as exc:
         raise ValueError(f"{source}: {exc}") from None
 
@@ -337,6 +341,8 @@ def report_from_prometheus(
         labels = buckets.labels if isinstance(buckets, IslBuckets) else tuple(buckets)
     family, label_name, figures = ((names.duration_by_uncached, "uncached_bucket", UNCACHED_FIGURE_BY_KEY)
                                    if uncached else (names.duration_by_isl, "isl_bucket", FIGURE_BY_KEY))
+    # the last scrape the rows count: its sample time (the duration _count of every model and bucket)
+    last = client.scalar(f"max(timestamp({family}_count{{{m}}}))", at)
     by_bucket = exact_counts(client, f"{family}_count", m, window, at, by=label_name)
     total = exact_counts(client, f"{names.duration}_count", m, window, at, by=None)
     rows = [_prom_row(client, names, label, window, m, at, by_bucket, figures) for label in labels]
@@ -345,7 +351,8 @@ def report_from_prometheus(
     if range_s and not uncached:
         step = max(range_s / 240, 1.0)
         series = prometheus_p95_over_time(client, names, labels, window, m, at - range_s, at, step)
-    return Report(tuple(rows), series, f"Prometheus API {url}, window {window}")
+    return Report(tuple(rows), series, f"Prometheus API {url}, window {window}",
+                  last_sample_s=last if last is not None and math.isfinite(last) else None)
 
 
 def prometheus_p95_over_time(

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servelens.process import free_port
+from servelens.testing.binaries import find_binary
 
 UNBUFFERED = """
             proxy_pass http://engine;
@@ -33,8 +34,7 @@ PROXY_PASS_ONLY = """
 
 def nginx_binary() -> str | None:
     """The nginx binary, or None when it is not installed."""
-    binary = shutil.which("nginx") or "/usr/sbin/nginx"
-    return binary if Path(binary).exists() else None
+    return find_binary("nginx")
 
 
 @dataclass
