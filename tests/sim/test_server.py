@@ -329,3 +329,21 @@ async def test_idle_keepalive_connection_is_closed_after_the_timeout() -> None:
             assert asyncio.get_running_loop().time() - answered >= 0.25
         finally:
             writer.close()
+
+
+async def test_created_is_the_request_time_not_the_servers_start() -> None:
+    """``created`` (unix s) of each response is taken when the request arrives, as vLLM does; the
+    server's start time stays on ``/v1/models`` only."""
+    import time
+
+    async with run_sim() as sim, aiohttp.ClientSession() as s:
+        sim._server.state.created = 1  # a start time no response may show
+        for stream in (False, True):
+            before = int(time.time())
+            cap = await capture(sim.url + "/v1/chat/completions",
+                                chat("hi", max_tokens=2, ignore_eos=True, stream=stream))
+            after = int(time.time())
+            objs = [json.loads(d) for d in cap.data[:-1]] if stream else [json.loads(cap.body)]
+            assert objs and all(before <= o["created"] <= after for o in objs)
+        async with s.get(sim.url + "/v1/models") as r:
+            assert (await r.json())["data"][0]["created"] == 1

@@ -62,6 +62,7 @@ async def _handle(request: web.Request, endpoint: str) -> web.StreamResponse:
     st = request.app[SIM_STATE]
     cfg = st.config
     arrival = time.perf_counter_ns()
+    created = int(time.time())  # the response's ``created``: the request's time (unix s), as vLLM
     rid = request.headers.get("x-request-id") or (
         ("chatcmpl-" if endpoint == "chat_completions" else "cmpl-") + uuid.uuid4().hex)
     out = Outcome()
@@ -123,8 +124,8 @@ async def _handle(request: web.Request, endpoint: str) -> web.StreamResponse:
         if "slow_headers" in plan:  # nothing sent and no engine work until the delay is over
             await asyncio.sleep(plan.delay_ms / 1000)
         if p.stream:
-            return await stream_reply(request, st, p, plan, sreq, ev, words, finish, rid, out)
-        return await whole_reply(request, st, p, plan, sreq, ev, words, finish, rid, out)
+            return await stream_reply(request, st, p, plan, sreq, ev, words, finish, rid, out, created)
+        return await whole_reply(request, st, p, plan, sreq, ev, words, finish, rid, out, created)
     except (asyncio.CancelledError, ConnectionResetError):
         if out.outcome == "ok":
             out.outcome = "cancelled"

@@ -53,14 +53,15 @@ def _submit(st: SimState, sreq: SimRequest) -> None:
 
 
 async def stream_reply(request: web.Request, st: SimState, p: Parsed, plan: FaultPlan, sreq: SimRequest,
-                       ev: asyncio.Event, words: list[str], finish: str, rid: str, out: Outcome) -> web.StreamResponse:
+                       ev: asyncio.Event, words: list[str], finish: str, rid: str, out: Outcome,
+                       created: int) -> web.StreamResponse:
     """Submit ``sreq`` and stream its ``words`` as SSE chunks as the engine generates them (``ev`` is
     set after each step that moved it), ending with ``finish``, the usage chunk when asked for, and
     ``[DONE]``; ``plan``'s faults act on the way. A client that goes away is a cancellation."""
     resp = web.StreamResponse(headers={"content-type": "text/event-stream; charset=utf-8",
                                        "cache-control": "no-cache", "x-request-id": rid})
     try:
-        return await _write_stream(request, resp, st, p, plan, sreq, ev, words, finish, rid, out)
+        return await _write_stream(request, resp, st, p, plan, sreq, ev, words, finish, rid, out, created)
     except ConnectionResetError:
         # the client closed its connection and a write noticed before aiohttp cancelled the
         # handler: a cancellation, not a handler error (aiohttp would log a traceback)
@@ -73,10 +74,10 @@ async def stream_reply(request: web.Request, st: SimState, p: Parsed, plan: Faul
 
 async def _write_stream(request: web.Request, resp: web.StreamResponse, st: SimState, p: Parsed, plan: FaultPlan,
                         sreq: SimRequest, ev: asyncio.Event, words: list[str], finish: str, rid: str,
-                        out: Outcome) -> web.StreamResponse:
+                        out: Outcome, created: int) -> web.StreamResponse:
     await resp.prepare(request)
     w = SSEWriter(resp, plan)
-    ch = ChunkBuilder(p, rid, st.config.model, st.created, plan, st.engine.cache.enabled)
+    ch = ChunkBuilder(p, rid, st.config.model, created, plan, st.engine.cache.enabled)
     if ch.chat:
         await w.event(ch.role())
     if "slow_start" in plan:
@@ -169,7 +170,8 @@ def reset_connection(request: web.Request) -> None:
 
 
 async def whole_reply(request: web.Request, st: SimState, p: Parsed, plan: FaultPlan, sreq: SimRequest,
-                      ev: asyncio.Event, words: list[str], finish: str, rid: str, out: Outcome) -> web.StreamResponse:
+                      ev: asyncio.Event, words: list[str], finish: str, rid: str, out: Outcome,
+                      created: int) -> web.StreamResponse:
     """Submit ``sreq``, wait until the engine has generated all its ``words``, then answer one JSON
     completion (chat or text; tool calls or reasoning content with those faults) with its usage."""
     if "slow_start" in plan:
@@ -203,12 +205,12 @@ async def whole_reply(request: web.Request, st: SimState, p: Parsed, plan: Fault
                  "function": {"name": "lookup", "arguments": '{"text": "' + text + '"}'}}]}
         elif "reasoning" in plan:
             msg = {"role": "assistant", "content": None, "reasoning_content": text}
-        body: dict[str, Any] = {"id": rid, "object": "chat.completion", "created": st.created,
+        body: dict[str, Any] = {"id": rid, "object": "chat.completion", "created": created,
                                 "model": st.config.model,
                                 "choices": [{"index": 0, "message": msg, "logprobs": None, "finish_reason": finish}],
                                 "usage": usage_object(isl, osl, cached, nd)}
     else:
-        body = {"id": rid, "object": "text_completion", "created": st.created, "model": st.config.model,
+        body = {"id": rid, "object": "text_completion", "created": created, "model": st.config.model,
                 "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
                              "stop_reason": None}],
                 "usage": usage_object(isl, osl, cached, nd)}
