@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import shutil
 import sys
 from collections.abc import Sequence
@@ -59,6 +60,33 @@ INTERPOLATED_NOTE = ("percentiles interpolated inside the histograms' le buckets
                      "share the first bucket with gaps up to 1.8 ms)")
 
 
+ONE_LE_BUCKET_MARK = "~"
+"""Prefix of a TTFT percentile interpolated inside the one ``le`` bucket that holds all of its row's
+observations (:attr:`~servelens.core.summary.BucketRow.ttft_le_range_s`)."""
+
+
+def _span(lo: float, hi: float) -> str:
+    if math.isinf(hi):
+        return f"over {_ms(lo)}"
+    return f"{_ms(lo).removesuffix(' ms')}-{_ms(hi)}" if hi < 1 else f"{_ms(lo)}-{_ms(hi)}"
+
+
+def one_bucket_note(rows: Sequence[BucketRow]) -> str | None:
+    """The footnote for ``~`` (rows whose TTFTs all fell in one ``le`` bucket), or None when no row has it."""
+    marked = [r for r in rows if r.ttft_le_range_s is not None]
+    if not marked:
+        return None
+    where = ", ".join(f"{display_label(r.bucket)}: {_span(*r.ttft_le_range_s)}"  # type: ignore[misc]
+                      for r in marked)
+    return (f"{ONE_LE_BUCKET_MARK} every TTFT of the row fell in one le bucket ({where}): its p50/p95/p99 are "
+            "interpolated inside that bucket, not measured; only the range is known")
+
+
+def _ttft(row: BucketRow, x: float | None) -> str:
+    text = _ms(x)
+    return ONE_LE_BUCKET_MARK + text if row.ttft_le_range_s is not None and x is not None else text
+
+
 def unbucketed_note(rows: Sequence[BucketRow]) -> str | None:
     """A note when the "all" row counts requests that no bucket does (they failed before their
     prompt length was known), else None."""
@@ -105,13 +133,14 @@ def _value_columns(table: Table, headers: Sequence[str], cells: Sequence[Sequenc
 
 
 def row_cells(row: BucketRow) -> list[str]:
-    """The display cells of a row (times in ms or s, ``*`` marks a low-count bucket)."""
+    """The display cells of a row (times in ms or s, ``*`` marks a low-count bucket, ``~`` a TTFT
+    interpolated inside the one ``le`` bucket that holds all the row's TTFTs)."""
     return [
         display_label(row.bucket),
         _requests(row),
-        _ms(row.ttft_p50_s),
-        _ms(row.ttft_p95_s),
-        _ms(row.ttft_p99_s),
+        _ttft(row, row.ttft_p50_s),
+        _ttft(row, row.ttft_p95_s),
+        _ttft(row, row.ttft_p99_s),
         _ms(row.itl_p50_s),
         _ms(row.itl_p95_s),
         _cached(row.mean_cached_tokens),
@@ -121,7 +150,8 @@ def row_cells(row: BucketRow) -> list[str]:
 def rich_table(rows: Sequence[BucketRow], title: str | None = None, caption: str | None = None) -> Table:
     """A rich Table of the rows (buckets in the order given; "all" separated by a line)."""
     exact = all(r.exact for r in rows) if rows else True
-    notes = [n for n in (low_count_note(rows), unbucketed_note(rows), None if exact else INTERPOLATED_NOTE) if n]
+    notes = [n for n in (low_count_note(rows), one_bucket_note(rows), unbucketed_note(rows),
+                         None if exact else INTERPOLATED_NOTE) if n]
     lines = ([caption] if caption else []) + notes
     table = Table(title=title, caption="\n".join(lines) or None)
     cells = [row_cells(r) for r in rows]
@@ -134,16 +164,18 @@ def rich_table(rows: Sequence[BucketRow], title: str | None = None, caption: str
     return table
 
 
-def _pair(a: float | None, b: float | None) -> str:
-    """``client/server`` times with one unit when both share it: ``20.4/20.6 ms``, ``1.20/1.31 s``."""
+def _pair(a: float | None, b: float | None, mark_b: bool = False) -> str:
+    """``client/server`` times with one unit when both share it: ``20.4/20.6 ms``, ``1.20/1.31 s``;
+    ``mark_b``: the server's figure carries :data:`ONE_LE_BUCKET_MARK` (``20.4/~20.6 ms``)."""
     if a is None and b is None:
         return "-"
+    mark = ONE_LE_BUCKET_MARK if mark_b and b is not None else ""
     vals = [x for x in (a, b) if x is not None]
     if all(x < 1 for x in vals):
-        return "/".join("-" if x is None else f"{x * 1000:.1f}" for x in (a, b)) + " ms"
+        return "/".join("-" if x is None else f"{x * 1000:.1f}" for x in (a, b)).replace("/", "/" + mark) + " ms"
     if all(x >= 1 for x in vals):
-        return "/".join("-" if x is None else f"{x:.2f}" for x in (a, b)) + " s"
-    return f"{_ms(a)}/{_ms(b)}"
+        return "/".join("-" if x is None else f"{x:.2f}" for x in (a, b)).replace("/", "/" + mark) + " s"
+    return f"{_ms(a)}/{mark}{_ms(b)}"
 
 
 def side_by_side(
@@ -157,7 +189,7 @@ def side_by_side(
     """
     srv = {r.bucket: r for r in server}
     lines = ["client: exact percentiles; server: " + INTERPOLATED_NOTE]
-    lines += [n for n in (low_count_note(client), unbucketed_note(client)) if n]
+    lines += [n for n in (low_count_note(client), one_bucket_note(list(server)), unbucketed_note(client)) if n]
     table = Table(title=title, caption="\n".join([*lines, *notes]))
     headers = ("Requests client/server", "TTFT p50 client/server", "TTFT p95 client/server",
                "TTFT p99 client/server", "ITL p50 client/server", "ITL p95 client/server",
@@ -165,6 +197,7 @@ def side_by_side(
     cells = []
     for c in client:
         s = srv.get(c.bucket)
+        one = s is not None and s.ttft_le_range_s is not None
         req = f"{c.requests:,}/{f'{s.requests:,}' if s else '-'}"
         if c.errors:
             req += f" ({c.errors} err)"
@@ -172,9 +205,9 @@ def side_by_side(
             req += " *"
         cells.append([
             req,
-            _pair(c.ttft_p50_s, s.ttft_p50_s if s else None),
-            _pair(c.ttft_p95_s, s.ttft_p95_s if s else None),
-            _pair(c.ttft_p99_s, s.ttft_p99_s if s else None),
+            _pair(c.ttft_p50_s, s.ttft_p50_s if s else None, one),
+            _pair(c.ttft_p95_s, s.ttft_p95_s if s else None, one),
+            _pair(c.ttft_p99_s, s.ttft_p99_s if s else None, one),
             _pair(c.itl_p50_s, s.itl_p50_s if s else None),
             _pair(c.itl_p95_s, s.itl_p95_s if s else None),
             f"{_cached(c.mean_cached_tokens)}/{_cached(s.mean_cached_tokens if s else None)}",
@@ -264,7 +297,8 @@ def format_rows(rows: Sequence[BucketRow], fmt: str, title: str | None = None, w
             if r.bucket == "all":
                 cells = [f"**{c}**" for c in cells]
             lines.append("| " + " | ".join(cells) + " |")
-        for extra in (unbucketed_note(rows), None if all(r.exact for r in rows) else INTERPOLATED_NOTE):
+        for extra in (one_bucket_note(rows), unbucketed_note(rows),
+                      None if all(r.exact for r in rows) else INTERPOLATED_NOTE):
             if extra:
                 lines += ["", extra]
         note = low_count_note(rows)

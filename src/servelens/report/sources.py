@@ -35,11 +35,20 @@ class TimeSeries:
         bucket: bucket label.
         times_s: unix times (s) of the points (bin starts for a results file).
         ttft_p95_s: p95 TTFT (s) at each time; None where the bucket had no requests.
+        counts: requests behind each point (a results file); empty when the source cannot say.
+        origin: whose measurement it is (``client``, ``server``), for the chart's title.
+        method: how a point is made, for the chart's note (the quantile's definition, the window).
+        window_s: the width (s) of the window behind each point (a results file's bins), None when
+            ``method`` says it.
     """
 
     bucket: str
     times_s: tuple[float, ...]
     ttft_p95_s: tuple[float | None, ...]
+    counts: tuple[int, ...] = ()
+    origin: str = ""
+    method: str = ""
+    window_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -74,11 +83,12 @@ def p95_over_time(
         i = min(int((s.send_time_s - t0) // width), n - 1)
         per[buckets.label(s.sample.isl)][i].append(s.sample.ttft_s)
     times = tuple(t0 + i * width for i in range(n))
+    method = "exact p95 of the requests sent in the window that starts there"
     out = []
     for label in buckets.labels:
         vals = tuple(percentile(v, 95) if v else None for v in per[label])
         if any(v is not None for v in vals):
-            out.append(TimeSeries(label, times, vals))
+            out.append(TimeSeries(label, times, vals, tuple(len(v) for v in per[label]), "client", method, width))
     return tuple(out)
 
 
@@ -336,6 +346,8 @@ def prometheus_p95_over_time(
 ) -> tuple[TimeSeries, ...]:
     """p95 TTFT per bucket over time with ``query_range`` (the dashboard's p95 panel queries)."""
     fig = FIGURE_BY_KEY["ttft_p95"]
+    method = (f"histogram_quantile(0.95) of the by-ISL histogram's rate over the {window} before it (that "
+              f"window smooths the line), every {step_s:.3g} s")
     out = []
     for label in labels:
         got = client.query_range(fig.expr(names, label, window, model), start_s, end_s, step_s)
@@ -343,6 +355,7 @@ def prometheus_p95_over_time(
             continue
         pts = got[0].points
         out.append(TimeSeries(
-            label, tuple(t for t, _ in pts), tuple(None if math.isnan(v) else v for _, v in pts)
+            label, tuple(t for t, _ in pts), tuple(None if math.isnan(v) else v for _, v in pts),
+            origin="server", method=method,
         ))
     return tuple(out)
