@@ -63,18 +63,31 @@ class Report:
 # ---------------------------------------------------------------- results file (exact)
 
 
+PER_POINT = 10
+"""Requests per bucket and window the over-time chart aims at when it chooses its windows."""
+
+
+def auto_bins(samples: Sequence[TimedSample], buckets: IslBuckets, lo: int = 3, hi: int = 30) -> int:
+    """How many windows the p95 over time gets when none is asked for: about :data:`PER_POINT`
+    requests per bucket (with requests) and window, between ``lo`` and ``hi`` windows; a p95 of a
+    handful of requests is only their largest."""
+    active = {buckets.label(s.sample.isl) for s in samples if s.sample.isl is not None}
+    return max(lo, min(hi, len(samples) // (max(len(active), 1) * PER_POINT)))
+
+
 def p95_over_time(
-    samples: Sequence[TimedSample], buckets: IslBuckets, bins: int = 30, min_bin_s: float = 1.0
+    samples: Sequence[TimedSample], buckets: IslBuckets, bins: int | None = None, min_bin_s: float = 1.0
 ) -> tuple[TimeSeries, ...]:
     """Bin requests by wall-clock send time and take the exact p95 TTFT of each bucket per bin.
 
-    ``bins`` equal bins over the span of send times, at least ``min_bin_s`` wide. Samples without a
-    send time or an ISL are skipped; empty when no sample has a send time.
+    ``bins`` equal bins over the span of send times (None: :func:`auto_bins`), at least
+    ``min_bin_s`` wide. Samples without a send time or an ISL are skipped; empty when no sample has
+    a send time.
     """
     timed = [s for s in samples if s.send_time_s is not None and s.sample.isl is not None]
     if not timed:
         return ()
-    t0, width, n = time_bins(timed, bins, min_bin_s)
+    t0, width, n = time_bins(timed, auto_bins(timed, buckets) if bins is None else bins, min_bin_s)
     per: dict[str, list[list[float]]] = {label: [[] for _ in range(n)] for label in buckets.labels}
     for s in timed:
         assert s.send_time_s is not None and s.sample.isl is not None
