@@ -4,6 +4,7 @@ or a Prometheus-compatible HTTP API; optionally a self-contained HTML report."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 import sys
 from typing import Any
 
@@ -138,7 +139,8 @@ def run_compare(args: argparse.Namespace) -> int:
     if args.html:
         chosen = IslBuckets.from_labels(result.labels)
         base, cand = report_from_results(args.results, chosen), report_from_results(args.compare, chosen)
-        path = write_html(args.html, base.rows, base.timeseries, args.title, f"baseline {args.results}, "
+        series = [replace(ts, origin=f"{ts.origin}, baseline run") for ts in base.timeseries]
+        path = write_html(args.html, base.rows, series, args.title, f"baseline {args.results}, "
                           f"candidate {args.compare}", compare_rows=cand.rows, names=("baseline", "candidate"))
         print(f"wrote {path}", file=sys.stderr)
     return 0
