@@ -4,8 +4,8 @@ or a Prometheus-compatible HTTP API; optionally a self-contained HTML report."""
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 import sys
+from dataclasses import replace
 from typing import Any
 
 from servelens.core.buckets import IslBuckets, label_sort_key
