@@ -43,10 +43,11 @@ from servelens.report.sources import TimeSeries
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#222;max-width:1400px}
-table{border-collapse:collapse;margin:12px 0}th,td{border:1px solid #ccc;padding:4px 10px;text-align:right}
+table{border-collapse:collapse;margin:12px 0;font-size:14px}
+th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}td{white-space:nowrap}
 th:first-child,td:first-child{text-align:left}tr.all td{font-weight:bold;border-top:2px solid #888}
 .note{color:#555;font-size:90%;max-width:1100px}h2{margin-top:28px}.chart{margin-top:24px}
-.chart .note{margin:2px 0 0 0}.tables{display:flex;flex-wrap:wrap;gap:0 32px}
+.chart .note{margin:2px 0 0 0}.table{overflow-x:auto}
 """
 
 _SYMBOLS = ("circle", "square", "diamond", "triangle-up", "triangle-down", "pentagon", "hexagon", "star")
@@ -287,7 +288,7 @@ def _table_html(rows: Sequence[BucketRow], caption: str) -> str:
                         for c in row_cells(r))
         body.append(f'<tr class="all">{cells}</tr>' if r.bucket == ALL_LABEL else f"<tr>{cells}</tr>")
     notes = "".join(f"<p class='note'>{html.escape(n)}</p>" for n in table_notes(rows))
-    return (f"<div><h2>{html.escape(caption)}</h2><table><thead><tr>{head}</tr></thead>"
+    return (f"<div class='table'><h2>{html.escape(caption)}</h2><table><thead><tr>{head}</tr></thead>"
             f"<tbody>{''.join(body)}</tbody></table>{notes}</div>")
 
 
@@ -326,13 +327,11 @@ def render_html(
         parts.append(f"<p class='note'>{html.escape(source)}</p>")
     if notes:
         parts.append("<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>")
-    parts.append("<div class='tables'>")
     parts.append(_table_html(_sorted(rows), names[0] if compare_rows is not None else "Per input-length bucket"))
     if compare_rows is not None:
         parts.append(_table_html(_sorted(compare_rows), names[1]))
     for caption, extra in extra_tables:
         parts.append(_table_html(_sorted(extra), caption))
-    parts.append("</div>")
     parts.append(f"<p class='note'>Generated {datetime.now(UTC).strftime('%Y-%m-%d %H:%M:%S')} UTC. "
                  f"Colours: percentiles warm (p50, p95, p99 darker as they rise), input-length buckets cool "
                  f"(violet for the shortest to green for the longest), all requests black, counts grey.</p>")
