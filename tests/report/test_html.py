@@ -5,6 +5,7 @@ gaps; and, where Chromium is installed, the page rendered in a real browser."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -179,9 +180,13 @@ def test_no_cached_tokens_is_a_line_not_an_empty_chart() -> None:
 
 
 def _chromium() -> str:
+    """Chromium, else a skip with the reason; a failure where CI installed it
+    (``SERVELENS_REQUIRE_BINARIES=1``), so it never skips silently there."""
     try:
         return browser.find_chromium()
     except browser.BrowserError as exc:
+        if os.environ.get("SERVELENS_REQUIRE_BINARIES") == "1":
+            pytest.fail(str(exc))
         pytest.skip(str(exc))
 
 
