@@ -31,7 +31,10 @@ def find_chromium() -> str:
     PATH). Raises BrowserError when there is none."""
     env = os.environ.get("SERVELENS_CHROMIUM")
     if env:
-        return env
+        found = shutil.which(env)
+        if found is None:
+            raise BrowserError(f"SERVELENS_CHROMIUM={env} is not an executable program")
+        return found
     for name in CANDIDATES:
         path = shutil.which(name)
         if path:
