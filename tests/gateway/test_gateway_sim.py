@@ -67,6 +67,8 @@ async def fetch(url: str, b: dict[str, Any], rid: str, faults: str = "", **heade
 
 def norm(raw: bytes, rid: str, keepalive: bool = False) -> bytes:
     out = re.sub(rb"(: ping\r?\n\r?\n)+", b"<pings>", raw.replace(rid.encode(), b"RID"))
+    # each response's created is its request's time (unix s): two requests may straddle a second
+    out = re.sub(rb'"created":\d+', b'"created":T', out)
     if keepalive:
         # the sim attaches keep-alive blocks to every event it writes (numbered), so the usage
         # chunk the gateway asked for and removed shifts them: compare the data events only
@@ -645,3 +647,37 @@ async def test_request_log_chunks_against_the_truth(tmp_path: Any, faults: str) 
         assert tokens == [1, 4, 4]
     if faults == "coalesce":  # two events per write: pairs read together
         assert len(set(offsets)) < len(offsets)
+
+
+@pytest.mark.parametrize("endpoint", ["chat_completions", "completions"])
+async def test_n_2_end_to_end_on_the_sim(stack: tuple[SimHandle, GatewayHandle], endpoint: str) -> None:
+    """n=2 through the gateway to the embedded engine: both choices relayed whole; one request
+    counted; OSL the sum over the choices (the final usage), TTFT and ITL the first choice's, as
+    the sim's truth has them."""
+    sim, gw = stack
+    b = {**body(endpoint, n=40, ignore_eos=False), "n": 2}  # natural EOS: the choices end apart
+    status, raw, err = await fetch(gw.url + path(endpoint), b, "gw-n2")
+    assert status == 200 and err is None
+    events = [e.removeprefix(b"data: ") for e in raw.split(b"\n\n") if e.startswith(b"data: ")]
+    assert events[-1] == b"[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    finished = {c["choices"][0]["index"]: c["choices"][0]["finish_reason"] for c in chunks
+                if c["choices"] and c["choices"][0]["finish_reason"]}
+    assert sorted(finished) == [0, 1]
+    await gw.gateway.wait_finished(1)
+    truth = await sim.wait_truth("gw-n2")
+    assert truth.choices == 2 and truth.outcome == "ok"
+    s = samples(gw.metrics)
+    n = gw.metrics.names
+    assert requests_total(gw.metrics) == 1
+    assert value(s, n.requests, endpoint=endpoint, error_type="", model="sim-model", request_type="stream",
+                 status="success") == 1
+    assert value(s, n.osl + "_sum", model="sim-model") == truth.osl
+    assert truth.osl > len(truth.token_times_ns)  # the sum over both choices, not the first's alone
+    assert value(s, n.ttft + "_count", model="sim-model") == 1
+    assert value(s, n.ttft_by_isl + "_count", model="sim-model", isl_bucket=BUCKETS.label(truth.isl)) == 1
+    assert value(s, n.itl + "_count", model="sim-model") == len(truth.token_times_ns) - 1  # the first choice's
+    (entry,) = read_request_log(gw.gateway.config.request_log or "")
+    assert entry["isl"] == truth.isl and entry["osl"] == truth.osl
+    ttft_s = entry["ttft_s"]
+    assert isinstance(ttft_s, float) and truth.ttft_ns is not None and ttft_s >= truth.ttft_ns / 1e9

@@ -72,11 +72,14 @@ def test_results_file_gives_exact_rows_and_time_series(results_file: Path) -> No
     # the same as the core's exact rows of the bench's samples
     samples = [t.sample for t in load_timed_samples(results_file)]
     assert list(rep.rows) == rows_from_samples(samples, BUCKETS)
-    # over time: only buckets with traffic, numeric order, bins over 30 s of send times
+    # over time: only buckets with traffic, numeric order, bins over 30 s of send times: 61 requests
+    # in 4 buckets aim at 10 per bucket and window, at least 3 windows
     assert [ts.bucket for ts in rep.timeseries] == ["0-512", "513-1024", "1025-2048", "16385+"]
     ts = rep.timeseries[0]
     assert ts.times_s[0] == pytest.approx(WALL0 / 1e9)
-    assert len(ts.times_s) == len(ts.ttft_p95_s) > 5
+    assert len(ts.times_s) == len(ts.ttft_p95_s) == len(ts.counts) == 3
+    assert ts.window_s == pytest.approx(10.0) and ts.origin == "client"
+    assert sum(t.counts[0] for t in rep.timeseries) == 20  # the 20 requests sent in the first 10 s
 
 
 def test_p95_over_time_bins_exactly() -> None:

@@ -3,6 +3,7 @@
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import msgspec
@@ -101,7 +102,8 @@ async def test_eos_min_tokens_and_stop_reason() -> None:
 async def test_bad_requests_get_openai_errors() -> None:
     async with run_sim() as sim, aiohttp.ClientSession() as s:
         cases = [
-            (chat("x", n=2), 400, "n"),
+            (chat("x", n=0), 400, "n"),
+            (chat("x", n=129), 400, "n"),
             (chat("x", n=True), 400, "n"),
             ({"model": "other", "messages": [{"role": "user", "content": "x"}]}, 404, "model"),
             ({"messages": []}, 400, "messages"),
@@ -329,3 +331,79 @@ async def test_idle_keepalive_connection_is_closed_after_the_timeout() -> None:
             assert asyncio.get_running_loop().time() - answered >= 0.25
         finally:
             writer.close()
+
+
+async def test_created_is_the_request_time_not_the_servers_start() -> None:
+    """``created`` (unix s) of each response is taken when the request arrives, as vLLM does; the
+    server's start time stays on ``/v1/models`` only."""
+    import time
+
+    async with run_sim() as sim, aiohttp.ClientSession() as s:
+        sim._server.state.created = 1  # a start time no response may show
+        for stream in (False, True):
+            before = int(time.time())
+            cap = await capture(sim.url + "/v1/chat/completions",
+                                chat("hi", max_tokens=2, ignore_eos=True, stream=stream))
+            after = int(time.time())
+            objs = [json.loads(d) for d in cap.data[:-1]] if stream else [json.loads(cap.body)]
+            assert objs and all(before <= o["created"] <= after for o in objs)
+        async with s.get(sim.url + "/v1/models") as r:
+            assert (await r.json())["data"][0]["created"] == 1
+
+
+def _piece(chunk: Any) -> str:
+    """The text a one-choice chunk carries (chat delta content or completions text)."""
+    choice = chunk["choices"][0]
+    return str(choice["delta"].get("content") or "") if "delta" in choice else str(choice["text"])
+
+
+@pytest.mark.parametrize("endpoint", ["chat_completions", "completions"])
+async def test_n_choices_stream_their_own_tokens_with_per_choice_usage(endpoint: str) -> None:
+    """n=3: each choice its own stream of tokens (interleaved chunks, one choice each, by
+    ``index``), its own EOS point and finish_reason; continuous usage counts the chunk's choice;
+    the final usage sums the choices (OpenAI/vLLM semantics); choice 0 is what n=1 gives."""
+    async with run_sim() as sim:
+        url = sim.url + ("/v1/chat/completions" if endpoint == "chat_completions" else "/v1/completions")
+        base: dict[str, Any] = (chat("the same prompt", max_tokens=40) if endpoint == "chat_completions"
+                                else {"prompt": "the same prompt", "max_tokens": 40})
+        so = {"include_usage": True, "continuous_usage_stats": True}
+        cap = await capture(url, {**base, "n": 3, "stream": True, "stream_options": so})
+        one = await capture(url, {**base, "stream": True, "stream_options": so})
+        chunks: list[Any] = [json.loads(d) for d in cap.data[:-1]]
+        assert cap.data[-1] == "[DONE]"
+        final, body = chunks[-1], chunks[:-1]
+        assert final["choices"] == [] and all(len(c["choices"]) == 1 for c in body)
+        per: dict[int, list[Any]] = {}
+        for c in body:
+            per.setdefault(c["choices"][0]["index"], []).append(c)
+        assert sorted(per) == [0, 1, 2]
+        counts = {}
+        for i, cs in per.items():
+            tokens = [c for c in cs if _piece(c)]
+            counts[i] = len(tokens)
+            # continuous usage: that choice's own cumulative count, one more per token chunk
+            assert [c["usage"]["completion_tokens"] for c in tokens] == list(range(1, len(tokens) + 1))
+            reasons = [c["choices"][0]["finish_reason"] for c in cs]
+            assert reasons[-1] in ("stop", "length") and all(r is None for r in reasons[:-1])
+        assert final["usage"]["completion_tokens"] == sum(counts.values())
+        assert final["usage"]["prompt_tokens"] == final["usage"]["total_tokens"] - sum(counts.values())
+        # the choices are their own texts (how they interleave depends on the loop's timing: not asserted)
+        texts = {i: "".join(_piece(c) for c in cs) for i, cs in per.items()}
+        assert len(set(texts.values())) == 3
+        # choice 0 is what n=1 gives
+        assert texts[0] == "".join(_piece(json.loads(d)) for d in one.data[:-2])
+        rec = await sim.wait_truth(cap.headers["x-request-id"])
+        assert (rec.choices, rec.osl, rec.outcome) == (3, sum(counts.values()), "ok")
+        assert len(rec.token_times_ns) == counts[0]  # the first choice's timing
+
+
+async def test_n_choices_whole_reply() -> None:
+    async with run_sim() as sim, aiohttp.ClientSession() as s:
+        async with s.post(sim.url + "/v1/chat/completions", json=chat("hello there", max_tokens=30, n=2)) as r:
+            obj = await r.json()
+        assert [c["index"] for c in obj["choices"]] == [0, 1]
+        lengths = [count_tokens(c["message"]["content"]) for c in obj["choices"]]
+        assert obj["usage"]["completion_tokens"] == sum(lengths)
+        assert all(c["finish_reason"] in ("stop", "length") for c in obj["choices"])
+        rec = await sim.wait_truth(r.headers["x-request-id"])
+        assert (rec.choices, rec.osl) == (2, sum(lengths))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -235,7 +236,8 @@ def run_compare(args: argparse.Namespace) -> int:
     if args.html:
         chosen = IslBuckets.from_labels(result.labels)
         base, cand = report_from_results(args.results, chosen), report_from_results(args.compare, chosen)
-        path = write_html(args.html, base.rows, base.timeseries, args.title, f"baseline {args.results}, "
+        series = [replace(ts, origin=f"{ts.origin}, baseline run") for ts in base.timeseries]
+        path = write_html(args.html, base.rows, series, args.title, f"baseline {args.results}, "
                           f"candidate {args.compare}", compare_rows=cand.rows, names=("baseline", "candidate"))
         print(f"wrote {path}", file=sys.stderr)
     return 0

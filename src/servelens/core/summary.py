@@ -39,6 +39,10 @@ class BucketRow:
         itl_p99_s: ITL p99 over all tokens of the bucket (s); None where a source does not give it.
         cache_hit_ratio: prefix-cache hit ratio, cached tokens over prompt tokens of the requests that
             reported cached tokens (0..1; None when none did, or where a source does not give it).
+        ttft_le_range_s: interpolated rows only: ``(lower, upper]`` edges (s) of the one ``le`` bucket that
+            holds every TTFT observation of the row (always so for one request), else None. The row's
+            TTFT percentiles are then points of a linear interpolation inside that bucket
+            (``histogram_quantile``), not measurements: all that is known is that each TTFT is in it.
     """
 
     bucket: str
@@ -54,6 +58,7 @@ class BucketRow:
     exact: bool = True
     itl_p99_s: float | None = None
     cache_hit_ratio: float | None = None
+    ttft_le_range_s: tuple[float, float] | None = None
 
     @property
     def low_count(self) -> bool:
@@ -186,6 +191,18 @@ class CumulativeHistogram:
         """``_sum / _count``; None without observations."""
         return self.sum / self.count if self.count > 0 else None
 
+    def single_bucket(self) -> tuple[float, float] | None:
+        """``(lower, upper]`` edges of the one ``le`` bucket holding every observation (lower 0 for
+        the first bucket, upper ``inf`` for ``+Inf``); None without observations or when they are
+        spread over several buckets."""
+        held = []
+        prev_le, prev_c = 0.0, 0.0
+        for le, c in self.buckets:
+            if c - prev_c > 0:
+                held.append((prev_le, le))
+            prev_le, prev_c = le, c
+        return held[0] if len(held) == 1 else None
+
 
 @dataclass(frozen=True)
 class BucketHistograms:
@@ -227,6 +244,7 @@ def row_from_histograms(label: str, h: BucketHistograms) -> BucketRow:
         exact=False,
         itl_p99_s=h.itl.quantile(0.99) if h.itl else None,
         cache_hit_ratio=h.hit_ratio(),
+        ttft_le_range_s=h.ttft.single_bucket() if h.ttft else None,
     )
 
 

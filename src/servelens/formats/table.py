@@ -8,7 +8,7 @@ import json
 import math
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 
 from rich.console import Console
@@ -88,6 +88,33 @@ INTERPOLATED_NOTE = ("percentiles interpolated inside the histograms' le buckets
                      "share the first bucket with gaps up to 1.8 ms)")
 
 
+ONE_LE_BUCKET_MARK = "~"
+"""Prefix of a TTFT percentile interpolated inside the one ``le`` bucket that holds all of its row's
+observations (:attr:`~servelens.core.summary.BucketRow.ttft_le_range_s`)."""
+
+
+def _span(lo: float, hi: float) -> str:
+    if math.isinf(hi):
+        return f"over {_ms(lo)}"
+    return f"{_ms(lo).removesuffix(' ms')}-{_ms(hi)}" if hi < 1 else f"{_ms(lo)}-{_ms(hi)}"
+
+
+def one_bucket_note(rows: Sequence[BucketRow]) -> str | None:
+    """The footnote for ``~`` (rows whose TTFTs all fell in one ``le`` bucket), or None when no row has it."""
+    marked = [r for r in rows if r.ttft_le_range_s is not None]
+    if not marked:
+        return None
+    where = ", ".join(f"{display_label(r.bucket)}: {_span(*r.ttft_le_range_s)}"  # type: ignore[misc]
+                      for r in marked)
+    return (f"{ONE_LE_BUCKET_MARK} every TTFT of the row fell in one le bucket ({where}): its p50/p95/p99 are "
+            "interpolated inside that bucket, not measured; only the range is known")
+
+
+def _ttft(row: BucketRow, x: float | None, ms: Callable[[float | None], str] = _ms) -> str:
+    text = ms(x)
+    return ONE_LE_BUCKET_MARK + text if row.ttft_le_range_s is not None and x is not None else text
+
+
 def unbucketed_note(rows: Sequence[BucketRow]) -> str | None:
     """A note when the "all" row counts requests that no bucket does (they failed before their
     prompt length was known), else None."""
@@ -141,14 +168,15 @@ def _value_columns(table: Table, headers: Sequence[str], cells: Sequence[Sequenc
 
 def row_cells(row: BucketRow, compact: bool = False) -> list[str]:
     """The display cells of a row (times in ms or s; ``compact``: in ms without the unit, as
-    :data:`COMPACT_HEADERS` say; ``*`` marks a low-count bucket)."""
+    :data:`COMPACT_HEADERS` say; ``*`` marks a low-count bucket, ``~`` a TTFT interpolated inside the one
+    ``le`` bucket that holds all the row's TTFTs)."""
     ms = _ms_number if compact else _ms
     return [
         display_label(row.bucket),
         _requests(row),
-        ms(row.ttft_p50_s),
-        ms(row.ttft_p95_s),
-        ms(row.ttft_p99_s),
+        _ttft(row, row.ttft_p50_s, ms),
+        _ttft(row, row.ttft_p95_s, ms),
+        _ttft(row, row.ttft_p99_s, ms),
         ms(row.itl_p50_s),
         ms(row.itl_p95_s),
         _cached(row.mean_cached_tokens),
@@ -162,7 +190,8 @@ def rich_table(rows: Sequence[BucketRow], title: str | None = None, caption: str
     names the bucket column (:data:`UNCACHED_HEADER` for buckets by uncached prompt tokens). ``compact``:
     times in ms with the unit in the header (:data:`COMPACT_HEADERS`), for a narrow terminal."""
     exact = all(r.exact for r in rows) if rows else True
-    notes = [n for n in (low_count_note(rows), unbucketed_note(rows), None if exact else INTERPOLATED_NOTE) if n]
+    notes = [n for n in (low_count_note(rows), one_bucket_note(rows), unbucketed_note(rows),
+                         None if exact else INTERPOLATED_NOTE) if n]
     lines = ([caption] if caption else []) + notes
     table = Table(title=title, caption="\n".join(lines) or None)
     cells = [row_cells(r, compact) for r in rows]
@@ -175,16 +204,18 @@ def rich_table(rows: Sequence[BucketRow], title: str | None = None, caption: str
     return table
 
 
-def _pair(a: float | None, b: float | None) -> str:
-    """``client/server`` times with one unit when both share it: ``20.4/20.6 ms``, ``1.20/1.31 s``."""
+def _pair(a: float | None, b: float | None, mark_b: bool = False) -> str:
+    """``client/server`` times with one unit when both share it: ``20.4/20.6 ms``, ``1.20/1.31 s``;
+    ``mark_b``: the server's figure carries :data:`ONE_LE_BUCKET_MARK` (``20.4/~20.6 ms``)."""
     if a is None and b is None:
         return "-"
+    mark = ONE_LE_BUCKET_MARK if mark_b and b is not None else ""
     vals = [x for x in (a, b) if x is not None]
     if all(x < 1 for x in vals):
-        return "/".join("-" if x is None else f"{x * 1000:.1f}" for x in (a, b)) + " ms"
+        return "/".join("-" if x is None else f"{x * 1000:.1f}" for x in (a, b)).replace("/", "/" + mark) + " ms"
     if all(x >= 1 for x in vals):
-        return "/".join("-" if x is None else f"{x:.2f}" for x in (a, b)) + " s"
-    return f"{_ms(a)}/{_ms(b)}"
+        return "/".join("-" if x is None else f"{x:.2f}" for x in (a, b)).replace("/", "/" + mark) + " s"
+    return f"{_ms(a)}/{mark}{_ms(b)}"
 
 
 def side_by_side(
@@ -198,7 +229,7 @@ def side_by_side(
     """
     srv = {r.bucket: r for r in server}
     lines = ["client: exact percentiles; server: " + INTERPOLATED_NOTE]
-    lines += [n for n in (low_count_note(client), unbucketed_note(client)) if n]
+    lines += [n for n in (low_count_note(client), one_bucket_note(list(server)), unbucketed_note(client)) if n]
     table = Table(title=title, caption="\n".join([*lines, *notes]))
     # the hit ratio's column only when a side knows it (the table is wide: it must fit 150 columns)
     hit = any(r.cache_hit_ratio is not None for r in (*client, *server))
@@ -208,6 +239,7 @@ def side_by_side(
     cells = []
     for c in client:
         s = srv.get(c.bucket)
+        one = s is not None and s.ttft_le_range_s is not None
         req = f"{c.requests:,}/{f'{s.requests:,}' if s else '-'}"
         if c.errors:
             req += f" ({c.errors} err)"
@@ -215,9 +247,9 @@ def side_by_side(
             req += " *"
         cells.append([
             req,
-            _pair(c.ttft_p50_s, s.ttft_p50_s if s else None),
-            _pair(c.ttft_p95_s, s.ttft_p95_s if s else None),
-            _pair(c.ttft_p99_s, s.ttft_p99_s if s else None),
+            _pair(c.ttft_p50_s, s.ttft_p50_s if s else None, one),
+            _pair(c.ttft_p95_s, s.ttft_p95_s if s else None, one),
+            _pair(c.ttft_p99_s, s.ttft_p99_s if s else None, one),
             _pair(c.itl_p50_s, s.itl_p50_s if s else None),
             _pair(c.itl_p95_s, s.itl_p95_s if s else None),
             f"{_cached(c.mean_cached_tokens)}/{_cached(s.mean_cached_tokens if s else None)}",
@@ -345,7 +377,8 @@ def format_rows(rows: Sequence[BucketRow], fmt: str, title: str | None = None, w
             if r.bucket == "all":
                 cells = [f"**{c}**" for c in cells]
             lines.append("| " + " | ".join(cells) + " |")
-        for extra in (unbucketed_note(rows), None if all(r.exact for r in rows) else INTERPOLATED_NOTE):
+        for extra in (one_bucket_note(rows), unbucketed_note(rows),
+                      None if all(r.exact for r in rows) else INTERPOLATED_NOTE):
             if extra:
                 lines += ["", extra]
         note = low_count_note(rows)

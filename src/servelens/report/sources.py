@@ -35,11 +35,20 @@ class TimeSeries:
         bucket: bucket label.
         times_s: unix times (s) of the points (bin starts for a results file).
         ttft_p95_s: p95 TTFT (s) at each time; None where the bucket had no requests.
+        counts: requests behind each point (a results file); empty when the source cannot say.
+        origin: whose measurement it is (``client``, ``server``), for the chart's title.
+        method: how a point is made, for the chart's note (the quantile's definition, the window).
+        window_s: the width (s) of the window behind each point (a results file's bins), None when
+            ``method`` says it.
     """
 
     bucket: str
     times_s: tuple[float, ...]
     ttft_p95_s: tuple[float | None, ...]
+    counts: tuple[int, ...] = ()
+    origin: str = ""
+    method: str = ""
+    window_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -57,18 +66,31 @@ class Report:
 # ---------------------------------------------------------------- results file (exact)
 
 
+PER_POINT = 10
+"""Requests per bucket and window the over-time chart aims at when it chooses its windows."""
+
+
+def auto_bins(samples: Sequence[TimedSample], buckets: IslBuckets, lo: int = 3, hi: int = 30) -> int:
+    """How many windows the p95 over time gets when none is asked for: about :data:`PER_POINT`
+    requests per bucket (with requests) and window, between ``lo`` and ``hi`` windows; a p95 of a
+    handful of requests is only their largest."""
+    active = {buckets.label(s.sample.isl) for s in samples if s.sample.isl is not None}
+    return max(lo, min(hi, len(samples) // (max(len(active), 1) * PER_POINT)))
+
+
 def p95_over_time(
-    samples: Sequence[TimedSample], buckets: IslBuckets, bins: int = 30, min_bin_s: float = 1.0
+    samples: Sequence[TimedSample], buckets: IslBuckets, bins: int | None = None, min_bin_s: float = 1.0
 ) -> tuple[TimeSeries, ...]:
     """Bin requests by wall-clock send time and take the exact p95 TTFT of each bucket per bin.
 
-    ``bins`` equal bins over the span of send times, at least ``min_bin_s`` wide. Samples without a
-    send time or an ISL are skipped; empty when no sample has a send time.
+    ``bins`` equal bins over the span of send times (None: :func:`auto_bins`), at least
+    ``min_bin_s`` wide. Samples without a send time or an ISL are skipped; empty when no sample has
+    a send time.
     """
     timed = [s for s in samples if s.send_time_s is not None and s.sample.isl is not None]
     if not timed:
         return ()
-    t0, width, n = time_bins(timed, bins, min_bin_s)
+    t0, width, n = time_bins(timed, auto_bins(timed, buckets) if bins is None else bins, min_bin_s)
     per: dict[str, list[list[float]]] = {label: [[] for _ in range(n)] for label in buckets.labels}
     for s in timed:
         assert s.send_time_s is not None and s.sample.isl is not None
@@ -77,11 +99,12 @@ def p95_over_time(
         i = min(int((s.send_time_s - t0) // width), n - 1)
         per[buckets.label(s.sample.isl)][i].append(s.sample.ttft_s)
     times = tuple(t0 + i * width for i in range(n))
+    method = "exact p95 of the requests sent in the window that starts there"
     out = []
     for label in buckets.labels:
         vals = tuple(percentile(v, 95) if v else None for v in per[label])
         if any(v is not None for v in vals):
-            out.append(TimeSeries(label, times, vals))
+            out.append(TimeSeries(label, times, vals, tuple(len(v) for v in per[label]), "client", method, width))
     return tuple(out)
 
 
@@ -367,6 +390,8 @@ def prometheus_p95_over_time(
 ) -> tuple[TimeSeries, ...]:
     """p95 TTFT per bucket over time with ``query_range`` (the dashboard's p95 panel queries)."""
     fig = FIGURE_BY_KEY["ttft_p95"]
+    method = (f"histogram_quantile(0.95) of the by-ISL histogram's rate over the {window} before it (that "
+              f"window smooths the line), every {step_s:.3g} s")
     out = []
     for label in labels:
         got = client.query_range(fig.expr(names, label, window, model), start_s, end_s, step_s)
@@ -374,6 +399,7 @@ def prometheus_p95_over_time(
             continue
         pts = got[0].points
         out.append(TimeSeries(
-            label, tuple(t for t, _ in pts), tuple(None if math.isnan(v) else v for _, v in pts)
+            label, tuple(t for t, _ in pts), tuple(None if math.isnan(v) else v for _, v in pts),
+            origin="server", method=method,
         ))
     return tuple(out)

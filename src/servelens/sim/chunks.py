@@ -1,5 +1,10 @@
 """The bytes of OpenAI stream chunks (chat and completions: role, tokens, tool calls, reasoning,
-the final usage chunk) built from pre-encoded pieces, and the usage object."""
+the final usage chunk) built from pre-encoded pieces, and the usage object.
+
+With ``n`` > 1 every chunk carries one choice (its ``index``); continuous usage on a chunk is that
+choice's own cumulative ``completion_tokens``, and the final usage chunk the sum over the choices,
+as vLLM does (``serving_chat.py``: ``previous_num_tokens[i]`` per chunk, their sum at the end).
+"""
 
 from __future__ import annotations
 
@@ -38,7 +43,11 @@ class ChunkBuilder:
         self.reasoning = self.chat and "reasoning" in plan
         self.tools = self.chat and "tool_calls" in plan
         self.null_details = "null_details" in plan
-        self.call_id = "call_" + rid[-12:]
+        self._call_id = "call_" + rid[-12:]
+
+    def call_id(self, index: int = 0) -> str:
+        """The tool call's id in choice ``index`` (``tool_calls`` fault)."""
+        return self._call_id if index == 0 else f"{self._call_id}_{index}"
 
     def _usage_tail(self, osl: int, cached: int | None, final: bool = False) -> bytes:
         if not self.p.include_usage:
@@ -48,32 +57,35 @@ class ChunkBuilder:
             return b',"usage":' + _enc.encode(usage) + b"}"
         return b',"usage":null}'
 
-    def role(self) -> bytes:
-        """The role-only first chat chunk."""
-        return (self.head + b'{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,'
-                b'"finish_reason":null}]' + self._usage_tail(0, None))
+    def role(self, index: int = 0) -> bytes:
+        """The role-only first chat chunk of choice ``index``."""
+        return (self.head + b'{"index":' + str(index).encode() + b',"delta":{"role":"assistant","content":""},'
+                b'"logprobs":null,"finish_reason":null}]' + self._usage_tail(0, None))
 
-    def tokens(self, text: str, first: bool, last: bool, finish: str | None, osl: int, cached: int) -> bytes:
-        """A chunk carrying ``text`` (one or more tokens); ``finish`` on the last one."""
+    def tokens(self, text: str, first: bool, last: bool, finish: str | None, osl: int, cached: int,
+               index: int = 0) -> bytes:
+        """A chunk of choice ``index`` carrying ``text`` (one or more tokens); ``finish`` on its last
+        one; ``osl``: the choice's tokens so far (its continuous usage)."""
         fr = b"null" if finish is None else _enc.encode(finish)
+        head = b'{"index":' + str(index).encode()
         if not self.chat:
-            choice = (b'{"index":0,"text":' + _enc.encode(text) + b',"logprobs":null,"finish_reason":' + fr
+            choice = (head + b',"text":' + _enc.encode(text) + b',"logprobs":null,"finish_reason":' + fr
                       + b',"stop_reason":null}]')
         else:
             if self.tools:
                 args = ('{"text": "' if first else "") + text + ('"}' if last else "")
                 call: dict[str, Any] = {"index": 0, "function": {"arguments": args}}
                 if first:
-                    call = {"index": 0, "id": self.call_id, "type": "function",
+                    call = {"index": 0, "id": self.call_id(index), "type": "function",
                             "function": {"name": "lookup", "arguments": args}}
                 delta = b'{"tool_calls":' + _enc.encode([call]) + b"}"
             elif self.reasoning:
                 delta = b'{"reasoning_content":' + _enc.encode(text) + b"}"
             else:
                 delta = b'{"content":' + _enc.encode(text) + b"}"
-            choice = b'{"index":0,"delta":' + delta + b',"logprobs":null,"finish_reason":' + fr + b"}]"
+            choice = head + b',"delta":' + delta + b',"logprobs":null,"finish_reason":' + fr + b"}]"
         return self.head + choice + self._usage_tail(osl, cached)
 
     def usage_chunk(self, osl: int, cached: int) -> bytes:
-        """The final ``choices: []`` chunk with the whole usage."""
+        """The final ``choices: []`` chunk with the whole usage (``osl``: the sum over the choices)."""
         return self.head + b"]" + self._usage_tail(osl, cached, final=True)

@@ -18,6 +18,14 @@ Request semantics (vLLM-like):
   ``include_usage`` *and* ``continuous_usage_stats`` (vLLM requires both) every chunk carries the
   cumulative usage. ``prompt_tokens_details.cached_tokens`` is in the final usage (and in the
   continuous usage once the request is admitted) when the prefix cache is on.
+- ``n`` > 1 (at most :data:`~servelens.sim.request.MAX_N`): each choice is an engine request of its
+  own (as vLLM v1's child requests: scheduled, prefilled and decoded on its own, sharing the prompt's
+  prefix-cache blocks), with its own EOS point and words (choice 0 draws what ``n`` = 1 would), its
+  own ``finish_reason``; streamed chunks carry one choice each (``index``), interleaved as the
+  engine emits them, continuous usage counting that choice's tokens; the final usage (and a whole
+  reply's) has ``completion_tokens`` summed over the choices. Faults act at the first choice's
+  middle. The truth record is the first choice's timing with the summed ``osl``.
+- ``created`` is the request's arrival time (unix s), as vLLM.
 - Every response has ``x-request-id`` (the client's, if it sent one) joining it to its
   :class:`~servelens.sim.truth.TruthRecord`.
 - Bad input gets an OpenAI error object: 400 (``BadRequestError``), 404 for an unknown model.
@@ -40,7 +48,7 @@ from servelens.sim import faults as F
 from servelens.sim.answers import answered
 from servelens.sim.faults import FaultPlan
 from servelens.sim.prefix_cache import block_hashes
-from servelens.sim.replies import Outcome, error_response, stream_reply, whole_reply
+from servelens.sim.replies import Choice, Outcome, error_response, stream_reply, whole_reply
 from servelens.sim.request import BadRequest, parse_request
 from servelens.sim.scheduler import SimRequest
 from servelens.sim.state import SIM_STATE
@@ -62,10 +70,11 @@ async def _handle(request: web.Request, endpoint: str) -> web.StreamResponse:
     st = request.app[SIM_STATE]
     cfg = st.config
     arrival = time.perf_counter_ns()
+    created = int(time.time())  # the response's ``created``: the request's time (unix s), as vLLM
     rid = request.headers.get("x-request-id") or (
         ("chatcmpl-" if endpoint == "chat_completions" else "cmpl-") + uuid.uuid4().hex)
     out = Outcome()
-    sreq: SimRequest | None = None
+    choices: list[Choice] = []
     isl = 0
     plan = FaultPlan()
     stream = False
@@ -96,35 +105,40 @@ async def _handle(request: web.Request, endpoint: str) -> web.StreamResponse:
             msg, typ = _HTTP_FAULT_TEXT[status]
             return error_response(status, msg, typ, rid)
         prompt_crc = zlib.crc32(array("q", p.prompt_ids).tobytes())
-        if p.ignore_eos:
-            osl, finish = p.max_tokens, "length"
-        else:
-            natural = max(p.min_tokens, _natural_length(p.seed, prompt_crc, cfg.eos_min_tokens, cfg.eos_max_tokens))
-            osl, finish = (natural, "stop") if natural < p.max_tokens else (p.max_tokens, "length")
-        if "tool_calls" in plan and endpoint == "chat_completions":
-            finish = "tool_calls"
         # an eval item with an answer key: the key's right or wrong reply instead of generated words
         answer = (answered(st.answers, st.answer_policy, obj.get("messages"), p.max_tokens)
                   if endpoint == "chat_completions" else None)
-        if answer is not None:
-            words, finish = answer
-            osl = len(words)
         ev = asyncio.Event()
-        sreq = SimRequest(rid, block_hashes(p.prompt_ids, cfg.params.block_size), isl, osl, arrival,
-                          tokens_per_step=F.MULTI_TOKENS_PER_STEP if "multi_token" in plan else 1,
-                          notify=ev.set)
-        if sreq.kv_reserved > cfg.params.kv_capacity_tokens:
-            out.outcome, out.status = "invalid", 400
-            sreq = None
-            return error_response(400, f"prompt plus max_tokens exceeds the KV cache capacity of "
-                                  f"{cfg.params.kv_capacity_tokens} tokens", "BadRequestError", rid)
-        if answer is None:
-            words = generated_words(osl, (p.seed, prompt_crc), multibyte_only="split" in plan)
+        hashes = block_hashes(p.prompt_ids, cfg.params.block_size)
+        for index in range(p.n):
+            # choice 0 draws as a request with n=1 does; the others their own EOS point and words
+            key = prompt_crc if index == 0 else zlib.crc32(f"{prompt_crc}:{index}".encode())
+            if p.ignore_eos:
+                osl, finish = p.max_tokens, "length"
+            else:
+                natural = max(p.min_tokens, _natural_length(p.seed, key, cfg.eos_min_tokens, cfg.eos_max_tokens))
+                osl, finish = (natural, "stop") if natural < p.max_tokens else (p.max_tokens, "length")
+            if "tool_calls" in plan and endpoint == "chat_completions":
+                finish = "tool_calls"
+            if answer is not None:
+                words, finish = answer
+                osl = len(words)
+            sreq = SimRequest(rid if index == 0 else f"{rid}-{index}", hashes, isl, osl, arrival,
+                              tokens_per_step=F.MULTI_TOKENS_PER_STEP if "multi_token" in plan else 1,
+                              notify=ev.set)
+            if sreq.kv_reserved > cfg.params.kv_capacity_tokens:
+                out.outcome, out.status = "invalid", 400
+                choices = []
+                return error_response(400, f"prompt plus max_tokens exceeds the KV cache capacity of "
+                                      f"{cfg.params.kv_capacity_tokens} tokens", "BadRequestError", rid)
+            if answer is None:
+                words = generated_words(osl, (p.seed, key), multibyte_only="split" in plan)
+            choices.append(Choice(index, sreq, words, finish))
         if "slow_headers" in plan:  # nothing sent and no engine work until the delay is over
             await asyncio.sleep(plan.delay_ms / 1000)
         if p.stream:
-            return await stream_reply(request, st, p, plan, sreq, ev, words, finish, rid, out)
-        return await whole_reply(request, st, p, plan, sreq, ev, words, finish, rid, out)
+            return await stream_reply(request, st, p, plan, choices, ev, rid, out, created)
+        return await whole_reply(request, st, p, plan, choices, ev, rid, out, created)
     except (asyncio.CancelledError, ConnectionResetError):
         if out.outcome == "ok":
             out.outcome = "cancelled"
@@ -132,31 +146,45 @@ async def _handle(request: web.Request, endpoint: str) -> web.StreamResponse:
     finally:
         end = time.perf_counter_ns()
         final_outcome = out
-        req = sreq
+        held = list(choices)
 
         def record() -> None:
-            times = tuple(req.token_times_ns) if req is not None else ()
-            cached = req.cached_tokens if req is not None else 0
+            first = held[0].sreq if held else None
+            times = tuple(first.token_times_ns) if first is not None else ()
+            cached = first.cached_tokens if first is not None else 0
             o = final_outcome
             rec = TruthRecord(
                 request_id=rid, endpoint=endpoint, stream=stream, arrival_ns=arrival,
-                admitted_ns=req.admitted_ns if req is not None else None,
+                admitted_ns=first.admitted_ns if first is not None else None,
                 first_token_ns=times[0] if times else None, token_times_ns=times, end_ns=end, isl=isl,
-                cached_tokens=cached, osl=len(times), outcome=o.outcome,
+                cached_tokens=cached, osl=sum(len(c.sreq.token_times_ns) for c in held), outcome=o.outcome,
                 finish_reason=o.finish if o.outcome == "ok" else None, http_status=o.status,
                 faults=tuple(sorted(plan.modes)),
-                cancel_ns=req.cancel_ns if req is not None else None,
-                tokens_at_cancel=req.tokens_at_cancel if req is not None else None,
+                cancel_ns=first.cancel_ns if first is not None else None,
+                tokens_at_cancel=first.tokens_at_cancel if first is not None else None,
+                choices=len(held) or 1,
             )
             st.truth.add(rec)
-            if req is not None and req.admitted_ns is not None:
-                st.metrics.observe_request(arrival, times, end, isl, cached, rec.finish_reason, req.admitted_ns)
+            for c in held:  # each choice is a request of the engine (vLLM v1: a child request each)
+                r = c.sreq
+                if r.admitted_ns is not None:
+                    st.metrics.observe_request(arrival, tuple(r.token_times_ns), end, isl, r.cached_tokens,
+                                               c.finish if o.outcome == "ok" else None, r.admitted_ns)
 
-        if req is not None and req.submitted and not req.finished:
-            # the record is written once the engine has dropped the request (at its next step), so
+        pending = [c.sreq for c in held if c.sreq.submitted and not c.sreq.finished]
+        if pending:
+            # the record is written once the engine has dropped every choice (at its next step), so
             # it holds every token generated, including one from a step in flight at the cancel
-            req.on_done = record
-            st.loop.cancel(req)
+            left = [len(pending)]
+
+            def one_done() -> None:
+                left[0] -= 1
+                if left[0] == 0:
+                    record()
+
+            for r in pending:
+                r.on_done = one_done
+                st.loop.cancel(r)
         else:
             record()
 

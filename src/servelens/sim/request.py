@@ -22,6 +22,10 @@ class BadRequest(Exception):
         self.param = param
 
 
+MAX_N = 128
+"""The most choices (``n``) one request may ask for: each is an engine request of its own."""
+
+
 @dataclass
 class Parsed:
     """A validated request."""
@@ -35,6 +39,7 @@ class Parsed:
     include_usage: bool
     continuous: bool
     seed: int
+    n: int = 1
 
 
 def _int_field(obj: dict[str, Any], name: str, lo: int, default: int | None) -> int | None:
@@ -55,9 +60,10 @@ def parse_request(obj: Any, endpoint: str, config: SimConfig) -> Parsed:
     model = obj.get("model")
     if model is not None and model != config.model:
         raise BadRequest(f"The model `{model}` does not exist.", 404, "NotFoundError", "model")
-    n = obj.get("n")
-    if n is not None and (isinstance(n, bool) or n != 1):
-        raise BadRequest("only n=1 is supported", param="n")
+    n = _int_field(obj, "n", 1, 1)
+    assert n is not None
+    if n > MAX_N:
+        raise BadRequest(f"'n' must be <= {MAX_N}, got {n}", param="n")
     try:
         if endpoint == "chat_completions":
             messages = obj.get("messages")
@@ -99,7 +105,7 @@ def parse_request(obj: Any, endpoint: str, config: SimConfig) -> Parsed:
     ignore_eos = obj.get("ignore_eos", False)
     if not isinstance(ignore_eos, bool):
         raise BadRequest("'ignore_eos' must be a boolean", param="ignore_eos")
-    return Parsed(endpoint, ids, max_tokens, min_tokens, ignore_eos, stream, include_usage, continuous, seed)
+    return Parsed(endpoint, ids, max_tokens, min_tokens, ignore_eos, stream, include_usage, continuous, seed, n)
 
 
 _MAX_TOKEN_ID = 2**63 - 1  # ids are hashed as int64

@@ -47,6 +47,10 @@ class TruthRecord:
         faults: injected fault modes.
         cancel_ns: when generation was stopped early (disconnect or injected error), else None.
         tokens_at_cancel: tokens generated when it was stopped.
+        choices: the request's ``n``. With several, ``first_token_ns``, ``token_times_ns``,
+            ``admitted_ns``, ``cached_tokens``, ``cancel_ns`` and ``tokens_at_cancel`` are the first
+            choice's (``index`` 0, whose TTFT and ITL the gateway measures) and ``osl`` is the sum
+            over the choices (``usage.completion_tokens``).
     """
 
     request_id: str
@@ -66,6 +70,7 @@ class TruthRecord:
     faults: tuple[str, ...] = ()
     cancel_ns: int | None = None
     tokens_at_cancel: int | None = None
+    choices: int = 1
 
     @property
     def ttft_ns(self) -> int | None:
