@@ -221,9 +221,12 @@ async def test_queueing_appears_beyond_max_num_seqs() -> None:
         assert all(c.status == 200 for c in caps)
         recs = sorted([await sim.wait_truth(f"q{i}") for i in range(4)], key=lambda r: r.admitted_ns or 0)
         first_end = min(r.token_times_ns[-1] for r in recs[:2])
+        # the first pair is admitted before either ends; the queued pair only once a slot is free, so its
+        # TTFT holds that wait (how long it is, ~30 decode steps, is a figure of the machine's load)
+        assert all(r.admitted_ns is not None and r.admitted_ns < first_end for r in recs[:2])
         assert all((r.admitted_ns or 0) >= first_end for r in recs[2:])
-        # the queued pair waits ~30 decode steps (~40 ms wall) for a slot; the first pair ~1 ms
-        assert min(r.ttft_ns or 0 for r in recs[2:]) > 3 * max(r.ttft_ns or 0 for r in recs[:2])
+        assert all((r.first_token_ns or 0) > first_end and (r.ttft_ns or 0) > first_end - r.arrival_ns
+                   for r in recs[2:])
 
 
 async def test_disconnect_stops_generation_within_one_step() -> None:
