@@ -28,6 +28,8 @@ class Upstream:
     context_limit: int | None = None  # prompt tokens (with the extra) + max_tokens above it: a 400, as vLLM's
     more_models: tuple[str, ...] = ()  # listed after ``model`` by /v1/models
     metrics_ok_scrapes: int | None = None  # /metrics answers 500 after this many scrapes
+    hold_until: int | None = None  # completions answer only once this many have arrived
+    arrived: asyncio.Condition = field(default_factory=asyncio.Condition)  # notified as each one arrives
     scrapes: int = 0
     bodies: list[dict[str, Any]] = field(default_factory=list)
 
@@ -36,6 +38,23 @@ def _words(body: dict[str, Any]) -> int:
     if "messages" in body:
         return sum(len(str(m.get("content", "")).split()) for m in body["messages"])
     return len(str(body.get("prompt", "")).split())
+
+
+@pytest.fixture
+def open_loop_starts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The ``t_start`` (perf_counter ns) of each open loop the runner starts: the clock its due times
+    count from, so that a test can check no request was sent before its due time."""
+    from servelens.bench import runner
+
+    starts: list[int] = []
+    real = runner.open_loop
+
+    async def spy(items: Any, one: Any, t_start: int, *args: Any, **kwargs: Any) -> None:
+        starts.append(t_start)
+        await real(items, one, t_start, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "open_loop", spy)
+    return starts
 
 
 @pytest.fixture
@@ -55,6 +74,10 @@ async def upstream() -> AsyncIterator[Upstream]:
                                                 "type": "invalid_request_error", "param": None, "code": 400}},
                                      status=400)
         up.bodies.append(body)
+        async with up.arrived:
+            up.arrived.notify_all()
+            if up.hold_until is not None:
+                await up.arrived.wait_for(lambda: len(up.bodies) >= (up.hold_until or 0))
         rid = f"req-{next(ids)}"
         if up.fail_status is not None:
             return web.json_response({"error": {"message": "no capacity", "type": "overloaded", "param": None,

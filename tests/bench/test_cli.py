@@ -142,9 +142,7 @@ async def test_cli_kill_mid_run_keeps_the_finished_requests(tmp_path: Path, sig:
             "--num-requests", "200", "--concurrency", "2", "--output-dir", str(tmp_path), "--no-progress",
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         try:
-            async with asyncio.timeout(60):
-                while len(sim.truth()) < 4:  # the probe and a few of the run's requests are done
-                    await asyncio.sleep(0.02)
+            await sim.wait_truth_count(4, timeout=60)  # the probe and a few of the run's requests are done
             proc.send_signal(sig)
             _out, err = await asyncio.wait_for(proc.communicate(), 30)
         finally:

@@ -61,6 +61,18 @@ def test_at_most_32_boundaries() -> None:
         IslBuckets.parse(range(1, MAX_ISL_BOUNDARIES + 2))
 
 
+@pytest.mark.parametrize(("boundaries", "message"), [
+    ((1024, 512), "strictly increasing: 512 follows 1024"),
+    ((), "must not be empty"),
+    ((0, 10), "positive integer, got 0"),
+    (tuple(range(1, MAX_ISL_BOUNDARIES + 2)), "at most 32"),
+])
+def test_constructor_validates_as_parse_does(boundaries: tuple[int, ...], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        IslBuckets(boundaries)
+    assert IslBuckets((100, 200)).boundaries == (100, 200)
+
+
 def test_negative_isl_rejected() -> None:
     with pytest.raises(ValueError, match="ISL must be >= 0"):
         IslBuckets.default().label(-1)
@@ -70,3 +82,6 @@ def test_label_sort_key_orders_numerically() -> None:
     labels = list(IslBuckets.default().labels)
     assert sorted(labels) != labels  # string order is wrong: "1025-2048" < "513-1024"
     assert sorted(reversed(labels), key=label_sort_key) == labels
+    # unknown labels (none of ours: "all", a typo) sort after every bucket, not first
+    mixed = ["unknown", labels[-1], "all", labels[0], labels[3]]
+    assert sorted(mixed, key=label_sort_key)[:3] == [labels[0], labels[3], labels[-1]]

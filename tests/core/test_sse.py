@@ -67,28 +67,29 @@ def test_several_events_in_one_read() -> None:
 
 
 @pytest.mark.parametrize(
-    "read",
+    ("read", "events"),
     [
-        b'data: {"a":1}\n\n',  # the fast path: one one-line event per read
-        b'data:{"a":1}\n\n',
-        b"data: a\ndata: b\n\n",
-        b"data: a\r\n\r\n",
-        b"data: a\n\n\n",
-        b"data: a\n\ndata: b\n\n",
-        b"data: \xe2\x82\xac\n\n",
-        b"data: \xff\n\n",
-        b"data: a\n",
-        b"data: \n\n",
-        b": ping\n\n",
-        b"data: a\r\rdata: b\r\r",
-        b"\xef\xbb\xbfdata: a\n\n",
+        (b'data: {"a":1}\n\n', [('{"a":1}', b'data: {"a":1}\n\n')]),  # the fast path: one one-line event per read
+        (b'data:{"a":1}\n\n', [('{"a":1}', b'data:{"a":1}\n\n')]),
+        (b"data: a\ndata: b\n\n", [("a\nb", b"data: a\ndata: b\n\n")]),
+        (b"data: a\r\n\r\n", [("a", b"data: a\r\n\r\n")]),
+        (b"data: a\n\n\n", [("a", b"data: a\n\n"), (None, b"\n")]),  # a stray blank line is a block of its own
+        (b"data: a\n\ndata: b\n\n", [("a", b"data: a\n\n"), ("b", b"data: b\n\n")]),
+        (b"data: \xe2\x82\xac\n\n", [("€", b"data: \xe2\x82\xac\n\n")]),
+        (b"data: \xff\n\n", [("\ufffd", b"data: \xff\n\n")]),
+        (b"data: a\n", [("a", b"data: a\n")]),  # from flush()
+        (b"data: \n\n", [("", b"data: \n\n")]),
+        (b": ping\n\n", [(None, b": ping\n\n")]),
+        (b"data: a\r\rdata: b\r\r", [("a", b"data: a\r\r"), ("b", b"data: b\r\r")]),
+        (b"\xef\xbb\xbfdata: a\n\n", [("a", b"\xef\xbb\xbfdata: a\n\n")]),
     ],
 )
-def test_one_read_decodes_as_byte_by_byte(read: bytes) -> None:
+def test_one_read_decodes_as_byte_by_byte(read: bytes, events: list[tuple[str | None, bytes]]) -> None:
     whole = SSEDecoder()
     bytewise = SSEDecoder()
     got = whole.decode(read) + whole.flush()
     want = [b for i in range(len(read)) for b in bytewise.decode(read[i : i + 1])] + bytewise.flush()
+    assert [(b.data, b.raw) for b in got] == events  # what the spec gives, not only what the other path gives
     assert got == want
 
 
@@ -135,8 +136,11 @@ def test_byte_order_mark_at_the_start_is_skipped_and_kept_in_raw(reads: list[byt
     d = SSEDecoder()
     blocks = [b for r in reads for b in d.decode(r)]
     assert [b.data for b in blocks] == ["a"] and blocks[0].raw == b"".join(reads)
+    assert d.bom_block is blocks[0]  # the relay keeps the mark in front of the block it rewrites
     later = d.decode(b"\xef\xbb\xbfdata: b\n\n")  # only at the start of the stream
-    assert [b.data for b in later] == [None]
+    assert [b.data for b in later] == [None] and d.bom_block is blocks[0]
+    plain = SSEDecoder()
+    assert [b.data for b in plain.decode(b"data: a\n\n")] == ["a"] and plain.bom_block is None
 
 
 def test_bare_cr_seen_in_any_read_ends_a_later_read_ending_in_cr() -> None:

@@ -43,14 +43,17 @@ def test_first_chunk_extra_tokens_get_no_itl() -> None:
     assert rec.output_tokens == 4
 
 
-def test_durations_clamped_at_zero() -> None:
-    t = RequestTimer(100 * MS, EDGES, keep_values=True)
+@pytest.mark.parametrize("keep_values", [True, False])  # False: the loop path, the one the gateway uses
+def test_durations_clamped_at_zero(keep_values: bool) -> None:
+    t = RequestTimer(100 * MS, EDGES, keep_values=keep_values)
     t.output(90 * MS)  # clock skew between sources: never negative
     t.output(80 * MS)
+    t.output(60 * MS, tokens=2)
     rec = t.finish(50 * MS, "success")
     assert rec.ttft_s == 0.0
     assert rec.duration_s == 0.0
-    assert rec.itl_values_s == (0.0,)
+    assert rec.itl.count == 3 and rec.itl.sum == 0.0 and rec.itl.counts[0] == 3  # three gaps of 0, none below
+    assert rec.itl_values_s == ((0.0, 0.0, 0.0) if keep_values else ())
 
 
 def test_no_output_means_no_ttft() -> None:
@@ -72,6 +75,8 @@ def test_vectorised_and_loop_paths_agree(n: int) -> None:
     from servelens.core.timing import itl_histogram
 
     times = [i * 7 * MS + (i * 7919) % (3 * MS) for i in range(n)]
+    times[4] = times[3] - 2 * MS  # clocks going backwards: clamped to 0 on both paths
+    times[7] = times[6] - MS
     tokens = {3: 2, n - 1: 4}
     loop, _ = itl_histogram(times, tokens, EDGES, keep_values=False)
     vec, values = itl_histogram(times, tokens, EDGES, keep_values=True)  # keep_values forces numpy

@@ -52,8 +52,9 @@ def test_markdown_footnote_is_not_a_list_item() -> None:
 
 
 def test_side_by_side_footnote_only_when_a_client_row_is_starred() -> None:
-    assert NOTE in _render(side_by_side(FEW, FEW), 200)
-    assert NOTE not in _render(side_by_side(MANY, MANY), 200)
+    # the client's rows decide (the ``*`` is on the client's count): starred server rows alone add no note
+    assert NOTE in _render(side_by_side(FEW, MANY), 200)
+    assert NOTE not in _render(side_by_side(MANY, FEW), 200)
 
 
 def _lines_of(text: str, label: str) -> list[str]:
@@ -101,8 +102,17 @@ def test_80_columns_wrap_no_cell_the_unit_goes_to_the_header(width: int) -> None
 def test_table_uses_the_width_given_and_a_wide_default() -> None:
     rows = [_row("0-512", 120), _row("all", 120)]
     wide = format_rows(rows, "table")
-    # one line per row at the default width (not a file-width squeeze)
+    # at the default width (WIDE_WIDTH, not a terminal's 80 columns) the table keeps its natural
+    # width, over 90 columns, with one line per row
+    assert 90 < max(len(line) for line in wide.splitlines()) <= table.WIDE_WIDTH
     assert len(_lines_of(wide, "│ 0-512 ")) == 1 and "20.4 ms" in wide
+    assert "Avg cached tokens" in wide
+    # 90 columns given: the table fits them whole, a header wrapped to make room
+    narrow = format_rows(rows, "table", width=90)
+    assert max(len(line) for line in narrow.splitlines()) <= 90
+    top = next(line for line in narrow.splitlines() if line.startswith("┏"))
+    assert top.endswith("┓") and "…" not in narrow
+    assert "Avg cached tokens" not in narrow and "cached" in narrow
 
 
 def test_side_by_side_cells_do_not_wrap_at_150_columns() -> None:

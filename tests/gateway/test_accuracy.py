@@ -6,10 +6,11 @@ The sim and the gateway each run as their own process, as in production and in
 ``time.perf_counter_ns()`` is CLOCK_MONOTONIC, shared by the processes of the machine. What is asserted
 holds on a busy machine: the gateway's clock starts before the engine's and stops after the engine
 emitted the first token (a role-only chunk taken as the first token fails this: it is sent before
-prefill), and the chunk that stopped it is the first token's, not a later one (a token late would put
-every request past the engine's second token, a whole decode step later). How close the two clocks
-are (a few milliseconds at p99) is a figure, measured in ``benchmarks/gateway_accuracy.py``
-(docs/benchmarks.md).
+prefill), and the chunk that stopped it is the first token's, not a later one: the gateway's first
+output time is its first output chunk's arrival (``--request-log-chunks``), and it counted one output
+chunk per token the engine generated. How close the two clocks are (a few milliseconds at p99), and how
+many first outputs a busy machine delays past the engine's second token, are figures, measured in
+``benchmarks/gateway_accuracy.py`` (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -29,11 +30,6 @@ from servelens.process import ServerProcess
 CONCURRENCY = 64
 REQUESTS = 128
 ITL_S = 0.1  # the sim's decode step: a token late would add a whole step
-
-
-LATE_SHARE_MAX = 0.5
-"""At most this share of requests may see their first output after the engine's second token: a
-stall of this machine delays some requests by a decode step, a definition error delays all of them."""
 
 
 def _logged(log: Path) -> int:
@@ -76,7 +72,7 @@ async def test_ttft_starts_before_and_stops_on_the_engines_first_token_at_64_str
     truth_path = tmp_path / "truth.jsonl"
     log = tmp_path / "requests.jsonl"
     with ServerProcess(["sim", "--truth-log", str(truth_path), "--decode-base-s", str(ITL_S)]) as sim, \
-            ServerProcess(["gateway", "--upstream", sim.url, "--request-log", str(log)]) as gw:
+            ServerProcess(["gateway", "--upstream", sim.url, "--request-log", str(log), "--request-log-chunks"]) as gw:
         await _measure(gw.url, log, 0)
     truth = {r["request_id"]: r for r in map(json.loads, truth_path.read_text().splitlines())}
     diffs: list[float] = []
@@ -89,11 +85,15 @@ async def test_ttft_starts_before_and_stops_on_the_engines_first_token_at_64_str
         assert int(e["arrival_ns"]) < rec["arrival_ns"]  # type: ignore[call-overload]
         first_ns = int(e["first_output_ns"])  # type: ignore[call-overload]
         assert first_ns > rec["first_token_ns"]
-        late += first_ns >= times[1]
+        # the clock stopped on the first output chunk, and every token came in a chunk of its own
+        offsets, tokens = e["chunk_offsets_ns"], e["chunk_tokens"]
+        assert isinstance(offsets, list) and isinstance(tokens, list)
+        assert first_ns == int(e["arrival_ns"]) + offsets[0]  # type: ignore[call-overload]
+        assert e["output_chunks"] == len(offsets) == len(times) == rec["osl"] and sum(tokens) == rec["osl"]
+        late += first_ns >= times[1]  # a figure: a stall of this machine delays a request by a decode step
         diffs.append(float(e["ttft_s"]) * 1e3 - (rec["first_token_ns"] - rec["arrival_ns"]) / 1e6)  # type: ignore[arg-type]
     assert len(diffs) == REQUESTS
     assert min(diffs) > 0
     p50, p99 = np.percentile(diffs, [50, 99])
-    assert late <= LATE_SHARE_MAX * REQUESTS, (
-        f"{late} of {REQUESTS} first outputs after the engine's second token (TTFT difference p50 {p50:.1f} ms, "
-        f"p99 {p99:.1f} ms)")
+    print(f"{late} of {REQUESTS} first outputs after the engine's second token; TTFT difference p50 {p50:.1f} ms, "
+          f"p99 {p99:.1f} ms")

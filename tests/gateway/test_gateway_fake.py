@@ -335,13 +335,16 @@ async def test_truncated_and_error_streams(fake: ScriptedUpstream, http: aiohttp
         ([role, tok, b'data: {"error":{"message":"engine died","type":"internal"}}\n\n'], "backend_error"),
         ([role], "truncated_stream"),
     ]
+    want = {"truncated_stream": 0, "backend_error": 0}
     async with run_gateway(fake.url) as gw:
         for i, (events, etype) in enumerate(cases):
             fake.raw_stream = events
             status, body, _ = await post(http, gw.url, chat())
             assert status == 200 and body == b"".join(events)  # relayed as is (nothing to strip)
             await gw.gateway.wait_finished(i + 1)
-            assert requests_total(gw.metrics, error_type=etype) >= 1
+            want[etype] += 1  # each case adds one to its own error type and to no other
+            got = {t: requests_total(gw.metrics, error_type=t) for t in ("truncated_stream", "backend_error")}
+            assert got == want, (i, got)
         assert requests_total(gw.metrics, status="success") == 0
         n = gw.metrics.names
         s = samples(gw.metrics)

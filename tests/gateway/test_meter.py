@@ -178,12 +178,21 @@ def test_stream_without_finish_or_done_is_truncated_and_no_ttft_zero() -> None:
     assert m.state.models["m"].stock.ttft.count == 0
 
 
-def test_finish_reason_without_done_is_success_and_done_alone_is_not() -> None:
+def test_finish_reason_alone_or_done_alone_ends_a_stream_and_done_without_output_is_not_success() -> None:
+    # either end marker alone completes a stream: a finish_reason without [DONE] ...
     _, mt = meter()
     mt.feed(1 * MS, ev(fin(content="a")))
     assert finish(mt, 2 * MS)[1] == ("success", "")
+    # ... and [DONE] after output chunks none of which has a finish_reason (without [DONE] it is truncated)
     _, mt = meter()
-    mt.feed(1 * MS, b"data: [DONE]\n\n")  # complete, but nothing was generated
+    mt.feed(1 * MS, ev(delta(content="a")) + b"data: [DONE]\n\n")
+    assert finish(mt, 2 * MS)[1] == ("success", "")
+    _, mt = meter()
+    mt.feed(1 * MS, ev(delta(content="a")))
+    assert finish(mt, 2 * MS)[1] == ("error", "truncated_stream")
+    # [DONE] as the whole stream: complete, but nothing was generated
+    _, mt = meter()
+    mt.feed(1 * MS, b"data: [DONE]\n\n")
     assert finish(mt, 2 * MS)[1] == ("error", "backend_error")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import io
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
@@ -42,11 +43,32 @@ def scrapes(tmp_path: Path) -> tuple[Path, Path, Path]:
     return before, after, restarted
 
 
-def test_difference_of_two_scrapes_in_order(scrapes: tuple[Path, Path, Path]) -> None:
+def _csv_rows(out: str) -> dict[str, dict[str, float | None]]:
+    return {r["bucket"]: {k: (float(v) if v not in ("", "True", "False") else None) for k, v in r.items()
+                          if k != "bucket"} for r in csv.DictReader(io.StringIO(out))}
+
+
+def test_difference_of_two_scrapes_in_order(scrapes: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    """``--metrics after --metrics-before before`` reports what happened between them: every figure of
+    every bucket is that of a server that saw only the second batch of requests."""
     before, after, _ = scrapes
     rc, out, err = _run(["report", "--metrics", str(after), "--metrics-before", str(before), "--format", "csv"])
     assert rc == 0, err
-    assert out.splitlines()[-1].startswith("all,40,")
+    only = FrontendMetrics(isl_buckets=BUCKETS)
+    only.register_model("a")
+    feed(only, synthetic_samples(40, BUCKETS, seed=2), "a")
+    second = tmp_path / "second_only.txt"
+    second.write_bytes(only.exposition())
+    rc, want, err = _run(["report", "--metrics", str(second), "--format", "csv"])
+    assert rc == 0, err
+    got, expected = _csv_rows(out), _csv_rows(want)
+    assert list(got) == list(expected) == [*BUCKETS.labels, "all"]
+    assert got["all"]["requests"] == 40
+    for label, row in expected.items():
+        assert {k for k, v in got[label].items() if v is None} == {k for k, v in row.items() if v is None}, label
+        assert {k: v for k, v in got[label].items() if v is not None} == pytest.approx(
+            {k: v for k, v in row.items() if v is not None}, rel=1e-9, abs=1e-12), label
+    assert sum(1 for r in expected.values() if r["ttft_p50_s"] is not None) >= 3  # figures to compare, not blanks
 
 
 @pytest.mark.parametrize("which", ["swapped", "restarted"])

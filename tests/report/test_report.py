@@ -9,6 +9,7 @@ import re
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from servelens.cli.main import main
@@ -48,15 +49,43 @@ def _record(i: int, isl: int, ttft_ms: int, gaps_ms: list[int], cached: int | No
     )
 
 
+FIXTURE_ISLS = (300, 700, 1500, 20000)
+FIXTURE_GAPS_MS = (20, 22, 25)
+
+
+def _fixture_ttft_ms(i: int, isl: int) -> int:
+    return 10 + isl // 100 + i % 7
+
+
 @pytest.fixture
 def results_file(tmp_path: Path) -> Path:
     recs = []
     for i in range(60):
-        isl = [300, 700, 1500, 20000][i % 4]
-        recs.append(_record(i, isl, ttft_ms=10 + isl // 100 + i % 7, gaps_ms=[20, 22, 25], cached=isl // 2,
+        isl = FIXTURE_ISLS[i % 4]
+        recs.append(_record(i, isl, ttft_ms=_fixture_ttft_ms(i, isl), gaps_ms=list(FIXTURE_GAPS_MS), cached=isl // 2,
                             wall_s=i * 0.5))
     recs.append(_record(60, 700, 0, [], None, ok=False, wall_s=30))
     return write_results(tmp_path / "results.jsonl", recs)
+
+
+def _expected_figures() -> dict[str, dict[str, float]]:
+    """What ``results_file`` holds, per bucket label, worked out from its formulas (numpy's exact
+    percentiles, seconds): requests, errors, TTFT p50/p95/p99, ITL p50/p95, mean cached tokens."""
+    groups: dict[str, list[tuple[int, int]]] = {}
+    for i in range(60):
+        isl = FIXTURE_ISLS[i % 4]
+        for label in (BUCKETS.label(isl), "all"):
+            groups.setdefault(label, []).append((i, isl))
+    out = {}
+    for label, members in groups.items():
+        ttft = [_fixture_ttft_ms(i, isl) / 1e3 for i, isl in members]
+        itl = [g / 1e3 for _ in members for g in FIXTURE_GAPS_MS]
+        failed = 1 if label in ("513-1024", "all") else 0  # the one error, ISL 700
+        out[label] = {"requests": len(members) + failed, "errors": failed,
+                      **{f"ttft_p{q}_s": float(np.percentile(ttft, q)) for q in (50, 95, 99)},
+                      **{f"itl_p{q}_s": float(np.percentile(itl, q)) for q in (50, 95)},
+                      "mean_cached_tokens": sum(isl // 2 for _, isl in members) / len(members)}
+    return out
 
 
 def test_results_file_gives_exact_rows_and_time_series(results_file: Path) -> None:
@@ -182,13 +211,45 @@ def _run(argv: list[str]) -> tuple[int, str, str]:
     return rc, out.getvalue(), err.getvalue()
 
 
+def _shown(figures: dict[str, float]) -> list[str]:
+    """The cells a table or Markdown row shows for ``figures`` (times in ms at this fixture's sizes)."""
+    req = f"{figures['requests']:,}" + (f" ({figures['errors']} err)" if figures["errors"] else "")
+    times = [f"{figures[k] * 1e3:.1f} ms" for k in ("ttft_p50_s", "ttft_p95_s", "ttft_p99_s", "itl_p50_s",
+                                                     "itl_p95_s")]
+    return [req, *times, f"{figures['mean_cached_tokens']:,.0f}"]
+
+
 @pytest.mark.parametrize("fmt", ["table", "csv", "json", "markdown"])
 def test_cli_formats(results_file: Path, fmt: str) -> None:
+    """Every format: the buckets in numeric order, "all" last, and each row's figures those of the file."""
     rc, out, _ = _run(["report", "--results", str(results_file), "--format", fmt])
     assert rc == 0
     assert out.index("0-512") < out.index("513-1024") < out.index("1025-2048") < out.index("16385+")
-    if fmt == "json":
-        assert [r["bucket"] for r in json.loads(out)][-1] == "all"
+    want = _expected_figures()
+    assert set(want) == {"0-512", "513-1024", "1025-2048", "16385+", "all"}
+    if fmt in ("csv", "json"):
+        rows = json.loads(out) if fmt == "json" else list(csv.DictReader(io.StringIO(out)))
+        assert [r["bucket"] for r in rows] == [*BUCKETS.labels, "all"]
+        for r in rows:
+            figures = want.get(r["bucket"])
+            if figures is None:  # an empty bucket
+                assert int(r["requests"]) == 0 and r["ttft_p50_s"] in (None, ""), r
+                continue
+            got = {k: float(r[k]) for k in figures}
+            assert got == pytest.approx(figures), r["bucket"]
+        return
+    cells = {}
+    for line in out.splitlines():
+        parts = [p.strip().strip("*").strip() for p in line.replace("│", "|").split("|")[1:-1]]
+        if parts and parts[0] in (*BUCKETS.labels, "all requests"):
+            cells["all" if parts[0] == "all requests" else parts[0]] = parts[1:]
+    assert list(cells) == [*BUCKETS.labels, "all"]
+    for label, shown in cells.items():
+        figures = want.get(label)
+        if figures is None:
+            assert shown == ["0", *["-"] * 6], label
+        else:
+            assert [c.removesuffix(" *") for c in shown] == _shown(figures), label
 
 
 def test_cli_results_folder_and_html(results_file: Path, tmp_path: Path) -> None:

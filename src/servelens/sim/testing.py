@@ -74,6 +74,10 @@ class SimHandle:
         """The record of ``request_id``, waiting for the request to end. Raises TimeoutError."""
         return await self._server.state.truth.wait(request_id, timeout)
 
+    async def wait_truth_count(self, n: int, timeout: float = 5.0) -> None:
+        """Until ``n`` requests in all have ended (their truth recorded). Raises TimeoutError."""
+        await self._server.state.truth.wait_count(n, timeout)
+
 
 @asynccontextmanager
 async def run_sim(**overrides: Any) -> AsyncIterator[SimHandle]:

@@ -116,6 +116,9 @@ class TruthLog:
     def __init__(self, path: str | Path | None = None, max_records: int = 100_000) -> None:
         self._records: OrderedDict[str, TruthRecord] = OrderedDict()
         self._waiters: dict[str, list[asyncio.Future[TruthRecord]]] = {}
+        self._count_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self.added_total = 0
+        """Records added so far (the in-memory bound aside)."""
         self.max_records = max_records
         self._file: IO[bytes] | None = open(path, "ab") if path is not None else None  # noqa: SIM115
         self._enc = msgspec.json.Encoder()
@@ -131,6 +134,12 @@ class TruthLog:
         for fut in self._waiters.pop(rec.request_id, ()):
             if not fut.done():
                 fut.set_result(rec)
+        self.added_total += 1
+        if self._count_waiters:
+            for n, done in self._count_waiters:
+                if n <= self.added_total and not done.done():
+                    done.set_result(None)
+            self._count_waiters = [(n, f) for n, f in self._count_waiters if not f.done()]
 
     def records(self) -> list[TruthRecord]:
         """All kept records, oldest first."""
@@ -154,6 +163,17 @@ class TruthLog:
             return await asyncio.wait_for(fut, timeout)
         except TimeoutError:
             raise TimeoutError(f"no truth record for request {request_id!r} within {timeout} s") from None
+
+    async def wait_count(self, n: int, timeout: float = 5.0) -> None:
+        """Until ``n`` records were added in all, waiting up to ``timeout`` s. Raises TimeoutError."""
+        if self.added_total >= n:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._count_waiters.append((n, fut))
+        try:
+            await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            raise TimeoutError(f"{self.added_total} of {n} truth records within {timeout} s") from None
 
     def close(self) -> None:
         """Close the JSONL file."""
