@@ -106,3 +106,26 @@ def test_bom_block_stays_none_without_a_bom() -> None:
     d.decode(b"event: e\ndata: a\n\n")
     d.decode(b"data: b\n\n")
     assert d.bom_block is None
+
+
+@pytest.mark.parametrize("first", [b"\n", b"\n\n", b"\r\n"])
+def test_a_first_read_shorter_than_a_bom_is_parsed_at_once(first: bytes) -> None:
+    # a read that cannot be the start of a byte order mark is not held back to see one
+    blocks = SSEDecoder().decode(first)
+    assert b"".join(b.raw for b in blocks) == first and all(b.data is None for b in blocks)
+    assert blocks
+
+
+def test_a_lone_cr_as_the_whole_first_read_is_scanned_again_with_the_next() -> None:
+    d = SSEDecoder()
+    assert d.decode(b"\r") == []
+    assert fields(d.decode(b"\n")) == [(None, None, b"\r\n")]
+    assert fields(d.decode(b"data: a\n\n")) == [("a", None, b"data: a\n\n")]
+
+
+def test_the_lf_after_a_bare_cr_read_end_is_passed_over_and_the_line_not_parsed_again() -> None:
+    d = SSEDecoder()
+    assert [b.data for b in d.decode(b"data: a\r\r")] == ["a"]  # the stream uses bare \r line ends
+    assert d.decode(b"xdata: c\r") == []  # an unknown field "xdata", ended by its \r at once
+    # the \n completing that \r\n is skipped; "data: c" inside "xdata: c" must not be read as a field
+    assert fields(d.decode(b"\n\r")) == [(None, None, b"xdata: c\r\n\r")]
