@@ -53,7 +53,8 @@ class Module:
     group: str = "core"
 
 
-# Priority order (issue 21). Hypothesis fuzz files are left out: they run seconds per mutant and every
+# Priority order (issue 21). Group "slow": the relay's tests start servers, seconds per mutant (docs/mutation.md).
+# Hypothesis fuzz files are left out: they run seconds per mutant and every
 # mutant they would kill is killed by a deterministic test (that is the goal of the tests added here).
 MODULES: tuple[Module, ...] = (
     Module("sse", "src/servelens/core/sse.py",
@@ -69,7 +70,7 @@ MODULES: tuple[Module, ...] = (
     Module("quantiles", "src/servelens/core/quantiles.py",
            ("tests/core/test_quantiles.py", "tests/core/test_quantiles_mutants.py", "tests/core/test_edges.py")),
     Module("relay", "src/servelens/gateway/relay.py",
-           ("tests/gateway/test_gateway_fake.py", "tests/gateway/test_relay_faults.py"), group="gateway"),
+           ("tests/gateway/test_gateway_fake.py", "tests/gateway/test_relay_faults.py"), group="slow"),
     Module("usage", "src/servelens/gateway/usage.py", ("tests/gateway/test_usage.py", "tests/gateway/test_meter.py"),
            group="gateway"),
     Module("collector", "src/servelens/prometheus/collector.py",
@@ -260,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         results.append(result)
     low = [r.path for r in results if r.score < args.min_score]
     if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({
             "tool": "mutmut " + _mutmut_version(), "min_score": args.min_score,
             "load_average_at_start": [round(x, 2) for x in load],
