@@ -263,13 +263,13 @@ def main(argv: list[str] | None = None) -> int:
         result = run_module(module, args.max_children, baseline)
         _print(result, args.min_score)
         results.append(result)
+        if args.json:  # after each module: a long run stopped half-way keeps what it measured
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps({
+                "tool": "mutmut " + _mutmut_version(), "min_score": args.min_score,
+                "load_average_at_start": [round(x, 2) for x in load],
+                "modules": [r.as_json() for r in results]}, indent=2) + "\n")
     low = [r.path for r in results if r.score < args.min_score]
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({
-            "tool": "mutmut " + _mutmut_version(), "min_score": args.min_score,
-            "load_average_at_start": [round(x, 2) for x in load],
-            "modules": [r.as_json() for r in results]}, indent=2) + "\n")
     if low:
         print(f"under {100 * args.min_score:.0f} %: {', '.join(low)}")
         return 1
