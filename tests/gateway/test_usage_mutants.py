@@ -49,3 +49,13 @@ def test_untouched_bodies_still_say_what_the_client_asked() -> None:
     bom = body.decode().encode("utf-8-sig")
     inj = plan_injection(obj, bom, inject_usage=True, continuous=True, strict=False)
     assert inj.body is bom and inj.client_usage is True and inj.client_continuous is True
+
+
+def test_stream_options_go_in_right_after_the_opening_brace_leaving_the_clients_bytes() -> None:
+    body = b'{"model": "m", "stream": true}'
+    obj = json.loads(body)
+    inj = plan_injection(obj, body, inject_usage=True, continuous=False)
+    assert inj.body == b'{"stream_options":{"include_usage":true},"model": "m", "stream": true}'
+    inj = plan_injection(obj, b" " + body, inject_usage=True, continuous=True)
+    assert inj.body == b' {"stream_options":{"include_usage":true,"continuous_usage_stats":true},' \
+        b'"model": "m", "stream": true}'

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from servelens.gateway.usage import null_usage, remove_usage, usage_span
+from servelens.gateway.usage import choices_empty, null_usage, remove_usage, usage_span
 
 BODIES = [
     '{"id":"a","choices":[],"usage":{"prompt_tokens":1}}',
@@ -23,6 +23,11 @@ BODIES = [
     '{"a": 12, "b": true, "c": null, "d": -1.5e3, "usage": 7}',
     '{ "a" : [ ] , "usage" : { "p" : 1 } }',
     '{"a":{"b":[{"c":"}"}]},"usage":{"d":{"e":1}}}',
+    # a nested object first, so the member-by-member scan runs: empty strings, an escaped quote just
+    # before a closing one, a top-level string holding ", " and a brace
+    '{"x": {"": ""}, "": "", "usage": {"p": 1}}',
+    '{"x": {"q": "\\""}, "r": "\\"", "usage": 1}',
+    '{"x": {}, "s": "a, b}", "usage": {"p": 1}}',
 ]
 
 
@@ -62,6 +67,9 @@ def test_remove_and_null_usage_change_only_the_usage_member(body: str) -> None:
         '{"a": 1}',
         '{"a": [1, 2}',  # unterminated: not as expected
         '"usage": 1, "b": 2',  # no object at all
+        '{"x": {"usage": 1},',  # cut off after a member
+        '{"x": {"usage": 1}, 5}',  # a member without a key
+        '{"x": {"usage": 1}, "a" 5}',  # a key without a colon
     ],
 )
 def test_no_top_level_usage_member_gives_none(body: str) -> None:
@@ -75,3 +83,16 @@ def test_known_lets_a_single_occurrence_be_the_member_wherever_it_is() -> None:
     # two occurrences: the nested first one is not taken, even when known
     raw = block('{"choices": [{"usage": 0}], "usage": {"p": 1}}')
     assert json.loads(remove_usage(raw)[6:]) == {"choices": [{"usage": 0}]}
+
+
+def test_remove_and_null_usage_on_the_bare_json_of_a_multi_line_event() -> None:
+    # an event whose JSON spans several data: lines is cut as one text, starting with its brace
+    text = b'{"x": {"usage": 1}, "usage": {"p": 2}, "y": 3}'
+    assert remove_usage(text) == b'{"x": {"usage": 1}, "y": 3}'
+    assert null_usage(text) == b'{"x": {"usage": 1}, "usage": null, "y": 3}'
+    assert remove_usage(b'{"usage": {"p": 2}, "y": 3}') == b'{"y": 3}'
+
+
+def test_choices_empty_on_a_cut_off_block_is_false_not_an_error() -> None:
+    assert choices_empty(b'data: {"choices": [\n\n') is False
+    assert choices_empty(b'data: {"choices": [ ]}\n\n') is True
