@@ -59,3 +59,9 @@ def test_stream_options_go_in_right_after_the_opening_brace_leaving_the_clients_
     inj = plan_injection(obj, b" " + body, inject_usage=True, continuous=True)
     assert inj.body == b' {"stream_options":{"include_usage":true,"continuous_usage_stats":true},' \
         b'"model": "m", "stream": true}'
+
+
+def test_an_injected_request_says_the_client_asked_no_continuous_stats() -> None:
+    obj = {"model": "m", "stream": True, "stream_options": {"include_usage": True}}
+    inj = plan_injection(obj, json.dumps(obj).encode(), inject_usage=True, continuous=True)
+    assert inj.continuous is True and inj.client_usage is True and inj.client_continuous is False
