@@ -4,10 +4,13 @@ register time, so it must name exactly the families ``collect`` yields, with the
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from prometheus_client.core import Metric
 
 from servelens.prometheus import FrontendMetrics
+from servelens.prometheus.collector import FrontendCollector, format_le
 
 
 def shape(fams: list[Metric]) -> list[tuple[str, str, str, tuple[str, ...]]]:
@@ -28,3 +31,16 @@ def test_describe_names_what_collect_yields(stock: bool, by_isl: bool) -> None:
         if f.type == "histogram":
             labels = {k for s in f.samples for k in s.labels if k != "le"}
             assert labels == set(getattr(f, "_labelnames", ())), f.name
+
+
+def test_format_le_of_infinities_and_of_tiny_edges() -> None:
+    assert format_le(math.inf) == "+Inf" and format_le(-math.inf) == "-Inf"
+    assert format_le(1e-7) == "0.0000001" and format_le(2.5e-10) == "0.00000000025"
+
+
+def test_the_collector_exports_stock_and_by_isl_families_by_default() -> None:
+    m = FrontendMetrics(registry=None, isl_buckets="512")
+    m.register_model("m")
+    c = FrontendCollector(m.state, m.names)
+    assert (c.stock, c.by_isl) == (True, True)
+    assert shape(list(c.collect())) == shape(list(m.collector.collect()))
