@@ -96,3 +96,7 @@ def test_remove_and_null_usage_on_the_bare_json_of_a_multi_line_event() -> None:
 def test_choices_empty_on_a_cut_off_block_is_false_not_an_error() -> None:
     assert choices_empty(b'data: {"choices": [\n\n') is False
     assert choices_empty(b'data: {"choices": [ ]}\n\n') is True
+
+
+def test_bare_text_cut_off_after_a_comma_gives_no_span() -> None:
+    assert usage_span(b'{"x": {"usage": 1},') is None
