@@ -28,10 +28,18 @@ class Upstream:
     context_limit: int | None = None  # prompt tokens (with the extra) + max_tokens above it: a 400, as vLLM's
     more_models: tuple[str, ...] = ()  # listed after ``model`` by /v1/models
     metrics_ok_scrapes: int | None = None  # /metrics answers 500 after this many scrapes
-    hold_until: int | None = None  # completions answer only once this many have arrived
+    hold_until: int | None = None  # completions answer only once this many have arrived (the probe not held)
     arrived: asyncio.Condition = field(default_factory=asyncio.Condition)  # notified as each one arrives
     scrapes: int = 0
     bodies: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _is_probe(body: dict[str, Any]) -> bool:
+    """The bench's probe request (its one-token prompt), sent before a run when a context is known."""
+    from servelens.bench.control import PROBE_PROMPT
+    msgs = body.get("messages")
+    text = msgs[-1].get("content") if isinstance(msgs, list) and msgs else body.get("prompt")
+    return text == PROBE_PROMPT
 
 
 def _words(body: dict[str, Any]) -> int:
@@ -76,8 +84,9 @@ async def upstream() -> AsyncIterator[Upstream]:
         up.bodies.append(body)
         async with up.arrived:
             up.arrived.notify_all()
-            if up.hold_until is not None:
-                await up.arrived.wait_for(lambda: len(up.bodies) >= (up.hold_until or 0))
+            if up.hold_until is not None and not _is_probe(body):
+                await up.arrived.wait_for(
+                    lambda: sum(not _is_probe(b) for b in up.bodies) >= (up.hold_until or 0))
         rid = f"req-{next(ids)}"
         if up.fail_status is not None:
             return web.json_response({"error": {"message": "no capacity", "type": "overloaded", "param": None,

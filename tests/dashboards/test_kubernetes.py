@@ -367,3 +367,23 @@ def test_dockerfile_runs_as_a_numeric_non_root_user_a_valid_gateway() -> None:
     assert (cfg.host, cfg.port, cfg.metrics_port) == ("0.0.0.0", 8080, 9100)
     exposed = {int(p) for op, rest in steps if op == "EXPOSE" for p in rest.split()}
     assert exposed == {cfg.port, cfg.metrics_port}
+
+
+def test_flags_the_rules_need_go_into_the_gateways_command_line(tmp_path: Path) -> None:
+    """Rules from the SLO counters or on the uncached families read series only a gateway started with
+    those flags exports: the generated gateways get them (and the image asked for)."""
+    with redirect_stdout(io.StringIO()):
+        assert main(["dashboard", "--kubernetes", str(tmp_path), "--slo-from", "counters", "--slo-ttft",
+                     "0.5+0.0002*isl", "--slo-itl", "0.05", "--uncached-buckets", "512,1024",
+                     "--image", "reg.example/servelens:1"]) == 0
+    for overlay in ("gateway", "vllm-sidecar"):
+        (dep,) = _by_kind(render(tmp_path / "overlays" / overlay), "Deployment")
+        (gw,) = [c for c in dep["spec"]["template"]["spec"]["containers"] if c["image"] == "reg.example/servelens:1"]
+        args = gw["args"]
+        assert args[args.index("--slo-ttft") + 1] == "0.5+0.0002*isl", overlay
+        assert args[args.index("--slo-itl") + 1] == "0.05", overlay
+        assert args[args.index("--uncached-buckets") + 1] == "512,1024", overlay
+    with redirect_stdout(io.StringIO()):  # without those flags, nothing more than the defaults
+        assert main(["dashboard", "--kubernetes", str(tmp_path / "plain")]) == 0
+    (dep,) = _by_kind(render(tmp_path / "plain" / "overlays" / "gateway"), "Deployment")
+    assert not {"--slo-ttft", "--uncached-buckets"} & set(dep["spec"]["template"]["spec"]["containers"][0]["args"])

@@ -191,13 +191,15 @@ def _readme_gateway_yaml() -> str:
 
 def test_readme_gateway_yaml_parses_and_starts(tmp_path: Path) -> None:
     """The README's example file: every setting is accepted, and a gateway starts from it (its engines
-    need not be up); the test binds loopback and free ports over the file's 0.0.0.0, 8080 and 9100."""
+    need not be up); the test binds free ports over the file's 8080 and 9100. Its request log is a path in
+    the working folder (a folder that does not exist failed the README's command as written)."""
     f = tmp_path / "gateway.yaml"
     f.write_text(_readme_gateway_yaml())
+    assert parse("--config", str(f)).request_log == "gateway-requests.jsonl"
     log = tmp_path / "requests.jsonl"
     cfg = parse("--config", str(f), "--request-log", str(log))
     assert cfg.models == (("llama-3.1-8b", "http://127.0.0.1:8000"), ("qwen3-32b", "http://127.0.0.1:8001"))
-    assert (cfg.host, cfg.port, cfg.metrics_port) == ("0.0.0.0", 8080, 9100)
+    assert (cfg.host, cfg.port, cfg.metrics_port) == ("127.0.0.1", 8080, 9100)
     assert cfg.max_body_bytes == 16 * 1024 * 1024 and cfg.isl_buckets == "512,1024,2048,4096,8192,16384"
     assert cfg.continuous_usage == "auto" and cfg.request_log == str(log) and cfg.shutdown_timeout_s == 25
     with ServerProcess(["gateway", "--config", str(f), "--metrics-port", "0", "--request-log", str(log)]) as gw:

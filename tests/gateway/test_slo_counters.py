@@ -157,3 +157,16 @@ def test_report_reads_the_counters_exactly(tmp_path: Path, capsys: pytest.Captur
     (tmp_path / "off.txt").write_bytes(off.exposition())
     assert main(["report", "--metrics", str(tmp_path / "off.txt"), "--slo-from", "counters", *flags]) == 2
     assert "no SLO counters" in capsys.readouterr().err
+
+
+def test_config_file_numbers_are_slo_specs(tmp_path: Path) -> None:
+    """`slo_itl: 0.05` in YAML is a number, as the config docstring's own example writes it."""
+    from servelens.gateway.config import load_config_file
+
+    path = tmp_path / "g.yaml"
+    path.write_text("upstream: http://127.0.0.1:1\nslo_ttft: 2\nslo_itl: 0.05\n")
+    cfg = GatewayConfig.from_mapping(load_config_file(path))
+    assert (cfg.slo_ttft, cfg.slo_itl) == ("2.0", "0.05")
+    assert cfg.slo is not None
+    with pytest.raises(ValueError, match="slo_itl must be a string"):
+        GatewayConfig(upstream="http://127.0.0.1:1", slo_itl=True)  # type: ignore[arg-type]

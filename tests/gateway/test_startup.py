@@ -35,7 +35,7 @@ async def test_startup_summary_names_upstream_models_buckets_and_prefix() -> Non
 
 async def test_startup_summary_before_the_upstream_answers() -> None:
     cfg = GatewayConfig.from_mapping({"upstream": "http://127.0.0.1:9", "host": "127.0.0.1", "port": 0,
-                                      "isl_buckets": "", "connect_timeout_s": 0.5})
+                                      "isl_buckets": "off", "connect_timeout_s": 0.5})
     running = await start_gateway(cfg)
     try:
         line = startup_summary(running)

@@ -70,7 +70,8 @@ def results_file(tmp_path: Path) -> Path:
 
 def _expected_figures() -> dict[str, dict[str, float]]:
     """What ``results_file`` holds, per bucket label, worked out from its formulas (numpy's exact
-    percentiles, seconds): requests, errors, TTFT p50/p95/p99, ITL p50/p95, mean cached tokens."""
+    percentiles, seconds): requests, errors, TTFT p50/p95/p99, ITL p50/p95, mean cached tokens and the
+    prefix-cache hit ratio (cached over prompt tokens)."""
     groups: dict[str, list[tuple[int, int]]] = {}
     for i in range(60):
         isl = FIXTURE_ISLS[i % 4]
@@ -84,7 +85,8 @@ def _expected_figures() -> dict[str, dict[str, float]]:
         out[label] = {"requests": len(members) + failed, "errors": failed,
                       **{f"ttft_p{q}_s": float(np.percentile(ttft, q)) for q in (50, 95, 99)},
                       **{f"itl_p{q}_s": float(np.percentile(itl, q)) for q in (50, 95)},
-                      "mean_cached_tokens": sum(isl // 2 for _, isl in members) / len(members)}
+                      "mean_cached_tokens": sum(isl // 2 for _, isl in members) / len(members),
+                      "cache_hit_ratio": sum(isl // 2 for _, isl in members) / sum(isl for _, isl in members)}
     return out
 
 
@@ -216,7 +218,7 @@ def _shown(figures: dict[str, float]) -> list[str]:
     req = f"{figures['requests']:,}" + (f" ({figures['errors']} err)" if figures["errors"] else "")
     times = [f"{figures[k] * 1e3:.1f} ms" for k in ("ttft_p50_s", "ttft_p95_s", "ttft_p99_s", "itl_p50_s",
                                                      "itl_p95_s")]
-    return [req, *times, f"{figures['mean_cached_tokens']:,.0f}"]
+    return [req, *times, f"{figures['mean_cached_tokens']:,.0f}", f"{100 * figures['cache_hit_ratio']:.1f}%"]
 
 
 @pytest.mark.parametrize("fmt", ["table", "csv", "json", "markdown"])
@@ -247,7 +249,7 @@ def test_cli_formats(results_file: Path, fmt: str) -> None:
     for label, shown in cells.items():
         figures = want.get(label)
         if figures is None:
-            assert shown == ["0", *["-"] * 6], label
+            assert shown == ["0", *["-"] * 7], label
         else:
             assert [c.removesuffix(" *") for c in shown] == _shown(figures), label
 

@@ -54,6 +54,11 @@ PREBUILD_MAX_TOKENS = 30_000_000
 (about 180 MB of text with the sim's words); larger workloads build each prompt just before sending."""
 
 
+TEMPLATE_MARGIN_TOKENS = 512
+"""A request within this many tokens of the context makes the bench learn the endpoint's chat-template
+tokens from its probe (templates add tens of tokens; a system prompt in the template more)."""
+
+
 def _check_output_dir(out: Path) -> None:
     """Fail before any load is sent when results could not be written (ValueError, one line)."""
     try:
@@ -86,8 +91,12 @@ async def run_bench(config: BenchConfig) -> BenchResult:
         model, ctx = await discover(session, config, headers)
         max_context = config.max_context if config.max_context is not None else ctx
         url = config.base_url + ENDPOINTS[config.endpoint]
+        # the template's tokens are asked for only when some request comes near the context (a probe
+        # request is one more request on the server's counters)
+        near = max_context is not None and any(
+            it.isl + it.osl > max_context - TEMPLATE_MARGIN_TOKENS for it in build_workload(config, None)[0])
         continuous, ignore_eos, reported = await probe(session, url, model, config, headers,
-                                                       want_prompt_tokens=max_context is not None)
+                                                       want_prompt_tokens=near)
         # the endpoint's chat template takes part of the context: what does not fit with it is dropped
         # or clipped to fit (a prompt clipped to the whole context failed on every engine with a template)
         template = template_tokens(reported, tokenizer.count_tokens(PROBE_PROMPT))

@@ -36,6 +36,8 @@ def add_parser(subparsers: Any) -> None:
                    help="instead, write Kubernetes manifests into DIR (kustomize: base/ with a PrometheusRule and the "
                    "dashboard ConfigMap, overlays/gateway and overlays/vllm-sidecar); the repository's deploy/ is "
                    "this with the defaults (default: none)")
+    p.add_argument("--image", default=KubernetesOptions.image, metavar="IMAGE",
+                   help="with --kubernetes: the gateway image, e.g. REGISTRY/servelens:0.1.0 (default: %(default)s)")
     p.add_argument("--engine-url", default=KubernetesOptions.engine_url, metavar="URL",
                    help="with --kubernetes: the engine Service the gateway Deployment relays to (default: %(default)s)")
     p.add_argument("--metrics-prefix", default=DEFAULT_PREFIX, metavar="PREFIX",
@@ -93,11 +95,21 @@ def run(args: argparse.Namespace) -> int:
     if args.ttft_edges or args.itl_edges:
         edges = replace(edges, **({"ttft_s": parse_edges(args.ttft_edges, "ttft")} if args.ttft_edges else {}),
                         **({"itl_s": parse_edges(args.itl_edges, "itl")} if args.itl_edges else {}))
-    if args.kubernetes:
+    if args.kubernetes is not None:
+        if not args.kubernetes:
+            raise ValueError("--kubernetes needs a folder (e.g. --kubernetes deploy)")
         docs = dashboard_documents(names, buckets, args.ttft_p95_slo, reference=reference, slo=slo,
                                    target=args.attainment_target, edges=edges, slo_source=args.slo_from,
                                    uncached_buckets=uncached)
-        opts = KubernetesOptions(engine_url=normalize_upstream(args.engine_url))
+        # the gateways must export what the rules read: the SLO counters, the uncached families
+        flags: list[str] = []
+        if args.slo_from == "counters":
+            flags += [*(["--slo-ttft", args.slo_ttft] if args.slo_ttft else []),
+                      *(["--slo-itl", args.slo_itl] if args.slo_itl else [])]
+        if uncached is not None:
+            flags += ["--uncached-buckets", uncached.spec]
+        opts = KubernetesOptions(engine_url=normalize_upstream(args.engine_url), image=args.image,
+                                 gateway_flags=tuple(flags))
         paths = write_kubernetes(args.kubernetes, kubernetes_files(names, buckets, docs, opts))
     else:
         files = write_dashboard_files(args.output_dir, names, buckets, args.ttft_p95_slo, reference=reference,

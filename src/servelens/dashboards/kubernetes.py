@@ -57,6 +57,8 @@ class KubernetesOptions:
         scrape_interval: ServiceMonitor/PodMonitor scrape interval.
         vllm_image, vllm_model, vllm_port: the vLLM container of the sidecar shape.
         vllm_exit_s: time vLLM gets after its SIGTERM to free the GPU and exit.
+        gateway_flags: more gateway flags, so that the gateways export what the rules read
+            (``--slo-ttft``/``--slo-itl`` for rules from the SLO counters, ``--uncached-buckets``).
     """
 
     image: str = "servelens:0.1.0"
@@ -71,6 +73,7 @@ class KubernetesOptions:
     vllm_model: str = "Qwen/Qwen3-0.6B"
     vllm_port: int = 8000
     vllm_exit_s: int = 30
+    gateway_flags: tuple[str, ...] = ()
 
 
 def gateway_stop_s(opts: KubernetesOptions) -> int:
@@ -93,7 +96,7 @@ def gateway_args(names: MetricNames, buckets: IslBuckets | None, upstream: str, 
             "--isl-buckets", buckets.spec if buckets else "off", "--shutdown-timeout", str(opts.shutdown_timeout_s)]
     if names.prefix == DYNAMO_PREFIX:
         args.append("--by-isl-only")
-    return args
+    return [*args, *opts.gateway_flags]
 
 
 def _labels(name: str) -> dict[str, str]:

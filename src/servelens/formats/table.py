@@ -47,25 +47,26 @@ def _ms_number(x: float | None) -> str:
 
 COMPACT_HEADERS = (
     "Input length (tokens)",
-    "Requests",
+    "Reqs",
     "TTFT p50 (ms)",
     "TTFT p95 (ms)",
     "TTFT p99 (ms)",
     "ITL p50 (ms)",
     "ITL p95 (ms)",
     "Avg cached tokens",
+    "Hit (%)",
 )
 """The headers of a narrow terminal's table: the unit in the header, so that no cell wraps (``1.6 ms``
-wrapped to ``1.6`` over ``ms`` at 80 columns)."""
+wrapped to ``1.6`` over ``ms`` at 80 columns), and short enough for the nine columns to fit 80."""
 
 
 def _cached(x: float | None) -> str:
     return "-" if x is None else f"{x:,.0f}"
 
 
-def _ratio(x: float | None) -> str:
-    """A hit ratio as a percentage (``87.5%``), ``-`` when unknown."""
-    return "-" if x is None else f"{100 * x:.1f}%"
+def _ratio(x: float | None, compact: bool = False) -> str:
+    """A hit ratio as a percentage (``87.5%``; ``compact``: ``87.5``, the header says %), ``-`` when unknown."""
+    return "-" if x is None else f"{100 * x:.1f}" + ("" if compact else "%")
 
 
 WIDE_WIDTH = 160
@@ -180,7 +181,7 @@ def row_cells(row: BucketRow, compact: bool = False) -> list[str]:
         ms(row.itl_p50_s),
         ms(row.itl_p95_s),
         _cached(row.mean_cached_tokens),
-        _ratio(row.cache_hit_ratio),
+        _ratio(row.cache_hit_ratio, compact),
     ]
 
 
@@ -193,7 +194,8 @@ def rich_table(rows: Sequence[BucketRow], title: str | None = None, caption: str
     notes = [n for n in (low_count_note(rows), one_bucket_note(rows), unbucketed_note(rows),
                          None if exact else INTERPOLATED_NOTE) if n]
     lines = ([caption] if caption else []) + notes
-    table = Table(title=title, caption="\n".join(lines) or None)
+    # compact: one space between columns, not two (nine columns in 80)
+    table = Table(title=title, caption="\n".join(lines) or None, collapse_padding=compact)
     cells = [row_cells(r, compact) for r in rows]
     _label_column(table, rows, label_header)
     _value_columns(table, (COMPACT_HEADERS if compact else HEADERS)[1:], [c[1:] for c in cells])

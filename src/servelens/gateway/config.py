@@ -236,6 +236,10 @@ class GatewayConfig:
             object.__setattr__(self, "max_body_bytes", parse_bytes(self.max_body_bytes))
         except ValueError as exc:
             raise ValueError(f"max_body_bytes: {exc}") from None
+        for name in ("slo_ttft", "slo_itl"):  # YAML reads `slo_itl: 0.05` as a number
+            v = getattr(self, name)
+            if isinstance(v, int | float) and not isinstance(v, bool):
+                object.__setattr__(self, name, repr(float(v)))
         self._check_types()
         if self.upstream is not None:
             object.__setattr__(self, "upstream", normalize_upstream(self.upstream))
