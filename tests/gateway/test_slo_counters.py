@@ -157,6 +157,13 @@ def test_report_reads_the_counters_exactly(tmp_path: Path, capsys: pytest.Captur
     (tmp_path / "off.txt").write_bytes(off.exposition())
     assert main(["report", "--metrics", str(tmp_path / "off.txt"), "--slo-from", "counters", *flags]) == 2
     assert "no SLO counters" in capsys.readouterr().err
+    # a bucket's counter series missing beside its finished requests is missing data, not 0 % met
+    busy = next(a.label for a in attainment(judged, BUCKETS, slo, 1.0)[:-1] if a.requests)
+    cut = [line for line in (tmp_path / "s1.txt").read_text().splitlines()
+           if not (line.startswith(m.names.slo_by_isl) and f'isl_bucket="{busy}"' in line and 'slo="itl"' in line)]
+    (tmp_path / "cut.txt").write_text("\n".join(cut) + "\n")
+    assert main(["report", "--metrics", str(tmp_path / "cut.txt"), "--slo-from", "counters", *flags]) == 2
+    assert f"bucket {busy}:" in capsys.readouterr().err
 
 
 def test_config_file_numbers_are_slo_specs(tmp_path: Path) -> None:

@@ -120,6 +120,14 @@ def _check_kinds(present: set[str], slo: Slo, where: str) -> None:
 
 def _counted(buckets: IslBuckets, slo: Slo, requests: dict[str, float], met: dict[tuple[str, str], float],
              length_s: float | None) -> SloReport:
+    # the gateway registers every bucket's counters at zero: one missing beside finished requests is
+    # missing data (a cut scrape, a relabelling), not 0 % met
+    kinds = [k for k, th in (("ttft", slo.ttft), ("itl", slo.itl)) if th is not None] + ["all"]
+    for label in buckets.labels:
+        lost = [k for k in kinds if (label, k) not in met]
+        if requests.get(label, 0.0) > 0 and lost:
+            raise ExplainError(f"bucket {label}: {round(requests[label])} finished requests but no SLO counter "
+                               f"series for slo={','.join(lost)} (a scrape cut short, or relabelled?)")
     rows = counted_attainment([(label, round(requests.get(label, 0.0)),
                                 round(met.get((label, "ttft"), 0.0)), round(met.get((label, "itl"), 0.0)),
                                 round(met.get((label, "all"), 0.0))) for label in buckets.labels], slo, length_s)
