@@ -49,3 +49,7 @@ def test_engine_times_join_by_request_id_and_bad_lines_name_the_line(tmp_path: P
     log.write_text('{"queue_s": 1}\n')
     with pytest.raises(ValueError, match=r"times.jsonl:1: not an engine-times line"):
         load_engine_times(log)
+    for bad in ('{"request_id": "a", "prefill_s": -5}', '{"request_id": "a", "queue_s": NaN}'):
+        log.write_text(bad + "\n")  # a negative time, or none at all, is no engine's
+        with pytest.raises(ValueError, match=r"times.jsonl:1: not an engine-times line"):
+            load_engine_times(log)

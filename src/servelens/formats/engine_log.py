@@ -10,6 +10,7 @@ so a log from a real engine's request tracing can be brought to this shape.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -31,7 +32,7 @@ _decoder = msgspec.json.Decoder(_Line)
 def load_engine_times(path: str | Path) -> dict[str, tuple[float | None, float | None]]:
     """``request_id -> (queue_s, prefill_s)`` from a JSONL file (blank lines skipped; a later line
     for the same id wins). Raises ValueError naming the line for a line without ``request_id`` or
-    with non-numeric times; OSError when unreadable."""
+    with times that are not numbers of seconds >= 0; OSError when unreadable."""
     out: dict[str, tuple[float | None, float | None]] = {}
     with open(path, "rb") as f:
         for lineno, line in enumerate(f, 1):
@@ -42,6 +43,10 @@ def load_engine_times(path: str | Path) -> dict[str, tuple[float | None, float |
             except (msgspec.ValidationError, msgspec.DecodeError) as exc:
                 raise ValueError(f"{path}:{lineno}: not an engine-times line (request_id, queue_s, prefill_s): "
                                  f"{exc}") from None
+            bad = [v for v in (rec.queue_s, rec.prefill_s) if v is not None and not 0 <= v < math.inf]
+            if bad:
+                raise ValueError(f"{path}:{lineno}: not an engine-times line: queue_s and prefill_s are seconds "
+                                 f">= 0, got {bad[0]!r}")
             out[rec.request_id] = (rec.queue_s, rec.prefill_s)
     return out
 
