@@ -6,13 +6,14 @@ In front of nginx a fourth gateway takes the very same requests alone (bench -> 
 Per ISL bucket, the Requests from ``servelens report --prometheus`` equal the bench's and the single
 gateway's exactly. TTFT mean and p95 from the report, from the dashboard's panel queries and from the
 recording rules equal the three gateways' own observations (their request logs, merged) within what the
-``le`` edges and ``rate()``'s extrapolation allow. Against the bench and the single gateway the TTFT is
-nested, request by request (the client's interval holds the single gateway's, which holds a replica's),
-so per bucket the figures are ordered: replicas <= single gateway <= bench, exactly for the exact
-figures and within the ``le`` resolution for the histogram ones (how far apart they are is the hops'
-time, which on a loaded machine is scheduling delay and no property of servelens). The recording rules
-sum across instances: one series per model and bucket, and each rule expression equals the same figure
-computed here from the three instances' own series at the same evaluation time."""
+``le`` edges and ``rate()``'s extrapolation allow (the mean within MEAN_REL; a p95 inside the span of the
+observations, since each instance's rate is extrapolated by its own factor). Against the bench and the
+single gateway the TTFT is nested, request by request (the client's interval holds the single gateway's,
+which holds a replica's), so per bucket the figures are ordered: replicas <= single gateway <= bench,
+exactly for the exact figures and within the ``le`` resolution for the histogram ones (how far apart they
+are is the hops' time, which on a loaded machine is scheduling delay and no property of servelens). The
+recording rules sum across instances: one series per model and bucket, and each rule expression equals
+the same figure computed here from the three instances' own series at the same evaluation time."""
 
 from __future__ import annotations
 
@@ -161,8 +162,7 @@ class Exact:
     def p95_range(self, b: str) -> tuple[float, float]:
         """Where a histogram p95 of these observations can lie: from the lower ``le`` edge of the order
         statistic before the nearest rank to the upper edge of the one after it (histogram_quantile
-        interpolates inside the bucket its rank falls in; ``rate()`` scales each instance's counts by its
-        own extrapolation factor, which moves that rank by less than one observation)."""
+        interpolates inside the bucket its rank falls in). For counts taken as they are (a scrape)."""
         v = self.values[b]
         k = math.ceil(0.95 * len(v)) - 1
         return bucket_bounds(v[max(0, k - 1)], EDGES)[0], bucket_bounds(v[min(len(v) - 1, k + 1)], EDGES)[1]
@@ -170,6 +170,19 @@ class Exact:
     def allows_p95(self, b: str, x: float | None) -> bool:
         lo, hi = self.p95_range(b)
         return x is not None and lo <= x <= hi
+
+    def upper(self, b: str) -> float:
+        """The upper ``le`` edge of the largest observation: no quantile of them lies above it."""
+        return bucket_bounds(self.values[b][-1], EDGES)[1]
+
+    def allows_rate_p95(self, b: str, x: float | None) -> bool:
+        """A p95 over several instances' ``rate()``: each instance's counts are scaled by its own
+        extrapolation factor, so the rank can move by several observations (seen: a 15-request bucket's
+        p95 two order statistics below the nearest rank). What holds whatever the weights: the quantile
+        of a weighted mix of these observations lies in the ``le`` span from the smallest to the largest.
+        That the rules add the instances up exactly is checked apart (check_rules_sum_across_instances)."""
+        v = self.values[b]
+        return x is not None and bucket_bounds(v[0], EDGES)[0] <= x <= bucket_bounds(v[-1], EDGES)[1]
 
 
 def from_logs(*paths: Path) -> Exact:
@@ -239,7 +252,7 @@ def test_three_replicas_add_up_to_one_gateway_and_the_bench(tmp_path: Path) -> N
             assert replicas_exact.n[b] == single_exact.n[b] == bench_exact.n[b] == client[b].requests, b
             # the three replicas through Prometheus: their own observations, within the le edges
             assert three[b]["ttft_mean_s"] == pytest.approx(replicas_exact.mean[b], rel=MEAN_REL), b
-            assert replicas_exact.allows_p95(b, three[b]["ttft_p95_s"]), (b, three[b], replicas_exact.p95_range(b))
+            assert replicas_exact.allows_rate_p95(b, three[b]["ttft_p95_s"]), (b, three[b])
             # the single gateway's scrape: its own observations (no extrapolation: exact mean)
             assert one[b]["ttft_mean_s"] == pytest.approx(single_exact.mean[b], rel=1e-6), b
             assert single_exact.allows_p95(b, one[b]["ttft_p95_s"]), b
@@ -248,7 +261,7 @@ def test_three_replicas_add_up_to_one_gateway_and_the_bench(tmp_path: Path) -> N
             assert replicas_exact.p95(b) <= single_exact.p95(b) <= bench_exact.p95(b), b
             assert client[b].ttft_mean_s == pytest.approx(bench_exact.mean[b], rel=1e-9), b
             assert three[b]["ttft_mean_s"] <= one[b]["ttft_mean_s"] * (1 + MEAN_REL), b
-            assert three[b]["ttft_p95_s"] <= single_exact.p95_range(b)[1], b
+            assert three[b]["ttft_p95_s"] <= single_exact.upper(b), b  # rate()-weighted: below the largest
             assert one[b]["ttft_p95_s"] <= bench_exact.p95_range(b)[1], b
             assert one[b]["ttft_mean_s"] <= client[b].ttft_mean_s, b
 
@@ -269,8 +282,8 @@ def test_three_replicas_add_up_to_one_gateway_and_the_bench(tmp_path: Path) -> N
                     assert v == pytest.approx(replicas_exact.mean[b], rel=MEAN_REL), (title, b)
                     assert v <= single_exact.mean[b] * (1 + MEAN_REL), (title, b)
                 else:
-                    assert replicas_exact.allows_p95(b, v), (title, b, v)
-                    assert v <= single_exact.p95_range(b)[1], (title, b, v)
+                    assert replicas_exact.allows_rate_p95(b, v), (title, b, v)
+                    assert v <= single_exact.upper(b), (title, b, v)
 
         check_rules_sum_across_instances(prom, replicas_exact)
 
@@ -290,7 +303,7 @@ def check_rules_sum_across_instances(prom: Any, exact: Exact) -> None:
             if b in USED and stat == "mean":
                 assert s.value == pytest.approx(exact.mean[b], rel=MEAN_REL), (stat, s)
             elif b in USED:
-                assert exact.allows_p95(b, s.value), (stat, s)
+                assert exact.allows_rate_p95(b, s.value), (stat, s)
     at = time.time()
     w = "5m"
 
