@@ -152,8 +152,9 @@ def run_bench(
     cut (clipped to the mocker's 32768-token context), ``concurrency`` workers,
     ``--no-continuous-usage`` (the mocker sends one token per chunk; this skips the bench's options
     probe, but the cut comes near the context, so one probe still asks for the chat template's tokens:
-    one request more on the servers' counters, of one output token). ``synthetic=(isl_spec, osl_spec)`` replaces the trace with a synthetic workload.
-    Returns (records, wall seconds). Raises RuntimeError when the bench fails.
+    one request more on the servers' counters, of one output token). ``synthetic=(isl_spec,
+    osl_spec)`` replaces the trace with a synthetic workload. Returns (records, wall seconds).
+    Raises RuntimeError when the bench fails.
     """
     workload = (["--isl", synthetic[0], "--osl", synthetic[1], "--num-requests", str(max_requests)]
                 if synthetic else ["--trace", TRACE])
