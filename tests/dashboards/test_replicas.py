@@ -6,7 +6,7 @@ In front of nginx a fourth gateway takes the very same requests alone (bench -> 
 Per ISL bucket, the Requests from ``servelens report --prometheus`` equal the bench's and the single
 gateway's exactly. TTFT mean and p95 from the report, from the dashboard's panel queries and from the
 recording rules equal the three gateways' own observations (their request logs, merged) within what the
-``le`` edges and ``rate()``'s extrapolation allow (the mean within MEAN_REL; a p95 inside the span of the
+``le`` edges and ``rate()``'s extrapolation allow (a mean and a p95 inside the span of the
 observations, since each instance's rate is extrapolated by its own factor). Against the bench and the
 single gateway the TTFT is nested, request by request (the client's interval holds the single gateway's,
 which holds a replica's), so per bucket the figures are ordered: replicas <= single gateway <= bench,
@@ -131,11 +131,6 @@ def report_rows(*argv: str) -> dict[str, dict[str, Any]]:
 
 
 EDGES = default_edges(NAMES.prefix).ttft_s  # the fine edges the gateways export
-MEAN_REL = 0.15
-"""``rate()`` scales each instance's ``_sum`` and ``_count`` alike, by its own extrapolation factor
-(at most half a scrape interval past its samples at each end), so a mean over instances weighs them a
-little wrongly: with 1 s scrapes over a run of some seconds, 6.6 % was seen at load ~3 (5 % failed once):
-a bound of the weighting, not a figure of the gateway."""
 
 
 @dataclass(frozen=True)
@@ -170,6 +165,13 @@ class Exact:
     def allows_p95(self, b: str, x: float | None) -> bool:
         lo, hi = self.p95_range(b)
         return x is not None and lo <= x <= hi
+
+    def allows_rate_mean(self, b: str, x: float | None) -> bool:
+        """A mean over several instances' ``rate()``: each instance's sum and count are scaled by its own
+        extrapolation factor, so the instances are weighed wrongly (seen: half the exact mean in one run).
+        What holds whatever the weights: it lies between the smallest and the largest observation."""
+        v = self.values[b]
+        return x is not None and v[0] <= x <= v[-1]
 
     def upper(self, b: str) -> float:
         """The upper ``le`` edge of the largest observation: no quantile of them lies above it."""
@@ -251,7 +253,7 @@ def test_three_replicas_add_up_to_one_gateway_and_the_bench(tmp_path: Path) -> N
                 continue
             assert replicas_exact.n[b] == single_exact.n[b] == bench_exact.n[b] == client[b].requests, b
             # the three replicas through Prometheus: their own observations, within the le edges
-            assert three[b]["ttft_mean_s"] == pytest.approx(replicas_exact.mean[b], rel=MEAN_REL), b
+            assert replicas_exact.allows_rate_mean(b, three[b]["ttft_mean_s"]), (b, three[b])
             assert replicas_exact.allows_rate_p95(b, three[b]["ttft_p95_s"]), (b, three[b])
             # the single gateway's scrape: its own observations (no extrapolation: exact mean)
             assert one[b]["ttft_mean_s"] == pytest.approx(single_exact.mean[b], rel=1e-6), b
@@ -260,7 +262,7 @@ def test_three_replicas_add_up_to_one_gateway_and_the_bench(tmp_path: Path) -> N
             assert replicas_exact.mean[b] <= single_exact.mean[b] <= bench_exact.mean[b], b
             assert replicas_exact.p95(b) <= single_exact.p95(b) <= bench_exact.p95(b), b
             assert client[b].ttft_mean_s == pytest.approx(bench_exact.mean[b], rel=1e-9), b
-            assert three[b]["ttft_mean_s"] <= one[b]["ttft_mean_s"] * (1 + MEAN_REL), b
+            assert three[b]["ttft_mean_s"] <= single_exact.values[b][-1], b
             assert three[b]["ttft_p95_s"] <= single_exact.upper(b), b  # rate()-weighted: below the largest
             assert one[b]["ttft_p95_s"] <= bench_exact.p95_range(b)[1], b
             assert one[b]["ttft_mean_s"] <= client[b].ttft_mean_s, b
@@ -279,8 +281,8 @@ def test_three_replicas_add_up_to_one_gateway_and_the_bench(tmp_path: Path) -> N
                 assert found.labels.get("isl_bucket") == b
                 v = found.value
                 if "mean" in title:
-                    assert v == pytest.approx(replicas_exact.mean[b], rel=MEAN_REL), (title, b)
-                    assert v <= single_exact.mean[b] * (1 + MEAN_REL), (title, b)
+                    assert replicas_exact.allows_rate_mean(b, v), (title, b, v)
+                    assert v <= single_exact.values[b][-1], (title, b, v)
                 else:
                     assert replicas_exact.allows_rate_p95(b, v), (title, b, v)
                     assert v <= single_exact.upper(b), (title, b, v)
@@ -301,7 +303,7 @@ def check_rules_sum_across_instances(prom: Any, exact: Exact) -> None:
             assert set(s.labels) - {"__name__"} == {"model", "isl_bucket"}, s.labels
             b = s.labels["isl_bucket"]
             if b in USED and stat == "mean":
-                assert s.value == pytest.approx(exact.mean[b], rel=MEAN_REL), (stat, s)
+                assert exact.allows_rate_mean(b, s.value), (stat, s)
             elif b in USED:
                 assert exact.allows_rate_p95(b, s.value), (stat, s)
     at = time.time()
