@@ -1,6 +1,10 @@
 """Aggregated frontend metric state per model and ISL bucket (pure; exported by
 :mod:`servelens.prometheus.collector`).
 
+Why one module past 400 lines: the model state and the live request share one lock and one set of
+buckets (ISL, uncached, SLO counters), and :meth:`LiveRequest.finish` writes all of them in one
+critical section; split apart, each half would reach into the other's private fields.
+
 The life of a request (see :class:`LiveRequest`):
 
 1. :meth:`FrontendState.begin` at arrival: ``inflight`` + 1.

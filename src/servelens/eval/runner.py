@@ -1,5 +1,8 @@
 """Running an eval: items -> requests (bounded concurrency, retries, cache) -> scored records -> summary.
 
+One module past 400 lines because it is one pipeline read top to bottom (send, retry, cache, score,
+stop on a signal); the suites, scoring, statistics and cache live in their own modules.
+
 Entry points: :class:`EvalConfig` (frozen), ``await run_eval(config)`` or :func:`run_eval_sync`, and
 :func:`print_summary` (a rich table). :func:`run_eval_sync` stops on Ctrl-C, SIGTERM or SIGHUP and raises
 :class:`EvalInterrupted` (how many items were done; every answer so far is in the cache, so the same run

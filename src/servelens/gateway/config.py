@@ -1,5 +1,8 @@
 """Gateway configuration: a frozen value built from CLI flags and/or a YAML file.
 
+One module past 400 lines: every setting is checked in one place, whether it comes from a flag or the
+file, so that both give the same one-line errors.
+
 The README's example file (section Gateway) is tested to parse and start (tests/gateway/test_cli.py).
 YAML file shape (every key optional; CLI flags given explicitly override it)::
 

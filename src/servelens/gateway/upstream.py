@@ -38,6 +38,8 @@ Three modules, one client: this one has the pool (:class:`UpstreamClient`) and t
 protocol that writes requests and feeds the parser; :mod:`.upstream_response` has the response state it
 drives and the errors; :mod:`.inflate` decodes a compressed body. The connection stays whole (about
 250 lines): its parser callbacks, timers and keep-alive rules all act on one request's state.
+The pool's resend of a request whose reused connection closed before any answer stays beside the
+pool it acts on (about 30 lines).
 """
 
 from __future__ import annotations

@@ -2,6 +2,9 @@
 ``/metrics`` scrape or saved text (since-start counts, or the difference of two scrapes), or a
 Prometheus-compatible HTTP API (the dashboard's per-bucket queries).
 
+One module past 400 lines: the three sources give the same rows (by ISL or by uncached bucket), and a
+reader comparing how each is computed reads them side by side.
+
 Every source gives a :class:`Report`: the per-bucket rows in numeric bucket order, then "all";
 and, when the source has time, the p95 TTFT per bucket over time.
 """
