@@ -418,7 +418,12 @@ async def test_client_gets_exactly_what_vllm_sent(vllm: VllmServer) -> None:
                 )
                 got = sse_events(client_raw)
                 assert _canon(got) == _canon(want), name
-                assert sum(1 for e in got if e != "[DONE]" and '"content"' in e) >= 12, name
+                # vLLM merges tokens into fewer chunks when its output queue backs up (a loaded CI machine
+                # gave 9 content chunks for 12 tokens), so the tokens are counted from usage, not chunks
+                assert any(e != "[DONE]" and '"content"' in e for e in got), name
+                if opts.get("include_usage"):
+                    final = json.loads(next(e for e in reversed(got) if e != "[DONE]"))
+                    assert final["usage"]["completion_tokens"] == 12, name
                 if name == "continuous-usage":
                     assert client_raw == upstream_raw  # nothing injected, nothing removed: same bytes
                 if name == "no-usage":
