@@ -92,7 +92,7 @@ class Gateway:
         for path in MEASURED_PATHS:  # other methods: an OpenAI error, not text
             app.router.add_route("*", path, self.admin.post_only)
         app.router.add_get("/v1/models", self.admin.list_models)
-        app.router.add_get("/metrics", self.scrape.handle if self.config.metrics_port is None
+        app.router.add_get("/metrics", self._metrics if self.config.metrics_port is None
                            else self.admin.metrics_elsewhere)
         app.router.add_get("/health", self.admin.health)
         app.router.add_get("/ready", self.admin.ready)
@@ -102,6 +102,9 @@ class Gateway:
         app.router.add_route("*", "/{tail:.*}", self.passthrough.handle)
         app.cleanup_ctx.append(self._lifecycle)
         return app
+
+    async def _metrics(self, request: web.Request) -> web.StreamResponse:
+        return await self.scrape.handle(request)  # looked up per scrape: a worker replaces it (.published)
 
     async def _lifecycle(self, app: web.Application) -> AsyncIterator[None]:
         cfg = self.config
