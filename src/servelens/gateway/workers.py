@@ -154,7 +154,8 @@ class Supervisor:
                 return self._stop()
             pids = ", ".join(str(w.pid) for w in sorted(self.workers.values(), key=lambda w: w.slot))
             host = self.config.host if self.config.host not in ("0.0.0.0", "") else "127.0.0.1"
-            print(f"{summary}; {self.config.worker_count} workers (pids {pids}), /metrics summed over them",
+            print(f"{summary}; {self.config.worker_count} workers (pids {pids}), /metrics summed over them "
+                  f"(state in {self.directory})",
                   file=sys.stderr, flush=True)
             print(ready_line("gateway", f"http://{host}:{self.config.port}"), flush=True)
             while not self._stopping:
