@@ -107,7 +107,8 @@ async def _one(host: str, port: int, model: str, i: int) -> dict[str, int]:
     """One streamed chat request with ``Connection: close``, read to the connection's end (the gateway
     closes it after counting the request); returns the usage the client asked for."""
     body = json.dumps({"model": model, "stream": True, "max_tokens": 4 + i % 5,
-                       "stream_options": {"include_usage": True}, "messages": [{"role": "user", "content": "word " * (10 + 40 * (i % 4))}]}).encode()
+                       "stream_options": {"include_usage": True},
+                       "messages": [{"role": "user", "content": "word " * (10 + 40 * (i % 4))}]}).encode()
     r, w = await asyncio.open_connection(host, port)
     w.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
             b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
