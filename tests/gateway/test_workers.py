@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import pickle
 import queue
 import re
 import signal
@@ -26,9 +25,11 @@ from typing import IO
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from servelens.core.snapshot import take_snapshot
 from servelens.gateway.config import GatewayConfig, available_cores, load_config_file
-from servelens.gateway.published import Published
+from servelens.gateway.published import decode
 from servelens.process import ServerProcess
+from servelens.prometheus import FrontendMetrics
 from servelens.prometheus.names import MetricNames
 from servelens.serving import PARENT_PID_ENV, READY_RE
 
@@ -177,8 +178,8 @@ def check_sums(url: str, usages: list[dict[str, int]]) -> None:
 
 
 def _counted(folder: Path, pid: int) -> int:
-    pub = pickle.loads((folder / f"worker-{pid}.pkl").read_bytes())  # the test's own child's file
-    assert isinstance(pub, Published)
+    like = take_snapshot(FrontendMetrics(isl_buckets=GatewayConfig(upstream="http://x:1").isl_buckets).state)
+    pub = decode((folder / f"worker-{pid}.pkl").read_bytes(), like)
     return sum(c for m in pub.snapshot.models for _, c in m.requests)
 
 

@@ -44,8 +44,10 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from servelens.core.snapshot import take_snapshot
 from servelens.gateway.config import GatewayConfig
 from servelens.gateway.published import WorkerContext, retire
+from servelens.prometheus import FrontendMetrics
 from servelens.serving import PARENT_PID_ENV, die_with_parent, listen_error, raise_open_files_limit, ready_line
 
 RESTART_MIN_S = 0.1
@@ -113,6 +115,10 @@ class Supervisor:
         self._delay: dict[int, float] = {}
         self._failure = ""
         self.directory = Path()
+        self._like = take_snapshot(FrontendMetrics(
+            prefix=config.metrics_prefix, isl_buckets=config.isl_buckets, uncached_buckets=config.uncached_buckets,
+            edges=config.metric_edges, stock=not config.by_isl_only, slo=config.slo).state)
+        """An empty snapshot of the config: the edges and labels of the workers' files."""
 
     def run(self) -> int:
         """Start the workers, print the ready line once all are ready, supervise until SIGTERM/SIGINT.
@@ -275,7 +281,7 @@ class Supervisor:
             if w.ready_fd >= 0:
                 self._sel.unregister(w.ready_fd)
                 os.close(w.ready_fd)
-            retire(self.directory, pid)  # its counts stay in the sum
+            retire(self.directory, pid, self._like)  # its counts stay in the sum
             how = (f"signal {signal.Signals(-os.waitstatus_to_exitcode(status)).name}"
                    if os.WIFSIGNALED(status) else f"status {os.waitstatus_to_exitcode(status)}")
             if self._stopping:
