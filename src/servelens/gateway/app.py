@@ -6,7 +6,8 @@ Routes, and the module that answers each:
   (:mod:`.measured`: the request flow, top to bottom; :mod:`.relay`: a stream, chunk by chunk, byte for
   byte, the only change being the removal of usage the gateway injected, :mod:`.usage`;
   :mod:`.accounting`: how each request is counted, once).
-* ``GET /metrics`` (on the metrics listener instead, with ``metrics_port``): :mod:`.scrape`.
+* ``GET /metrics`` (on the metrics listener instead, with ``metrics_port``): :mod:`.scrape`; in a worker
+  of ``--workers N``, the sum over the workers (:mod:`.published`).
 * ``GET /health``, ``GET /ready``, ``GET /v1/models`` (merged over upstreams when
   models are mapped to several), and the 405 for other methods on a measured path: :mod:`.admin`.
 * Any other path (other ``/v1/*`` and the engine's own endpoints): relayed unmeasured,
