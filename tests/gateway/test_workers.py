@@ -211,6 +211,10 @@ def test_two_workers_serve_one_exact_sum_and_keep_a_killed_workers_counts(sim: S
 
         usages += load(url, model, MORE, start=REQUESTS)  # the gateway still serves, on both workers
         check_sums(url, usages)
+    assert not folder.exists()  # SIGTERM: the workers stopped, the state folder removed
+    for pid in (*pids, replacement):
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
 
 
 def test_metrics_listener_of_two_workers_serves_the_sum(sim: ServerProcess) -> None:
@@ -254,6 +258,13 @@ def test_ports_in_use_are_one_line() -> None:
         assert f"cannot listen on 127.0.0.1:{port}" in line
         line = _refused(["--upstream", "http://127.0.0.1:9", "--port", str(port), "--workers", "2"])
         assert f"cannot listen on 127.0.0.1:{port}" in line
+
+
+def test_a_worker_that_cannot_start_stops_the_gateway_in_one_line(tmp_path: Path) -> None:
+    missing = tmp_path / "no" / "requests.jsonl"
+    line = _refused(["--upstream", "http://127.0.0.1:9", "--port", "0", "--workers", "2", "--request-log",
+                     str(missing)])
+    assert line == f"servelens: error: {missing}: No such file or directory"
 
 
 def test_workers_in_the_config_file(tmp_path: Path) -> None:
