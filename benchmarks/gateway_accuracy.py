@@ -9,7 +9,10 @@ emitted the first token), percentiles over requests, in ms. The difference is th
 the hop (gateway -> engine request, engine -> gateway first chunk) plus scheduling noise on this
 shared 2-core machine.
 
-Usage: ``python benchmarks/gateway_accuracy.py [--concurrency 64] [--requests 512]``
+With ``--workers 1,2`` the gateway runs once per worker count (``servelens gateway --workers N``, one
+request log that all workers append to), against the same sim, side by side.
+
+Usage: ``python benchmarks/gateway_accuracy.py [--concurrency 64] [--requests 512] [--workers 1,2]``
 """
 
 from __future__ import annotations
@@ -76,14 +79,15 @@ def _pct(values: list[float]) -> dict[str, float]:
             "p99": float(np.percentile(a, 99)), "max": float(a.max())}
 
 
-def run(concurrency: int = 64, requests: int = 512, seed: int = 1, decode_base_s: float = 0.02
-        ) -> dict[str, dict[str, float]]:
+def run(concurrency: int = 64, requests: int = 512, seed: int = 1, decode_base_s: float = 0.02,
+        workers: tuple[int, ...] = (1,)) -> dict[str, dict[str, float]]:
     """Run the measurement; returns percentiles (ms) of the TTFT differences to the engine's truth.
 
     Keys: ``gateway`` (the gateway's logged TTFT), ``direct_client`` (a client talking to the sim
     directly, the same way: its own TTFT from sending), ``direct_request_leg`` and the two legs of
     the gateway's difference (``request_leg``: gateway arrival -> engine arrival;
-    ``first_chunk_leg``: engine's first token -> gateway read).
+    ``first_chunk_leg``: engine's first token -> gateway read). With several ``workers`` counts the
+    gateway's keys get a suffix ``@N`` (N workers), the first count's keys stay unsuffixed too.
     """
     with tempfile.TemporaryDirectory() as tmp:
         truth = Path(tmp) / "truth.jsonl"
@@ -92,23 +96,33 @@ def run(concurrency: int = 64, requests: int = 512, seed: int = 1, decode_base_s
         with ServerProcess(sim_cmd) as sim:
             asyncio.run(_client(sim.url, concurrency, concurrency, seed, "warm-direct"))
             _, direct_first = asyncio.run(_client(sim.url, concurrency, requests, seed, "direct"))
-            with ServerProcess(["gateway", "--upstream", sim.url, "--request-log", str(reqlog)]) as gw:
-                asyncio.run(_client(gw.url, concurrency, concurrency, seed, "warm-gw"))
-                asyncio.run(_client(gw.url, concurrency, requests, seed, "gw"))
+            for n in workers:
+                log = reqlog.with_name(f"requests-{n}.jsonl")
+                with ServerProcess(["gateway", "--upstream", sim.url, "--request-log", str(log),
+                                    "--workers", str(n)]) as gw:
+                    asyncio.run(_client(gw.url, concurrency, concurrency, seed, f"warm-gw{n}"))
+                    asyncio.run(_client(gw.url, concurrency, requests, seed, f"gw{n}"))
         truth_by_id = {}
         for line in truth.read_text().splitlines():
             rec = json.loads(line)
             truth_by_id[rec["request_id"]] = rec
-        diffs, legs_in, legs_out = [], [], []
-        for e in read_request_log(reqlog):
-            rid = str(e["upstream_request_id"])
-            rec = truth_by_id.get(rid)
-            if not rid.startswith("gw-") or rec is None or rec["first_token_ns"] is None or e["ttft_s"] is None:
-                continue
-            engine_ttft_s = (rec["first_token_ns"] - rec["arrival_ns"]) / 1e9
-            diffs.append((float(e["ttft_s"]) - engine_ttft_s) * 1e3)  # type: ignore[arg-type]
-            legs_in.append((rec["arrival_ns"] - int(e["arrival_ns"])) / 1e6)  # type: ignore[call-overload]
-            legs_out.append((int(e["first_output_ns"]) - rec["first_token_ns"]) / 1e6)  # type: ignore[call-overload]
+        out: dict[str, dict[str, float]] = {}
+        for k, n in enumerate(workers):
+            diffs, legs_in, legs_out = [], [], []
+            for e in read_request_log(reqlog.with_name(f"requests-{n}.jsonl")):
+                rid = str(e["upstream_request_id"])
+                rec = truth_by_id.get(rid)
+                if (not rid.startswith(f"gw{n}-") or rec is None or rec["first_token_ns"] is None
+                        or e["ttft_s"] is None):
+                    continue
+                engine_ttft_s = (rec["first_token_ns"] - rec["arrival_ns"]) / 1e9
+                diffs.append((float(e["ttft_s"]) - engine_ttft_s) * 1e3)  # type: ignore[arg-type]
+                legs_in.append((rec["arrival_ns"] - int(e["arrival_ns"])) / 1e6)  # type: ignore[call-overload]
+                legs_out.append((int(e["first_output_ns"]) - rec["first_token_ns"]) / 1e6)  # type: ignore[call-overload]
+            for key, vals in (("gateway", diffs), ("request_leg", legs_in), ("first_chunk_leg", legs_out)):
+                out[f"{key}@{n}"] = _pct(vals)
+                if k == 0:
+                    out[key] = out[f"{key}@{n}"]
         direct, direct_in = [], []
         for rid, (t_send, t_first) in direct_first.items():
             rec = truth_by_id.get(rid)
@@ -116,8 +130,7 @@ def run(concurrency: int = 64, requests: int = 512, seed: int = 1, decode_base_s
                 continue
             direct.append(((t_first - t_send) - (rec["first_token_ns"] - rec["arrival_ns"])) / 1e6)
             direct_in.append((rec["arrival_ns"] - t_send) / 1e6)
-    return {"gateway": _pct(diffs), "request_leg": _pct(legs_in), "first_chunk_leg": _pct(legs_out),
-            "direct_client": _pct(direct), "direct_request_leg": _pct(direct_in)}
+    return {**out, "direct_client": _pct(direct), "direct_request_leg": _pct(direct_in)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,13 +139,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=512)
     ap.add_argument("--decode-base-s", type=float, default=0.02, help="sim decode step base time (ITL)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--workers", default="1", help="gateway worker counts to run side by side, e.g. 1,2")
     args = ap.parse_args(argv)
-    r = run(args.concurrency, args.requests, args.seed, args.decode_base_s)
+    workers = tuple(int(x) for x in args.workers.split(","))
+    r = run(args.concurrency, args.requests, args.seed, args.decode_base_s, workers)
     print(f"{args.concurrency} concurrent streams, {args.requests} measured requests per mode (ms)")
-    labels = {"gateway": "gateway TTFT - engine TTFT", "request_leg": "  request leg (gateway -> engine arrival)",
-              "first_chunk_leg": "  first-chunk leg (engine token -> gateway read)",
-              "direct_client": "direct client TTFT - engine TTFT",
-              "direct_request_leg": "  request leg (client send -> engine arrival)"}
+    labels: dict[str, str] = {}
+    for n in workers:
+        w = f" ({n} worker{'s' if n > 1 else ''})"
+        labels |= {f"gateway@{n}": "gateway TTFT - engine TTFT" + w,
+                   f"request_leg@{n}": "  request leg (gateway -> engine arrival)",
+                   f"first_chunk_leg@{n}": "  first-chunk leg (engine token -> gateway read)"}
+    labels |= {"direct_client": "direct client TTFT - engine TTFT",
+               "direct_request_leg": "  request leg (client send -> engine arrival)"}
     for key, label in labels.items():
         p = r[key]
         print(f"{label:50s} n={int(p['n']):4d}  p50 {p['p50']:7.2f}  p90 {p['p90']:7.2f}  p99 {p['p99']:7.2f}  "

@@ -23,7 +23,14 @@ full collection in the upstream took 39 ms once its heap had grown over the earl
 landed on whichever path ran then: +36 ms TTFT p99 at 64 streams for the gateway in one run, none
 of it the gateway's. The proxies keep their own collectors: their pauses are theirs to pay.
 
-Usage: ``python benchmarks/gateway_overhead.py [--levels 1,64,256] [--tokens 32] [--itl-ms 20] [--rounds 4]``
+Workers (issue 20): ``--workers 2`` (the default) adds the path ``gw-2w``, ``servelens gateway --workers 2``
+(its CPU: the supervisor's and every worker's); ``--saturate STREAMS`` adds a saturation level, that many
+streams of ``--saturate-tokens`` events sent back to back (no gap upstream), reporting relayed events per
+second per path. Every row also says the client's (this process, the load generator) and the upstream's
+CPU per event, which share the same two cores. ``--no-bare`` leaves out floor/lean/tasked.
+
+Usage: ``python benchmarks/gateway_overhead.py [--levels 1,64,256] [--tokens 32] [--itl-ms 20] [--rounds 4]
+[--workers 2] [--saturate 64] [--no-bare]``
 """
 
 from __future__ import annotations
@@ -67,6 +74,7 @@ def serve_upstream(port: int, ttft_ms: float, itl_ms: float) -> None:
     async def completions(request: web.Request) -> web.StreamResponse:
         body = dec.decode(await request.read())
         n = int(body.get("max_tokens") or 32)
+        gap_s = float(body.get("bench_itl_ms", itl_ms)) / 1000  # the saturation level sends back to back
         prompt_tokens = len(str(body.get("prompt", "")).split())
         so = body.get("stream_options") or {}
         usage = so.get("include_usage") is True
@@ -81,8 +89,8 @@ def serve_upstream(port: int, ttft_ms: float, itl_ms: float) -> None:
                 ev += (b',"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}'
                        % (prompt_tokens, prompt_tokens + i + 1, i + 1))
             await resp.write(ev + b"}\n\n")
-            if i < n - 1:
-                await asyncio.sleep(itl_ms / 1000)
+            if i < n - 1 and gap_s > 0:
+                await asyncio.sleep(gap_s)
         if usage:
             await resp.write(b'data: {"id":"cmpl-bench","object":"text_completion","created":1700000000,'
                              b'"model":"bench","choices":[],"usage":{"prompt_tokens":%d,"total_tokens":%d,'
@@ -283,6 +291,15 @@ def serve_bare(upstream_port: int, measure: bool, tasked: bool = False) -> None:
 
 
 # ---------------------------------------------------------------- measurement
+def with_children(pid: int) -> list[int]:
+    """``pid`` and its child processes (a ``--workers`` gateway: the supervisor and its workers)."""
+    kids: list[int] = []
+    for f in Path(f"/proc/{pid}/task").glob("*/children"):
+        with contextlib.suppress(OSError, ValueError):
+            kids += [int(x) for x in f.read_text().split()]
+    return [pid, *kids]
+
+
 def cpu_seconds(pids: list[int]) -> float:
     """CPU seconds the processes' threads have run (``/proc/<pid>/task/*/schedstat``, ns resolution;
     the 10 ms ticks of ``/proc/<pid>/stat`` are too coarse for a few thousand events)."""
@@ -303,16 +320,20 @@ class RunResult:
     events: int
     cpu_s: float
     wall_s: float
+    client_cpu_s: float = 0.0
+    """This process's CPU (the load generator) over the same time."""
+    upstream_cpu_s: float = 0.0
 
 
-async def load(s: Any, url: str, concurrency: int, requests: int, tokens: int) -> RunResult:
+async def load(s: Any, url: str, concurrency: int, requests: int, tokens: int,
+               extra: dict[str, Any] | None = None) -> RunResult:
     """``requests`` streams through ``url``, ``concurrency`` at a time, on session ``s`` (its keep-alive
     connections persist across calls); per-request TTFT, per-event ITL (CPU is filled in by the caller)."""
     ttfts: list[float] = []
     itls: list[float] = []
     events = 0
     sem = asyncio.Semaphore(concurrency)
-    body = {"model": "bench", "prompt": "hello " * 100, "max_tokens": tokens, "stream": True}
+    body = {"model": "bench", "prompt": "hello " * 100, "max_tokens": tokens, "stream": True, **(extra or {})}
 
     async def one(i: int) -> None:
         nonlocal events
@@ -341,7 +362,8 @@ async def load(s: Any, url: str, concurrency: int, requests: int, tokens: int) -
 
 
 async def run_level(up_url: str, targets: dict[str, tuple[str, list[int]]], sessions: dict[str, Any],
-                    concurrency: int, requests: int, blocks: int, tokens: int) -> dict[str, RunResult]:
+                    concurrency: int, requests: int, blocks: int, tokens: int, up_pid: int = 0,
+                    extra: dict[str, Any] | None = None) -> dict[str, RunResult]:
     """Every path's ``requests`` streams in ``blocks`` blocks, the paths interleaved block by block in an
     order that rotates, so that a slow minute of this noisy machine lands on all paths alike. Before each
     block the upstream and this process collect, then run the block with the collector off (see the
@@ -359,9 +381,12 @@ async def run_level(up_url: str, targets: dict[str, tuple[str, list[int]]], sess
             gc.collect()
             gc.disable()
             try:
+                me0, up0 = cpu_seconds([os.getpid()]), cpu_seconds([up_pid]) if up_pid else 0.0
                 cpu0 = cpu_seconds(pids)
-                r = await load(sessions[name], url, concurrency, n, tokens)
+                r = await load(sessions[name], url, concurrency, n, tokens, extra)
                 cpu = cpu_seconds(pids) - cpu0
+                me = cpu_seconds([os.getpid()]) - me0
+                up = (cpu_seconds([up_pid]) - up0) if up_pid else 0.0
             finally:
                 gc.enable()
             acc = got[name]
@@ -370,12 +395,16 @@ async def run_level(up_url: str, targets: dict[str, tuple[str, list[int]]], sess
             acc.events += r.events
             acc.cpu_s += cpu
             acc.wall_s += r.wall_s
+            acc.client_cpu_s += me
+            acc.upstream_cpu_s += up
     return got
 
 
 async def measure(up_url: str, targets: dict[str, tuple[str, list[int]]], levels: list[int], rounds: int,
-                  tokens: int) -> list[tuple[int, str, RunResult]]:
-    """All levels, one session per path for the whole run; warm-up first (connections, caches)."""
+                  tokens: int, up_pid: int = 0, saturate: int = 0, saturate_tokens: int = 256,
+                  ) -> tuple[list[tuple[int, str, RunResult]], dict[str, RunResult]]:
+    """All levels, one session per path for the whole run; warm-up first (connections, caches); then
+    the saturation level (``saturate`` streams, no gap between events upstream) when asked."""
     import aiohttp
 
     rows: list[tuple[int, str, RunResult]] = []
@@ -385,9 +414,13 @@ async def measure(up_url: str, targets: dict[str, tuple[str, list[int]]], levels
         await run_level(up_url, targets, sessions, 8, 16, 1, 4)
         for level in levels:
             n = max(20, rounds * level)
-            got = await run_level(up_url, targets, sessions, level, n, min(rounds, n), tokens)
+            got = await run_level(up_url, targets, sessions, level, n, min(rounds, n), tokens, up_pid)
             rows += [(level, name, r) for name, r in got.items()]
-    return rows
+        sat: dict[str, RunResult] = {}
+        if saturate:
+            sat = await run_level(up_url, targets, sessions, saturate, 2 * saturate, 2, saturate_tokens, up_pid,
+                                  {"bench_itl_ms": 0})
+    return rows, sat
 
 
 def _p(values: list[float], q: float) -> float:
@@ -409,6 +442,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gateway-src", action="append", default=[], metavar="LABEL=DIR",
                     help="also run the gateway from another checkout's src/ folder (path gw-LABEL), side by "
                          "side: e.g. base=../base/src to compare a change with the code before it")
+    ap.add_argument("--workers", type=int, default=2,
+                    help="also run `servelens gateway --workers N` (path gw-Nw), side by side (0: not; default 2)")
+    ap.add_argument("--saturate", type=int, default=0, metavar="STREAMS",
+                    help="add a saturation level: STREAMS streams, events back to back (default 0: none)")
+    ap.add_argument("--saturate-tokens", type=int, default=256, help="events per stream at saturation")
+    ap.add_argument("--no-bare", action="store_true", help="leave out the bare relays (floor, lean, tasked)")
     ap.add_argument("--serve-upstream", type=int, metavar="PORT", help=argparse.SUPPRESS)
     ap.add_argument("--serve-floor", type=int, metavar="UPSTREAM_PORT", help=argparse.SUPPRESS)
     ap.add_argument("--serve-lean", type=int, metavar="UPSTREAM_PORT", help=argparse.SUPPRESS)
@@ -432,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     line = upstream.stdout.readline().decode()
     up_url = line.strip().rsplit(" ", 1)[-1]
     bare: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
-    for name in ("floor", "lean", "tasked"):
+    for name in () if args.no_bare else ("floor", "lean", "tasked"):
         proc = subprocess.Popen([sys.executable, __file__, f"--serve-{name}", up_url.rsplit(":", 1)[1]],
                                 stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
         assert proc.stdout is not None
@@ -443,6 +482,10 @@ def main(argv: list[str] | None = None) -> int:
             assert gw.proc is not None
             targets = {"direct": (up_url, []), "gateway": (gw.url, [gw.proc.pid]), "nginx": (ngx.url, ngx.pids()),
                        **{name: (url, [proc.pid]) for name, (proc, url) in bare.items()}}
+            if args.workers:
+                multi = stack.enter_context(ServerProcess([*gw_args, "--workers", str(args.workers)]))
+                assert multi.proc is not None
+                targets[f"gw-{args.workers}w"] = (multi.url, with_children(multi.proc.pid))
             if args.gateway_python:  # servelens from this checkout, for the other interpreters
                 os.environ["PYTHONPATH"] = str(Path(__file__).resolve().parents[1] / "src")
             for python in args.gateway_python:
@@ -468,7 +511,8 @@ def main(argv: list[str] | None = None) -> int:
                 targets[f"gw-{label}"] = (other.url, [other.proc.pid])
             import uvloop
 
-            rows = uvloop.run(measure(up_url, targets, levels, args.rounds, args.tokens))
+            rows, sat = uvloop.run(measure(up_url, targets, levels, args.rounds, args.tokens, upstream.pid,
+                                           args.saturate, args.saturate_tokens))
     finally:
         for proc in (*(p for p, _ in bare.values()), upstream):
             proc.terminate()
@@ -476,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"upstream: TTFT {args.ttft_ms:g} ms, ITL {args.itl_ms:g} ms, {args.tokens} events per stream; "
           f"times in ms at the client; CPU in us per relayed event")
     print(f"{'streams':>7} {'path':8} {'TTFT p50':>9} {'p99':>7} {'+p50':>6} {'+p99':>6} {'ITL p50':>8} {'p99':>7} "
-          f"{'+p99':>6} {'CPU/ev':>7} {'events':>7}")
+          f"{'+p99':>6} {'CPU/ev':>7} {'events':>7} {'client/ev':>9} {'up/ev':>6}")
     for level in levels:
         base = next(r for lv, nm, r in rows if lv == level and nm == "direct")
         for lv, name, r in rows:
@@ -486,7 +530,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{level:7d} {name:8} {_p(r.ttft_ms, 50):9.2f} {_p(r.ttft_ms, 99):7.2f} "
                   f"{_p(r.ttft_ms, 50) - _p(base.ttft_ms, 50):6.2f} {_p(r.ttft_ms, 99) - _p(base.ttft_ms, 99):6.2f} "
                   f"{_p(r.itl_ms, 50):8.2f} {_p(r.itl_ms, 99):7.2f} {_p(r.itl_ms, 99) - _p(base.itl_ms, 99):6.2f} "
-                  f"{cpu_us:7.1f} {r.events:7d}")
+                  f"{cpu_us:7.1f} {r.events:7d} {r.client_cpu_s / max(1, r.events) * 1e6:9.1f} "
+                  f"{r.upstream_cpu_s / max(1, r.events) * 1e6:6.1f}")
     print("ratios gateway/nginx (added TTFT p50, added TTFT p99, CPU per event):")
     for level in levels:
         get = {nm: r for lv, nm, r in rows if lv == level}
@@ -504,6 +549,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {'':4s} {name}/nginx: TTFT +p50 {_p(f.ttft_ms, 50) - _p(b.ttft_ms, 50):.2f} ms, "
                   f"+p99 {_p(f.ttft_ms, 99) - _p(b.ttft_ms, 99):.2f} ms; CPU/event "
                   f"{(f.cpu_s / f.events) / (x.cpu_s / x.events) if x.cpu_s > 0 else float('inf'):.2f}x")
+    if sat:
+        print(f"saturation: {args.saturate} streams of {args.saturate_tokens} events, no gap upstream "
+              f"(CPU in us per event; cores: CPU seconds per wall second)")
+        print(f"{'path':8} {'events/s':>9} {'proxy/ev':>8} {'cores':>6} {'client/ev':>9} {'cores':>6} "
+              f"{'up/ev':>6} {'cores':>6}")
+        for name, r in sat.items():
+            ev = max(1, r.events)
+            print(f"{name:8} {r.events / r.wall_s:9.0f} {r.cpu_s / ev * 1e6:8.1f} {r.cpu_s / r.wall_s:6.2f} "
+                  f"{r.client_cpu_s / ev * 1e6:9.1f} {r.client_cpu_s / r.wall_s:6.2f} "
+                  f"{r.upstream_cpu_s / ev * 1e6:6.1f} {r.upstream_cpu_s / r.wall_s:6.2f}")
     return 0
 
 

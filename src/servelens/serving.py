@@ -75,8 +75,10 @@ class OneLineBadRequests(logging.Filter):
         return True
 
 
-async def serve_until_signal(name: str, url: str, stop: Callable[[], Awaitable[None]]) -> None:
-    """Print the ready line (flushed), wait for SIGTERM or SIGINT, then await ``stop()``. The heap
+async def serve_until_signal(name: str, url: str, stop: Callable[[], Awaitable[None]],
+                             announce: Callable[[], None] | None = None) -> None:
+    """Print the ready line (flushed; ``announce``: call it instead, as a gateway worker tells its
+    supervisor), wait for SIGTERM or SIGINT, then await ``stop()``. The heap
     built at startup is frozen out of garbage collection (``gc.freeze``); a malformed client request
     is logged in one line (:class:`OneLineBadRequests`)."""
     # What exists once the server is up (modules, app, metric families) lives as long as the process:
@@ -93,7 +95,10 @@ async def serve_until_signal(name: str, url: str, stop: Callable[[], Awaitable[N
     for sig in sigs:
         loop.add_signal_handler(sig, event.set)
     die_with_parent()  # after the handlers: a SIGTERM from it stops the server cleanly
-    print(ready_line(name, url), flush=True)
+    if announce is not None:
+        announce()
+    else:
+        print(ready_line(name, url), flush=True)
     try:
         await event.wait()
     finally:

@@ -30,6 +30,10 @@ def add_parser(subparsers: Any) -> None:
                    help="serve /metrics on a listener of its own on PORT (0: a free one), not on --port "
                    "(default: /metrics on --port)")
     p.add_argument("--metrics-host", metavar="HOST", help="bind address of the metrics listener (default --host)")
+    p.add_argument("--workers", metavar="N",
+                   help="worker processes accepting on the same port (SO_REUSEPORT), each with its own event loop; "
+                   "/metrics on any of them is the sum over all; a worker that dies is restarted and its counts "
+                   "kept; auto: the cores available; at most 4 per core (default 1)")
     p.add_argument("--isl-buckets", metavar="B1,B2,...",
                    help="ISL bucket upper bounds in tokens (default 512,1024,2048,4096,8192,16384); 'off' turns "
                    "the by-ISL metrics off (an empty value is an error)")
@@ -94,6 +98,7 @@ def add_parser(subparsers: Any) -> None:
 
 _FLAGS = (
     "metrics_port", "metrics_host",  # the metrics listener
+    "workers",
     "upstream", "host", "port", "isl_buckets", "uncached_buckets", "metrics_prefix", "ttft_edges_s", "itl_edges_s",
     "max_series",
     "by_isl_only", "continuous_usage", "inject_usage", "tokenizer", "chat_template", "request_log",

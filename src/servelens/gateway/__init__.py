@@ -3,6 +3,8 @@
 Where to read what:
 
 * ``app``: the application, its routes and lifecycle; ``server``: listening on a port, shutdown.
+* ``workers``: ``--workers N``, a supervisor and N worker processes on one port; ``published``: each
+  worker's state in a file, and the ``/metrics`` summed over the workers.
 * ``measured``: what happens to a chat or completions request, top to bottom; ``relay``: a stream,
   chunk by chunk; ``meter``: what a stream's bytes say (TTFT, ITL, usage, outcome); ``usage``: the
   usage injected into requests and cut from streams; ``accounting``: how a request is counted, once.

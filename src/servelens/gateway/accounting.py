@@ -42,7 +42,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -95,6 +95,9 @@ class Accounting:
         self._idle = asyncio.Event()
         self._idle.set()
         self._finished_event: asyncio.Event | None = None
+        self.on_change: Callable[[bool], None] | None = None
+        """Called with True once a request is counted (after its record is merged), with False once one
+        is begun (``inflight`` + 1): a gateway worker publishes its state then (:mod:`.published`)."""
 
     @contextmanager
     def answering(self) -> Iterator[None]:
@@ -127,7 +130,14 @@ class Accounting:
                     self._finished_event = asyncio.Event()
                 await self._finished_event.wait()
 
+    def begun(self) -> None:
+        """A measured request was begun (its model known): ``inflight`` moved."""
+        if self.on_change is not None:
+            self.on_change(False)
+
     def _counted(self) -> None:
+        if self.on_change is not None:
+            self.on_change(True)
         self.finished_total += 1
         ev = self._finished_event
         if ev is not None:

@@ -6,7 +6,8 @@ Routes, and the module that answers each:
   (:mod:`.measured`: the request flow, top to bottom; :mod:`.relay`: a stream, chunk by chunk, byte for
   byte, the only change being the removal of usage the gateway injected, :mod:`.usage`;
   :mod:`.accounting`: how each request is counted, once).
-* ``GET /metrics`` (on the metrics listener instead, with ``metrics_port``): :mod:`.scrape`.
+* ``GET /metrics`` (on the metrics listener instead, with ``metrics_port``): :mod:`.scrape`; in a worker
+  of ``--workers N``, the sum over the workers (:mod:`.published`).
 * ``GET /health``, ``GET /ready``, ``GET /v1/models`` (merged over upstreams when
   models are mapped to several), and the 405 for other methods on a measured path: :mod:`.admin`.
 * Any other path (other ``/v1/*`` and the engine's own endpoints): relayed unmeasured,
@@ -92,7 +93,7 @@ class Gateway:
         for path in MEASURED_PATHS:  # other methods: an OpenAI error, not text
             app.router.add_route("*", path, self.admin.post_only)
         app.router.add_get("/v1/models", self.admin.list_models)
-        app.router.add_get("/metrics", self.scrape.handle if self.config.metrics_port is None
+        app.router.add_get("/metrics", self._metrics if self.config.metrics_port is None
                            else self.admin.metrics_elsewhere)
         app.router.add_get("/health", self.admin.health)
         app.router.add_get("/ready", self.admin.ready)
@@ -102,6 +103,9 @@ class Gateway:
         app.router.add_route("*", "/{tail:.*}", self.passthrough.handle)
         app.cleanup_ctx.append(self._lifecycle)
         return app
+
+    async def _metrics(self, request: web.Request) -> web.StreamResponse:
+        return await self.scrape.handle(request)  # looked up per scrape: a worker replaces it (.published)
 
     async def _lifecycle(self, app: web.Application) -> AsyncIterator[None]:
         cfg = self.config

@@ -33,6 +33,7 @@ YAML file shape (every key optional; CLI flags given explicitly override it)::
     shutdown_timeout_s: 25
     metrics_port: 9100                     # serve /metrics there only (the API port answers 404 for it)
     metrics_host: 127.0.0.1                # where that listener binds (default: host)
+    workers: 1                             # processes on the same port(s), one /metrics summed; auto: the cores
     slo_ttft: 0.5+0.0002*isl               # count per bucket the requests meeting it (exact; as --slo-ttft)
     slo_itl: 0.05                          # the same for each request's mean ITL
 
@@ -44,6 +45,7 @@ path unchanged.
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -64,6 +66,38 @@ ContinuousUsage = Literal["auto", "on", "off"]
 CONTINUOUS_USAGE_MODES: tuple[str, ...] = ("auto", "on", "off")
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 _OFF_WORDS = ("off", "none", "no", "false")
+WORKERS_PER_CORE = 4
+"""Most workers per core this process may run on: more is a mistake (each is a whole event loop and
+copy of the state), refused at start."""
+
+
+def available_cores() -> int:
+    """The cores this process may run on (``os.sched_getaffinity``; ``os.cpu_count`` elsewhere)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def parse_workers(value: Any) -> int:
+    """The worker count of ``value``: a positive integer (or its text) or ``auto`` (:func:`available_cores`).
+    Raises ValueError (one line) for 0, a negative or non-integer value, or more than
+    :data:`WORKERS_PER_CORE` x the cores available."""
+    cores = available_cores()
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return cores
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError(f"workers must be a positive integer or auto, got {value!r}")
+    try:
+        n = int(value)
+    except ValueError:
+        raise ValueError(f"workers must be a positive integer or auto, got {value!r}") from None
+    if n < 1:
+        raise ValueError(f"workers must be at least 1, got {n}")
+    if n > WORKERS_PER_CORE * cores:
+        raise ValueError(f"workers must be at most {WORKERS_PER_CORE * cores} ({WORKERS_PER_CORE} per core, "
+                         f"{cores} core(s) available to this process), got {n}")
+    return n
 
 
 def normalize_upstream(url: str) -> str:
@@ -180,6 +214,9 @@ class GatewayConfig:
             and answer 404 for it on the API port, so the API port does not expose the metrics; None
             (default): ``/metrics`` on the API port.
         metrics_host: the address of that listener (None: ``host``).
+        workers: processes serving the same port(s) with ``SO_REUSEPORT``, each with its own loop and
+            state, ``/metrics`` the sum over them (:mod:`servelens.gateway.workers`): a positive integer
+            or ``auto`` (the cores available); stored as the count.
         max_body_bytes: request bodies above this get 413 (bytes; a size such as ``"16MiB"`` is
             accepted, see :func:`parse_bytes`).
         connect_timeout_s: TCP connect to the upstream.
@@ -221,6 +258,7 @@ class GatewayConfig:
     port: int = 0
     metrics_port: int | None = None
     metrics_host: str | None = None
+    workers: int = 1
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     connect_timeout_s: float = 10.0
     response_timeout_s: float = 600.0
@@ -244,6 +282,7 @@ class GatewayConfig:
             if isinstance(v, int | float) and not isinstance(v, bool):
                 object.__setattr__(self, name, repr(float(v)))
         self._check_types()
+        object.__setattr__(self, "workers", parse_workers(self.workers))
         if self.upstream is not None:
             object.__setattr__(self, "upstream", normalize_upstream(self.upstream))
         models: list[tuple[str, str]] = []
@@ -346,6 +385,11 @@ class GatewayConfig:
         buckets = IslBuckets.parse(self.isl_buckets)
         return Slo(parse_threshold(self.slo_ttft, buckets) if self.slo_ttft is not None else None,
                    parse_threshold(self.slo_itl, buckets) if self.slo_itl is not None else None)
+
+    @property
+    def worker_count(self) -> int:
+        """Worker processes (``workers``; 1: one process, no supervisor)."""
+        return self.workers
 
     @property
     def metric_edges(self) -> MetricEdges:

@@ -178,16 +178,19 @@ def _refusal(max_connections: int) -> bytes:
 class GuardedSite(web.TCPSite):
     """aiohttp's :class:`~aiohttp.web.TCPSite` whose connections go through a :class:`ConnectionGuard`."""
 
-    def __init__(self, runner: web.AppRunner, host: str, port: int, guard: ConnectionGuard, backlog: int) -> None:
+    def __init__(self, runner: web.AppRunner, host: str, port: int, guard: ConnectionGuard, backlog: int,
+                 reuse_port: bool = False) -> None:
         super().__init__(runner, host, port, backlog=backlog)
         self._guard = guard
+        self._reuse = reuse_port
 
     async def start(self) -> None:
         await web.BaseSite.start(self)  # registers the site with its runner
         server = self._runner.server
         assert server is not None
         self._server = await asyncio.get_running_loop().create_server(
-            self._guard.protocol_factory(server), self._host, self._port, backlog=self._backlog)
+            self._guard.protocol_factory(server), self._host, self._port, backlog=self._backlog,
+            reuse_port=self._reuse or None)
 
 
 class GatewayRequestHandler(RequestHandler):

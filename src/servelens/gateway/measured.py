@@ -173,6 +173,7 @@ class MeasuredEndpoints:
             return openai_error(404, f"The model '{model}' does not exist.", "invalid_request_error",
                                 "model_not_found")
         live = self.metrics.begin(model, endpoint, request_type, arrival_ns)
+        self.accounting.begun()
         out = Outcome()
         counting = self._count_prompt(obj, live) if self.prompt_counter is not None else None
         end_ns: int | None = None

@@ -140,10 +140,14 @@ class MetricsScrape:
                 since = 0
                 await asyncio.sleep(max(PAUSE_S, clock() - start))
                 start = clock()
-        added = self.metrics.added_exposition()  # the gateway's connection metrics: a few lines
+        added = self.added_exposition()  # the gateway's connection metrics: a few lines
         if added:
             parts.append(added)
         return parts
+
+    def added_exposition(self) -> bytes:
+        """The exposition of the collectors added to the metrics (the gateway's connection metrics)."""
+        return self.metrics.added_exposition()
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """``GET /metrics``: Prometheus text exposition (format 0.0.4), gzip when the client accepts it."""
@@ -180,9 +184,11 @@ class MetricsListener:
         await self.runner.cleanup()
 
 
-async def start_metrics_listener(scrape: MetricsScrape, config: GatewayConfig) -> MetricsListener:
+async def start_metrics_listener(scrape: MetricsScrape, config: GatewayConfig,
+                                 reuse_port: bool = False) -> MetricsListener:
     """Serve ``GET /metrics`` alone on ``config.metrics_host`` (default ``config.host``) and
-    ``config.metrics_port`` (0: a free port); every other path is a 404. Raises OSError (one line)
+    ``config.metrics_port`` (0: a free port); every other path is a 404. ``reuse_port``: bind with
+    ``SO_REUSEPORT`` (each worker of a gateway listens on the same port). Raises OSError (one line)
     when the address cannot be listened on."""
     host = config.metrics_host if config.metrics_host is not None else config.host
     port = config.metrics_port if config.metrics_port is not None else 0
@@ -192,7 +198,7 @@ async def start_metrics_listener(scrape: MetricsScrape, config: GatewayConfig) -
                            keepalive_timeout=config.client_timeout_s)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port)
+        site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None)
         await site.start()
     except BaseException as exc:
         await runner.cleanup()

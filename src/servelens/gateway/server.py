@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import resource
 import sys
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +23,7 @@ from servelens.gateway.connections import (
     GuardedSite,
     file_budget,
 )
+from servelens.gateway.published import Connections, MergedScrape, StatePublisher, WorkerContext
 from servelens.gateway.scrape import MetricsListener, start_metrics_listener
 from servelens.gateway.upstream import redacted_url
 from servelens.prometheus import FrontendMetrics
@@ -46,6 +49,8 @@ class RunningGateway:
     previous_handler: Any = None
     """The event loop's exception handler before the gateway set its own (restored by :meth:`close`)."""
     metrics_listener: MetricsListener | None = None
+    publisher: StatePublisher | None = None
+    """A worker's state publisher (:mod:`.published`); None for a gateway of one process."""
 
     @property
     def url(self) -> str:
@@ -83,10 +88,17 @@ class RunningGateway:
             await self.metrics_listener.close()
         if self.guard is not None:
             asyncio.get_running_loop().set_exception_handler(self.previous_handler)
+        if self.publisher is not None:
+            self.publisher.write()  # the requests cut at the end included
 
 
-async def start_gateway(config: GatewayConfig, metrics: FrontendMetrics | None = None) -> RunningGateway:
+async def start_gateway(config: GatewayConfig, metrics: FrontendMetrics | None = None,
+                        worker: WorkerContext | None = None) -> RunningGateway:
     """Start a gateway in the running loop on ``config.host:config.port`` (0: a free port).
+
+    ``worker``: this process is one worker of several (:mod:`.workers`): it listens with
+    ``SO_REUSEPORT``, publishes its state and serves the sum over the workers on ``/metrics``
+    (:mod:`.published`).
 
     Returns once it listens and the first model discovery poll has ended. Handlers are
     cancelled when their client disconnects (so the upstream request is closed at once); a client
@@ -108,11 +120,17 @@ async def start_gateway(config: GatewayConfig, metrics: FrontendMetrics | None =
     guard = ConnectionGuard(file_budget(soft, hard, open_files() or 0))
     gateway.metrics.add_collector(ConnectionsCollector(lambda: guard.failures, guard.budget.max_connections,
                                                         lambda: gateway.upstream_retries))
+    publisher: StatePublisher | None = None
+    if worker is not None:
+        publisher = StatePublisher(worker.directory, gateway.metrics, lambda: Connections(
+            dict(guard.failures), guard.budget.max_connections, gateway.upstream_retries))
+        gateway.accounting.on_change = publisher.changed
+        gateway.scrape = MergedScrape(gateway.metrics, publisher)
     loop = asyncio.get_running_loop()
     previous = loop.get_exception_handler()
     loop.set_exception_handler(guard.exception_handler(previous))
     try:
-        site = GuardedSite(runner, config.host, config.port, guard, backlog=1024)
+        site = GuardedSite(runner, config.host, config.port, guard, backlog=1024, reuse_port=worker is not None)
         await site.start()
     except BaseException as exc:
         await runner.cleanup()
@@ -124,12 +142,15 @@ async def start_gateway(config: GatewayConfig, metrics: FrontendMetrics | None =
     port = server.sockets[0].getsockname()[1]
     host = config.host if config.host not in ("0.0.0.0", "") else "127.0.0.1"
     try:
-        listener = await start_metrics_listener(gateway.scrape, config) if config.metrics_port is not None else None
+        listener = (await start_metrics_listener(gateway.scrape, config, reuse_port=worker is not None)
+                    if config.metrics_port is not None else None)
     except BaseException:
         await runner.cleanup()
         loop.set_exception_handler(previous)
         raise
-    return RunningGateway(gateway, runner, host, int(port), guard, previous, listener)
+    if publisher is not None:
+        publisher.write()  # its models at zero, before it says it is ready
+    return RunningGateway(gateway, runner, host, int(port), guard, previous, listener, publisher)
 
 
 async def serve_forever(config: GatewayConfig) -> None:
@@ -163,8 +184,19 @@ def startup_summary(running: RunningGateway) -> str:
             + (f"; open files {b.soft} (hard {b.hard}): up to {b.max_connections} streams" if b else ""))
 
 
-def run(config: GatewayConfig, use_uvloop: bool = True) -> None:
-    """Blocking entry point for the CLI: uvloop when installed (and wanted), else asyncio."""
+async def serve_worker(config: GatewayConfig, worker: WorkerContext) -> None:
+    """One worker of a gateway of several (:mod:`.workers`): start, say ``ready <start-up summary>`` on
+    ``worker.ready_fd``, serve until SIGTERM/SIGINT, stop as :func:`serve_forever` does."""
+    running = await start_gateway(config, worker=worker)
+
+    def ready() -> None:
+        os.write(worker.ready_fd, f"ready {startup_summary(running)}\n".encode())
+
+    await serve_until_signal("gateway", running.url, running.close, announce=ready)
+
+
+def run_loop(main: Coroutine[Any, Any, None], use_uvloop: bool = True) -> None:
+    """Run ``main`` to its end on uvloop when installed (and wanted), else asyncio."""
     if use_uvloop:
         try:
             import uvloop
@@ -172,6 +204,17 @@ def run(config: GatewayConfig, use_uvloop: bool = True) -> None:
             uvloop = None  # type: ignore[assignment]
         if uvloop is not None:
             with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-                runner.run(serve_forever(config))
+                runner.run(main)
             return
-    asyncio.run(serve_forever(config))
+    asyncio.run(main)
+
+
+def run(config: GatewayConfig, use_uvloop: bool = True) -> None:
+    """Blocking entry point for the CLI: uvloop when installed (and wanted), else asyncio; with
+    ``config.workers`` above 1, a supervisor and that many worker processes (:mod:`.workers`)."""
+    if config.worker_count > 1:
+        from servelens.gateway.workers import Supervisor
+
+        Supervisor(config, use_uvloop).run()
+        return
+    run_loop(serve_forever(config), use_uvloop)

@@ -50,3 +50,14 @@ _HELP_FAILURES = ("Client connections not taken: refused with a 503 at the conne
 _HELP_MAX = "Client connections the gateway takes at once (from its open-files limit, two per stream)"
 _HELP_RETRIES = ("Measured requests sent upstream again on a fresh connection: the reused keep-alive connection "
                  "closed before any response byte")
+
+
+def connections_exposition(failures: Mapping[str, int], max_connections: int, retries: int) -> bytes:
+    """The text exposition of the three families for these values (what the gateway's workers serve
+    summed over all of them, :mod:`servelens.gateway.workers`)."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.exposition import generate_latest
+
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(ConnectionsCollector(lambda: failures, max_connections, lambda: retries))
+    return generate_latest(reg)

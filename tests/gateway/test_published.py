@@ -1,0 +1,67 @@
+"""Worker state files: each worker's counts are in the sum exactly once, before and after it is retired."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from servelens.core.merge import merge_snapshots
+from servelens.core.snapshot import take_snapshot
+from servelens.gateway.published import Connections, Published, StatePublisher, read_others, read_retired, retire
+from servelens.prometheus import FrontendMetrics
+
+MS = 1_000_000
+
+
+def _worker(folder: Path, pid: int, requests: int, in_flight: int) -> tuple[FrontendMetrics, StatePublisher]:
+    m = FrontendMetrics(isl_buckets="512,1024")
+    m.register_model("m")
+    for i in range(requests):
+        r = m.begin("m", "chat_completions", "stream", 0)
+        r.output(50 * MS)
+        r.output(60 * MS, tokens=2)
+        r.set_isl(100 + 600 * (i % 2), "final_usage")
+        r.finish(70 * MS, "success", osl=3)
+    for _ in range(in_flight):
+        m.begin("m", "chat_completions", "stream", 0)
+    pub = StatePublisher(folder, m, lambda: Connections({"open_files": pid}, 100, 1))
+    pub.path = folder / f"worker-{pid}.pkl"  # as if written by that pid
+    pub.write()
+    return m, pub
+
+
+def _requests(parts: list[Published]) -> int:
+    return sum(c for m in merge_snapshots([p.snapshot for p in parts]).models for _, c in m.requests)
+
+
+def test_a_retired_worker_counts_once_with_nothing_in_flight(tmp_path: Path) -> None:
+    a, _ = _worker(tmp_path, 101, 5, in_flight=2)
+    b, _ = _worker(tmp_path, 102, 3, in_flight=0)
+    like = take_snapshot(b.state)
+    others = read_others(tmp_path, 102, like)
+    assert len(others) == 1 and others[0].snapshot == take_snapshot(a.state)
+    assert others[0].connections == Connections({"open_files": 101}, 100, 1)
+
+    retire(tmp_path, 101, like)
+    assert not (tmp_path / "worker-101.pkl").exists()
+    assert read_retired(tmp_path).pids == {101}
+    others = read_others(tmp_path, 102, like)
+    assert len(others) == 1 and _requests(others) == 5
+    assert [m.inflight for m in others[0].snapshot.models] == [0]  # its requests in flight ended with it
+    assert others[0].connections == Connections({"open_files": 101}, 0, 1)
+
+    retire(tmp_path, 101, like)  # reaped twice: nothing added twice
+    assert _requests(read_others(tmp_path, 102, like)) == 5
+    _worker(tmp_path, 103, 4, in_flight=0)  # the replacement
+    retire(tmp_path, 102, like)
+    assert _requests(read_others(tmp_path, 103, like)) == 5 + 3
+    assert _requests(read_others(tmp_path, 999, like)) == 5 + 3 + 4
+
+
+def test_a_worker_file_still_listed_after_its_retirement_is_not_added_twice(tmp_path: Path) -> None:
+    _, pub = _worker(tmp_path, 201, 2, in_flight=0)
+    b, _ = _worker(tmp_path, 202, 1, in_flight=0)
+    like = take_snapshot(b.state)
+    kept = pub.path.read_bytes()
+    retire(tmp_path, 201, like)
+    pub.path.write_bytes(kept)  # a reader that listed the folder before the removal reads it still
+    assert _requests(read_others(tmp_path, 202, like)) == 2
