@@ -14,7 +14,8 @@ Runs the demo (or reads the output folder of one: ``--dir``) and compares, per b
   records by the engine's response id), so that the gap splits into what the edges cost (server against
   gateway exact) and what the hop between client and gateway costs (gateway exact against client: the
   client's clock starts before its request is sent and stops after the first chunk is read; at the
-  demo's speedup 16 TTFTs of 5-20 ms make a millisecond of hop a large share);
+  old demo's speedup 16 TTFTs of 5-20 ms made a millisecond of hop a large share; the demo now runs
+  16 real-speed replicas, TTFTs 15-2000 ms);
 * Dynamo's edges: the client's TTFT and ITL values binned with Dynamo's ``le`` edges, approximately what
   the same run would have shown with ``--ttft-edges dynamo --itl-edges dynamo`` (the gateway's own TTFTs
   sit within a millisecond of the client's; its per-token ITL values are not logged by the demo).
@@ -164,6 +165,23 @@ def print_tables(c: dict[str, Any]) -> None:
               f"Dynamo's edges {r['dynamo_edges_swaps']}")
 
 
+def summary_line(c: dict[str, Any]) -> str:
+    """Per kind: figures within 10 % of the client (and, for TTFT, of the gateway's exact values);
+    the percentiles whose bucket ranking the server shares with the client."""
+    parts = []
+    for kind in ("ttft", "itl"):
+        figs = [row[f"{kind}_p{q}"] for row in c["buckets"].values() for q in QUANTILES]
+        near = sum(abs(f["server_vs_client_pct"]) <= 10 for f in figs)
+        text = f"{kind.upper()} within 10 % of the client: {near}/{len(figs)}"
+        if kind == "ttft":
+            gw = sum(abs(f["server_vs_gateway_exact_pct"]) <= 10 for f in figs)
+            text += f" (of the gateway's exact values: {gw}/{len(figs)})"
+        parts.append(text)
+    same = [k for k, r in c["ranks"].items() if r["server"] == r["client"]]
+    parts.append(f"ranked as the client: {', '.join(same) or 'none'}")
+    return "\n" + "; ".join(parts)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", type=Path, help="a demo's --output-dir (default: run the demo now)")
@@ -186,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             every[phase.name] = c
             print(f"\n## {phase.name}\n")
             print_tables(c)
+            print(summary_line(c))
     if args.json:
         args.json.write_text(json.dumps(every, indent=1))
     return 0

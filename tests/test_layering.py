@@ -37,11 +37,12 @@ ALLOWED: dict[str, set[str]] = {
     # sim, formats: runs whose truth is known; gateway: a tap in front of a real engine (testing.engines)
     "testing": BASE | {"process", "formats", "report", "sim", "gateway"},
     "demo": BASE | {"process", "bench", "report", "sim", "engines"},
-    "demo_story": BASE | {"bench", "report", "sim", "demo"},  # the two-phase story; demo: its launcher
+    "demo_hop": BASE | {"formats", "gateway"},  # gateway: its request log's reader
+    "demo_story": BASE | {"bench", "report", "sim", "demo", "demo_hop"},  # the story; demo: its launcher
     # the top: thin commands over everything
     "cli": {
         ROOT, "core", "prometheus", "serving", "process", "formats", "dashboards", "gateway", "asgi", "sim",
-        "bench", "report", "engines", "eval", "testing", "demo", "demo_story",
+        "bench", "report", "engines", "eval", "testing", "demo", "demo_hop", "demo_story",
     },
     "__main__": {"cli"},
 }

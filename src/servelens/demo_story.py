@@ -41,6 +41,7 @@ from servelens.bench import BenchConfig, BenchResult, print_result, run_bench_sy
 from servelens.bench.traces import packaged_trace, read_trace
 from servelens.core.buckets import DEFAULT_ISL_BOUNDARIES, IslBuckets
 from servelens.core.windows import window_mix
+from servelens.demo_hop import gateway_ttft_by_id, hop_rows, print_hop
 from servelens.report.explain import ExplainReport, explain_windows
 from servelens.report.explain_output import bucket_table, to_json
 from servelens.report.explain_windows import from_results
@@ -73,6 +74,16 @@ class StoryConfig:
         slow_attention: phase 3's engine: attention cost times this.
         output_dir: where the traces, results, explanations and ``report.html`` go.
         sim_preset, sim_speedup: the simulated engine (every simulated time divided by the speedup).
+        data_parallel_size: the engine's replicas (``sim --data-parallel-size``), each at real speed
+            (speedup 1): per replica the load of one engine at speedup 16, at a real H100's
+            per-request latencies (TTFT 15-2000 ms). At speedup 16 on one engine the short prompts'
+            TTFTs were 4-7 ms, of which the client-gateway hop (1-2 ms) was a fifth to a third, and
+            the server's percentiles could not come within 10 % of the client's
+            (docs/benchmarks.md, the three-phase demo).
+        sim_spin_us: the sim's ``--spin-us``: 0, since 16 step loops each yielding for the last
+            millisecond before every step's deadline take CPU from the bench client and the gateway
+            on two cores; a step then ends up to a timer tick (~1 ms) late, a sixth of the shortest
+            real-speed step, and the client and the gateway time what the sim really sent.
         max_num_batched_tokens: the engine's step budget: prefill chunks this small keep a short
             prompt's wait behind a long one's prefill short (vLLM's chunked prefill), so that the
             phases' traffic barely slows the other buckets down.
@@ -91,7 +102,9 @@ class StoryConfig:
     slow_attention: float = 6.0
     output_dir: str = "servelens-demo"
     sim_preset: str = "llama-3.1-8b-h100"
-    sim_speedup: float = 16.0
+    sim_speedup: float = 1.0
+    data_parallel_size: int = 16
+    sim_spin_us: int = 0
     max_num_batched_tokens: int = 2048
     isl_buckets: tuple[int, ...] = DEFAULT_ISL_BOUNDARIES
     max_context: int = 32768
@@ -103,6 +116,8 @@ class StoryConfig:
                 raise ValueError(f"{name} must be a finite number > 0, got {value}")
         if not (math.isfinite(self.sim_speedup) and self.sim_speedup >= MIN_SPEEDUP):
             raise ValueError(f"speedup must be a finite number >= {MIN_SPEEDUP:g}, got {self.sim_speedup}")
+        if self.data_parallel_size < 1:
+            raise ValueError(f"data-parallel-size must be >= 1, got {self.data_parallel_size}")
         if not all(0 <= s <= 1 for s in self.chat_share):
             raise ValueError("chat shares must be within [0, 1]")
         get_preset(self.sim_preset)
@@ -159,7 +174,9 @@ def _stack(config: StoryConfig, out: Path, console: Console, slow: bool) -> Iter
     base = get_preset(config.sim_preset).params
     args = ["sim", "--preset", config.sim_preset, "--speedup", str(config.sim_speedup),
             "--max-model-len", str(config.max_context), "--seed", "0",
-            "--max-num-batched-tokens", str(config.max_num_batched_tokens)]
+            "--max-num-batched-tokens", str(config.max_num_batched_tokens), "--spin-us", str(config.sim_spin_us)]
+    if config.data_parallel_size > 1:
+        args += ["--data-parallel-size", str(config.data_parallel_size)]
     if slow:
         args += ["--prefill-attn-s-per-token-pair", repr(base.prefill_attn_s_per_token_pair * config.slow_attention)]
     tag = "slow" if slow else "normal"
@@ -167,7 +184,8 @@ def _stack(config: StoryConfig, out: Path, console: Console, slow: bool) -> Iter
     with demo.ServerProcess(args, log_path=out / f"sim-{tag}.log") as sim:
         what = (f"attention cost x{config.slow_attention:g} (long prompts slow down most)" if slow
                 else f"preset {config.sim_preset}")
-        console.print(f"[bold]engine[/]  servelens sim at {sim.url}: {what}, speedup {config.sim_speedup:g}")
+        console.print(f"[bold]engine[/]  servelens sim at {sim.url}: {what}, speedup {config.sim_speedup:g}, "
+                      f"{config.data_parallel_size} replica{'s' if config.data_parallel_size > 1 else ''}")
         buckets = IslBuckets(config.isl_buckets)
         # the request log: each request's exact TTFT, for benchmarks/demo_accuracy.py
         with demo.ServerProcess(["gateway", "--upstream", sim.url, "--isl-buckets", buckets.spec,
@@ -194,6 +212,9 @@ def _phase(config: StoryConfig, url: str, name: str, title: str, trace: Path, se
     ))
     (out / name / SCRAPES[1]).write_text(read_metrics_text(f"{url}/metrics"))
     print_result(bench, console)
+    log = out / f"gateway-{'slow' if name == 'slow' else 'normal'}-requests.jsonl"  # _stack's request log
+    print_hop(hop_rows(bench.records, gateway_ttft_by_id([log]), bench.server_rows, IslBuckets(config.isl_buckets)),
+              console)
     return bench
 
 
@@ -263,7 +284,8 @@ def _write_report(config: StoryConfig, out: Path, benches: dict[str, BenchResult
         out / "report.html", benches["baseline"].client_rows,
         [ts for name, _ in PHASES for ts in p95_over_time(samples[name], buckets, bins=bins)],  # binned per phase
         title="servelens demo: slower, or did the traffic shift?",
-        source=f"engine: servelens sim (preset {config.sim_preset}, speedup {config.sim_speedup:g}); client: exact "
+        source=f"engine: servelens sim (preset {config.sim_preset}, speedup {config.sim_speedup:g}, "
+               f"{config.data_parallel_size} replicas); client: exact "
                "percentiles from each phase's results.jsonl; mix-adjusted: each time bin's per-bucket TTFT at phase "
                "1's bucket mix",
         compare_rows=benches["shift"].client_rows, names=(PHASES[0][1], PHASES[1][1]),

@@ -47,7 +47,10 @@ def test_demo_tells_the_story(tmp_path: Path) -> None:
     for heading in ("phase 1: baseline", "phase 2: traffic shifted toward long prompts",
                     "phase 3: phase 1's traffic, engine slowed on long prompts"):
         assert heading in text
-    assert text.count("Client vs server") == 3 and text.count("servelens explain: phase") == 2
+    # per phase one client/server table, or the two one above the other where a cell would wrap
+    assert text.count("Client vs server") + text.count("Client (exact percentiles)") == 3
+    assert text.count("servelens explain: phase") == 2
+    assert text.count("TTFT p50: the client-gateway hop") == 3  # which part of the gap is the hop, per phase
     assert text.count("\nTTFT p95 ") == 2 and "TTFT by ISL bucket, earlier→later" in text
     assert f"servelens explain --results {out / 'baseline'} {out / 'shift'}" in text
     shift = json.loads((out / "explain-shift.json").read_text())["metrics"]["TTFT"]

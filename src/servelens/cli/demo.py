@@ -57,8 +57,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    help="a replay: the gateway's loopback port, the one to scrape (default: a free port, new each "
                    "run)")
     p.add_argument("--speedup", type=float, default=None, metavar="FACTOR",
-                   help="sim only: divide every simulated time by this (default 8: the packaged trace "
-                   "carries more prefill than one simulated H100 serves)")
+                   help="sim only: divide every simulated time by this (the story: default 1, real speed, on "
+                   "16 engine replicas; a replay: default 8, one engine: the packaged trace carries more prefill "
+                   "than one simulated H100 serves)")
     p.set_defaults(func=_run)
 
 

@@ -68,6 +68,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--spin-us", type=int, default=1000, metavar="MICROSECONDS",
                    help="spin (yielding) instead of sleeping this long before each step deadline, for "
                    "precise step times (default 1000)")
+    p.add_argument("--data-parallel-size", type=int, default=1, metavar="N",
+                   help="N independent engine replicas behind this one server, each request to the least "
+                   "loaded (vLLM's --data-parallel-size; default 1)")
     p.add_argument("--keepalive-timeout", type=float, default=75.0, metavar="SECONDS",
                    help="close idle keep-alive connections after this (default 75, nginx's; vLLM: 5)")
     a = p.add_argument_group("eval items answered from a key (method checks of servelens eval)")
@@ -98,7 +101,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         seed=args.seed, default_max_tokens=args.default_max_tokens, eos_min_tokens=args.eos_min_tokens,
         eos_max_tokens=args.eos_max_tokens, max_model_len=args.max_model_len, truth_log=args.truth_log,
         debug=args.debug, fault_rate=args.fault_rate, fault_modes=tuple(sorted(parse_modes(args.fault_modes))),
-        spin_us=args.spin_us, keepalive_timeout_s=args.keepalive_timeout, answer_key=args.answer_key,
+        spin_us=args.spin_us, data_parallel_size=args.data_parallel_size, keepalive_timeout_s=args.keepalive_timeout,
+        answer_key=args.answer_key,
         answer_accuracy=args.answer_accuracy, answer_independence=args.answer_independence,
         answer_shared_seed=args.answer_shared_seed, **model_kw,
     )

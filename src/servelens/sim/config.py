@@ -30,6 +30,8 @@ class SimConfig:
         truth_log: JSONL path for truth records (None: memory only).
         debug: enable ``/debug/requests`` and ``/debug/stats``.
         fault_rate, fault_modes: global fault injection (see :mod:`~servelens.sim.faults`).
+        data_parallel_size: independent engine replicas behind the one server, each request sent to
+            the least loaded (:mod:`~servelens.sim.replicas`; vLLM's ``--data-parallel-size``).
         spin_us: the step loop yields instead of sleeping for the last ``spin_us`` before a deadline.
         keepalive_timeout_s: an idle keep-alive connection, or one without a whole request head, is
             closed after this many seconds (nginx's default, 75; aiohttp's own would be an hour).
@@ -56,6 +58,7 @@ class SimConfig:
     fault_rate: float = 0.0
     fault_modes: tuple[str, ...] = ()
     spin_us: int = 1000
+    data_parallel_size: int = 1
     keepalive_timeout_s: float = 75.0
     answer_key: str | None = None
     answer_accuracy: float = 1.0
@@ -75,6 +78,8 @@ class SimConfig:
             raise ValueError("model name must not be empty")
         if self.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
+        if self.data_parallel_size < 1:
+            raise ValueError(f"data-parallel-size must be >= 1, got {self.data_parallel_size}")
         if self.spin_us < 0:
             raise ValueError(f"spin_us must be >= 0, got {self.spin_us}")
         if not 0 < self.keepalive_timeout_s < math.inf:

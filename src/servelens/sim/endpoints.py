@@ -50,9 +50,10 @@ async def tokenize_handler(request: web.Request) -> web.Response:
 async def metrics_handler(request: web.Request) -> web.Response:
     """``GET /metrics``: vLLM-named engine metrics."""
     st = request.app[SIM_STATE]
-    e = st.engine
-    body = st.metrics.exposition(len(e.running), len(e.waiting), e.kv_reserved / e.params.kv_capacity_tokens,
-                                 e.cache.query_tokens, e.cache.hit_tokens)
+    es = st.engines  # data parallel: the replicas together (KV usage: of their capacity together)
+    body = st.metrics.exposition(sum(len(e.running) for e in es), sum(len(e.waiting) for e in es),
+                                 sum(e.kv_reserved for e in es) / sum(e.params.kv_capacity_tokens for e in es),
+                                 sum(e.cache.query_tokens for e in es), sum(e.cache.hit_tokens for e in es))
     return web.Response(body=body, headers={"content-type": "text/plain; version=0.0.4; charset=utf-8"})
 
 
@@ -66,8 +67,9 @@ async def debug_requests(request: web.Request) -> web.Response:
 async def debug_stats(request: web.Request) -> web.Response:
     """``GET /debug/stats``: step-loop lateness against the model and engine counters (debug only)."""
     st = request.app[SIM_STATE]
-    e = st.engine
-    s = st.loop.stats.summary()
-    s.update(running=len(e.running), waiting=len(e.waiting), tokens_emitted=e.tokens_emitted,
-             busy_s=st.loop.stats.busy_ns / 1e9, speedup=st.config.speedup)
+    es, stats = st.engines, st.loop.stats
+    s = stats.summary()
+    s.update(running=sum(len(e.running) for e in es), waiting=sum(len(e.waiting) for e in es),
+             tokens_emitted=sum(e.tokens_emitted for e in es), busy_s=stats.busy_ns / 1e9,
+             speedup=st.config.speedup, replicas=len(es))
     return web.json_response(s)

@@ -11,18 +11,25 @@ from servelens.prometheus.sim_engine import SimMetrics
 from servelens.sim.answers import AnswerKey
 from servelens.sim.config import SimConfig
 from servelens.sim.faults import FaultInjector
+from servelens.sim.replicas import Replicas
 from servelens.sim.scheduler import Engine
 from servelens.sim.steploop import MonotonicClock, StepLoop
 from servelens.sim.truth import TruthLog
 
 
 class SimState:
-    """Per-app state: engine, loop, truth log, metrics, faults, the eval answer key (None: none)."""
+    """Per-app state: engine, loop, truth log, metrics, faults, the eval answer key (None: none).
+
+    With ``config.data_parallel_size`` > 1, ``loop`` is a :class:`Replicas` over that many engines
+    (``engines``; ``engine`` is the first, for what they share: the cache settings)."""
 
     def __init__(self, config: SimConfig) -> None:
         self.config = config
-        self.engine = Engine(config.params)
-        self.loop = StepLoop(self.engine, MonotonicClock(config.spin_us * 1000), config.speedup)
+        clock = MonotonicClock(config.spin_us * 1000)
+        self.engines = [Engine(config.params) for _ in range(config.data_parallel_size)]
+        self.engine = self.engines[0]
+        self.loop: StepLoop | Replicas = (StepLoop(self.engine, clock, config.speedup) if len(self.engines) == 1
+                                          else Replicas.build(self.engines, clock, config.speedup))
         self.truth = TruthLog(config.truth_log)
         self.metrics = SimMetrics(config.model, config.max_model_len)
         self.faults = FaultInjector(config.fault_rate, config.fault_modes, config.seed)

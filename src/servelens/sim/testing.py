@@ -23,6 +23,7 @@ from typing import Any
 
 from servelens.core.sse import SSEBlock, SSEDecoder
 from servelens.sim.config import SimConfig
+from servelens.sim.replicas import Replicas
 from servelens.sim.scheduler import Engine
 from servelens.sim.server import RunningServer, start_server
 from servelens.sim.steploop import StepLoop
@@ -58,8 +59,8 @@ class SimHandle:
         return self._server.state.engine
 
     @property
-    def loop(self) -> StepLoop:
-        """The step loop (``loop.stats`` has step lateness)."""
+    def loop(self) -> StepLoop | Replicas:
+        """The step loop, or the replicas' loops (``loop.stats`` has step lateness)."""
         return self._server.state.loop
 
     def truth(self) -> list[TruthRecord]:
