@@ -1,0 +1,181 @@
+"""The columnar results folder: written by the bench's writer or converted from JSONL, read back to the
+same records, and the report's table and p95-over-time from it identical to the JSONL path's; bad
+folders give one line; the reader's memory is per-request arrays and fixed-size blocks, by definition."""
+
+import json
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from servelens.core import selection
+from servelens.core.buckets import IslBuckets
+from servelens.core.quantiles import percentile
+from servelens.core.summary import rows_from_samples
+from servelens.formats import columnar
+from servelens.formats.columnar import (
+    COLUMNS_DIR,
+    columns_for,
+    convert_jsonl,
+    export_jsonl,
+    iter_columns,
+    open_columns,
+    write_columnar,
+)
+from servelens.formats.results import BenchRecord, load_results, to_samples, write_results
+from servelens.report import columnar as report_columnar
+from servelens.report.results import load_timed_samples
+from servelens.report.sources import p95_over_time, report_from_results
+
+
+def random_records(n: int, seed: int = 7) -> list[BenchRecord]:
+    """Requests with every case the definitions have: multi-token chunks, chunks read together (one
+    timestamp), failures without output, unknown server ISL and cached tokens, one-chunk outputs."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        ok = rng.random() > 0.1
+        chunks = int(rng.integers(1, 60)) if ok else 0
+        gaps = rng.integers(0, 80_000_000, max(chunks - 1, 0))
+        gaps[rng.random(gaps.size) < 0.05] = 0  # read together
+        offs = np.cumsum(np.concatenate(([int(rng.integers(1, 2_000_000_000))], gaps))) if chunks else []
+        toks = tuple(int(t) for t in np.where(rng.random(chunks) < 0.1, rng.integers(2, 5, chunks), 1))
+        send = 5_000_000_000 + i * 3_000_000
+        isl = int(rng.integers(1, 20_000))
+        out.append(BenchRecord(
+            index=i, request_id=f"r{i}" if i % 7 else None, scheduled_ns=i * 1000, send_ns=send,
+            wall_send_ns=(1_764_000_000_000_000_000 + i * 37_123_457) if i % 11 else 0,
+            first_output_ns=send + int(offs[0]) if chunks else None, end_ns=send + (int(offs[-1]) if chunks else 9),
+            chunk_offsets_ns=tuple(int(o) for o in offs), chunk_tokens=toks, tokens_from_usage=bool(i % 2),
+            isl_target=isl, isl_server=isl + int(rng.integers(-3, 4)) if i % 3 else None, osl_target=64,
+            osl=sum(toks) if ok else None, cached_tokens=int(rng.integers(0, isl)) if i % 4 else None,
+            status="success" if ok else "error", error_type="" if ok else "overload",
+            error="" if ok else 'HTTP 429: "busy"\n', http_status=200 if ok else (429 if i % 2 else None),
+        ))
+    return out
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("run")
+    write_results(d / "results.jsonl", random_records(1500))
+    return d
+
+
+def test_round_trip_records_and_jsonl(run_dir: Path, tmp_path: Path) -> None:
+    records = load_results(run_dir / "results.jsonl")
+    cols = write_columnar(tmp_path / COLUMNS_DIR, records)
+    assert list(iter_columns(cols)) == records
+    export_jsonl(cols, tmp_path / "again.jsonl")
+    assert (tmp_path / "again.jsonl").read_bytes() == (run_dir / "results.jsonl").read_bytes()
+    c = open_columns(cols)
+    assert c.requests == 1500 and c.weighted
+    assert c.chunks == sum(len(r.chunk_offsets_ns) for r in records)
+    assert np.load(cols / "itl_s.npy", mmap_mode="r").dtype == np.float64  # ordinary .npy files
+
+
+@pytest.mark.parametrize("by, spec", [("isl", "512,1024,4096,8192"), ("uncached", "256,2048"),
+                                      ("isl", "16384")])
+def test_same_table_as_jsonl(run_dir: Path, tmp_path: Path, by: str, spec: str) -> None:
+    buckets = IslBuckets.parse(spec)
+    old = report_from_results(run_dir / "results.jsonl", buckets, by)
+    cols = convert_jsonl(run_dir / "results.jsonl", tmp_path / COLUMNS_DIR)
+    new = report_from_results(cols, buckets, by)
+    assert new.rows == old.rows  # every float to the last bit
+    assert new.timeseries == old.timeseries
+    assert any(r.itl_p99_s for r in new.rows) and (by == "uncached" or new.timeseries)
+
+
+def test_time_series_with_fixed_bins(run_dir: Path, tmp_path: Path) -> None:
+    buckets = IslBuckets.default()
+    cols = convert_jsonl(run_dir, tmp_path / COLUMNS_DIR)
+    timed = report_columnar.timed_ttft(cols, buckets)
+    from servelens.report.sources import p95_over_time_columns
+
+    for bins in (1, 4, 17):
+        assert p95_over_time_columns(timed, buckets, bins) == p95_over_time(
+            load_timed_samples(run_dir / "results.jsonl"), buckets, bins)
+
+
+def test_converted_folder_is_used_for_its_jsonl_until_the_jsonl_changes(run_dir: Path, tmp_path: Path) -> None:
+    jsonl = tmp_path / "results.jsonl"
+    jsonl.write_bytes((run_dir / "results.jsonl").read_bytes())
+    assert columns_for(jsonl) is None
+    cols = convert_jsonl(jsonl)
+    assert cols == tmp_path / COLUMNS_DIR and columns_for(jsonl) == cols and columns_for(tmp_path) == cols
+    assert report_from_results(jsonl, IslBuckets.default()).source == f"results {cols}"
+    with open(jsonl, "ab") as f:  # the JSONL grew: the folder no longer stands for it
+        f.write(b"\n")
+    assert columns_for(jsonl) is None
+    assert report_from_results(jsonl, IslBuckets.default()).source == f"results file {jsonl}"
+
+
+def test_rows_equal_the_samples_definition(run_dir: Path, tmp_path: Path) -> None:
+    records = load_results(run_dir / "results.jsonl")
+    cols = write_columnar(tmp_path / COLUMNS_DIR, records)
+    buckets = IslBuckets.default()
+    assert report_columnar.rows_from_columns(cols, buckets) == rows_from_samples(to_samples(records), buckets)
+
+
+def test_single_token_chunks_have_no_weight_file(tmp_path: Path) -> None:
+    records = [r for r in random_records(200, seed=3) if all(t == 1 for t in r.chunk_tokens)]
+    cols = write_columnar(tmp_path / COLUMNS_DIR, records)
+    assert not open_columns(cols).weighted and not (cols / "itl_weight.npy").exists()
+    buckets = IslBuckets.default()
+    assert report_columnar.rows_from_columns(cols, buckets) == rows_from_samples(to_samples(records), buckets)
+
+
+def test_truncated_and_foreign_folders_give_one_line(run_dir: Path, tmp_path: Path) -> None:
+    cols = convert_jsonl(run_dir, tmp_path / COLUMNS_DIR)
+    buckets = IslBuckets.default()
+    data = (cols / "itl_s.npy").read_bytes()
+    (cols / "itl_s.npy").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="truncated") as exc:
+        report_from_results(cols, buckets)
+    assert "\n" not in str(exc.value)
+    (cols / "meta.json").write_text(json.dumps({"format": "something/9"}))
+    with pytest.raises(ValueError, match="not a servelens-bench-columns/1 folder"):
+        open_columns(cols)
+    (cols / "meta.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not JSON"):
+        open_columns(cols)
+    with pytest.raises(ValueError, match="no readable meta.json"):
+        open_columns(tmp_path)
+
+
+def test_reader_holds_arrays_and_blocks_not_objects(run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Memory linear in requests by definition: every block the ITL pass sees is a flat float64 array
+    of at most BLOCK values (plus one request's), and no record or sample object is made."""
+    cols = convert_jsonl(run_dir, tmp_path / COLUMNS_DIR)
+    monkeypatch.setattr(report_columnar, "BLOCK", 1000)
+    seen: list[tuple[np.dtype, int, int]] = []
+    real = selection.block_percentiles
+
+    def spy(blocks, groups, rows, qs):  # type: ignore[no-untyped-def]
+        def watched():  # type: ignore[no-untyped-def]
+            for g, v, w in blocks():
+                seen.append((v.dtype, v.ndim, v.size))
+                assert g.shape == v.shape and (w is None or w.shape == v.shape)
+                yield g, v, w
+        return real(watched, groups, rows, qs)
+
+    monkeypatch.setattr(report_columnar, "block_percentiles", spy)
+    monkeypatch.setattr(columnar, "BenchRecord", None)  # building a record would fail
+    tracemalloc.start()
+    report_columnar.rows_from_columns(cols, IslBuckets.default())
+    tracemalloc.stop()
+    longest = int(np.diff(open_columns(cols).column("itl_start")).max())
+    assert seen and all(d == np.float64 and nd == 1 and size <= 1000 + longest for d, nd, size in seen)
+    assert sum(s for _, _, s in seen) == 2 * open_columns(cols).itl_values  # two passes, every value once each
+
+
+def test_numpy_linear_matches_numpy() -> None:
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        v = rng.lognormal(-3, 1, int(rng.integers(1, 500)))
+        w = rng.integers(0, 3, v.size)
+        for q in (0.0, 50.0, 95.0, 99.0, 99.9, 100.0):
+            got = selection.block_percentiles(lambda: iter([(np.zeros(v.size, np.int64), v, w)]), 1, [[0]], [q])
+            want = percentile(np.repeat(v, w), q) if w.sum() else None
+            assert got[0][0] == (want if want is None or not np.isnan(want) else None)
