@@ -179,3 +179,25 @@ def test_numpy_linear_matches_numpy() -> None:
             got = selection.block_percentiles(lambda: iter([(np.zeros(v.size, np.int64), v, w)]), 1, [[0]], [q])
             want = percentile(np.repeat(v, w), q) if w.sum() else None
             assert got[0][0] == (want if want is None or not np.isnan(want) else None)
+
+
+@pytest.mark.parametrize("seed, single", [(11, False), (12, True)])
+def test_arrays_batch_writes_the_same_folder(tmp_path: Path, seed: int, single: bool) -> None:
+    records = random_records(400, seed)
+    if single:  # the vectorised path: one token per chunk, no chunks read together
+        records = [r for r in records if all(t == 1 for t in r.chunk_tokens)
+                   and len(set(r.chunk_offsets_ns)) == len(r.chunk_offsets_ns)]
+    one = write_columnar(tmp_path / "one", records)
+    with columnar.ColumnarWriter(tmp_path / "batch") as w:
+        for part in (records[:150], records[150:]):
+            fields = {f: np.array([columnar.NULL if getattr(r, f) is None else getattr(r, f) for r in part])
+                      for f in columnar.INT_FIELDS}
+            fields |= {"ok": np.array([r.ok for r in part]),
+                       "tokens_from_usage": np.array([r.tokens_from_usage for r in part])}
+            offs = np.array([o for r in part for o in r.chunk_offsets_ns], dtype=np.int64)
+            toks = np.array([t for r in part for t in r.chunk_tokens], dtype=np.int64)
+            text = [json.dumps([r.request_id, r.status, r.error_type, r.error], separators=(",", ":")).encode()
+                    + b"\n" for r in part]
+            w.add_arrays(fields, np.array([len(r.chunk_offsets_ns) for r in part]), offs, toks, text)
+    for f in sorted(p.name for p in one.iterdir()):
+        assert (tmp_path / "batch" / f).read_bytes() == (one / f).read_bytes(), f

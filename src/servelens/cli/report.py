@@ -14,6 +14,7 @@ from typing import Any
 from servelens.core.buckets import IslBuckets, label_sort_key
 from servelens.core.capacity import CapacityReport
 from servelens.core.slo import Slo, parse_threshold
+from servelens.formats.columnar import columns_for, convert_jsonl, export_jsonl, is_columnar
 from servelens.formats.results import summary_isl_buckets
 from servelens.formats.table import FORMATS, ISL_HEADER, UNCACHED_HEADER, format_rows, output_width
 from servelens.prometheus.names import DEFAULT_PREFIX, MetricNames
@@ -39,6 +40,11 @@ def add_parser(subparsers: Any) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--results", metavar="PATH", help="bench results file (results.jsonl or its folder)")
     src.add_argument("--metrics", metavar="URL|FILE", help="a /metrics URL or a saved scrape")
+    p.add_argument("--convert", action="store_true",
+                   help="with --results FILE.jsonl: write its columns (results.cols beside it, which later "
+                   "reports of that file read, seconds for a million requests) and stop")
+    p.add_argument("--export-jsonl", metavar="PATH",
+                   help="with --results FOLDER.cols: write it back as results.jsonl at PATH and stop")
     src.add_argument("--prometheus", metavar="URL", help="Prometheus-compatible API base URL (Prometheus, "
                      "VictoriaMetrics)")
     p.add_argument("--metrics-before", metavar="URL|FILE",
@@ -245,6 +251,8 @@ def run_compare(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Print the table; write the HTML report when asked."""
+    if args.convert or args.export_jsonl:
+        return run_convert(args)
     if args.html:
         check_html_path(args.html)  # before any query or file is read
     if args.compare:
@@ -273,6 +281,31 @@ def run(args: argparse.Namespace) -> int:
         path = write_html(args.html, report.rows, report.timeseries, args.title, report.source,
                           label_header=UNCACHED_HEADER if _by(args) == "uncached" else ISL_HEADER)
         print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def run_convert(args: argparse.Namespace) -> int:
+    """``--convert`` (JSONL to columns) or ``--export-jsonl`` (columns to JSONL)."""
+    if not args.results:
+        raise ValueError("--convert and --export-jsonl work on a bench results file: give --results")
+    if args.convert and args.export_jsonl:
+        raise ValueError("--convert writes columns from a JSONL, --export-jsonl the other way: give one")
+    if args.convert:
+        if is_columnar(args.results):
+            raise ValueError(f"{args.results} is columns already (--export-jsonl writes them as JSONL)")
+        try:
+            out = convert_jsonl(args.results)
+        except OSError as exc:
+            raise ValueError(f"cannot convert {args.results}: {exc.strerror or exc}") from None
+    else:
+        cols = columns_for(args.results)
+        if cols is None:
+            raise ValueError(f"{args.results}: no results.cols there (convert a JSONL with --convert)")
+        try:
+            out = export_jsonl(cols, args.export_jsonl)
+        except OSError as exc:
+            raise ValueError(f"cannot write {args.export_jsonl}: {exc.strerror or exc}") from None
+    print(f"wrote {out}", file=sys.stderr)
     return 0
 
 

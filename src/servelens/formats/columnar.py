@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 import os
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -150,6 +150,43 @@ class ColumnarWriter:
         if len(self.chunk_ends) >= _FLUSH:
             self._flush()
 
+    def add_arrays(self, fields: Mapping[str, np.ndarray], chunk_counts: np.ndarray, offsets: np.ndarray,
+                   tokens: np.ndarray, text: Sequence[bytes] | None = None) -> None:
+        """Append a batch of ``b`` requests given as arrays (a generator's or a converter's fast path).
+
+        ``fields``: every name of :data:`INT_FIELDS` and ``ok``, ``tokens_from_usage``, shape ``(b,)``
+        (:data:`NULL` for None); ``chunk_counts`` ``(b,)``; ``offsets`` and ``tokens`` the chunks'
+        ``chunk_offsets_ns`` and ``chunk_tokens`` one request after another; ``text`` one
+        ``text.jsonl`` line per request (default: no request id, ``success`` or ``error``, no error
+        text). The derived columns and the ITL values follow the same definitions as :meth:`add`.
+        """
+        self._flush()
+        b = len(chunk_counts)
+        for f in INT_FIELDS + BOOL_FIELDS:
+            self.cols[f].append(fields[f])
+        first, send = fields["first_output_ns"], fields["send_ns"]
+        has = first != NULL
+        self.cols["ttft_s"].append(np.where(has, np.maximum(np.where(has, first, send) - send, 0) / NS_PER_S,
+                                            math.nan))
+        # Python's int / int: the same float as the JSONL path for ns past 2**53
+        self.cols["wall_send_s"].append([w / NS_PER_S if w else math.nan for w in fields["wall_send_ns"].tolist()])
+        counts = np.asarray(chunk_counts, dtype=np.int64)
+        self.cols["chunk_start"].append(self.chunk_end + np.cumsum(counts))
+        self.chunk_end += int(counts.sum())
+        itl_counts = np.maximum(counts - 1, 0)
+        self.cols["itl_start"].append(self.itl_end + np.cumsum(itl_counts))
+        self.itl_end += int(itl_counts.sum())
+        self.cols["chunk_offsets_ns"].append(offsets)
+        self.cols["chunk_tokens"].append(tokens)
+        per, w = _itl_arrays(counts, np.asarray(offsets, dtype=np.int64), np.asarray(tokens, dtype=np.int64))
+        self.cols["itl_s"].append(per)
+        self.cols["itl_weight"].append(w)
+        self.weighted = self.weighted or bool((w != 1).any())
+        ok = fields["ok"]
+        self.text.write(b"".join(text) if text is not None else b"".join(
+            b'[null,"success","",""]\n' if k else b'[null,"error","",""]\n' for k in ok.tolist()))
+        assert b == len(ok)
+
     def _flush(self) -> None:
         for f, values in self.rows.items():
             self.cols[f].append(values)
@@ -185,6 +222,29 @@ class ColumnarWriter:
             for c in self.cols.values():
                 c.f.close()
             self.text.close()
+
+
+def _itl_arrays(counts: np.ndarray, offsets: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`itl_per_chunk` of every request of a batch, one after another, with int weights."""
+    ends = np.cumsum(counts)
+    starts = ends - counts
+    steps = np.diff(offsets)
+    inside = np.ones(steps.size, dtype=bool)  # a step between two chunks of one request
+    inside[(starts[(counts > 0) & (starts > 0)] - 1)] = False
+    steps = steps[inside]
+    firsts = np.zeros(offsets.size, dtype=bool)
+    firsts[starts[counts > 0]] = True
+    later_tokens = tokens[~firsts]
+    if (later_tokens == 1).all() and (steps != 0).all():
+        return np.maximum(steps, 0).astype(np.float64) / NS_PER_S, np.ones(steps.size, np.int32)
+    vals, weights = [], []
+    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+        multi = {i: k for i, k in enumerate(tokens[a:b].tolist()) if k > 1}
+        per, w = itl_per_chunk(offsets[a:b].tolist(), multi)
+        vals.append(per)
+        weights.append(np.ones(per.size, np.int32) if w is None else w.astype(np.int32))
+    return (np.concatenate(vals) if vals else np.zeros(0)), (np.concatenate(weights) if weights else
+                                                               np.zeros(0, np.int32))
 
 
 def _source_stamp(source: Path | None) -> dict[str, int] | None:

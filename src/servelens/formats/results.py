@@ -167,7 +167,10 @@ def summary_isl_buckets(path: str | Path) -> tuple[int, ...] | None:
     """The ISL bucket boundaries a bench run used, from the ``summary.json`` beside a results file
     (``path``: the file or its folder); None when there is no readable summary that says."""
     p = Path(path)
-    summary = (p if p.is_dir() else p.parent) / SUMMARY_FILE
+    folder = p if p.is_dir() else p.parent
+    if (folder / "meta.json").is_file() and not (folder / SUMMARY_FILE).is_file():
+        folder = folder.parent  # a results.cols folder: the run's summary is beside it
+    summary = folder / SUMMARY_FILE
     try:
         cfg = msgspec.json.decode(summary.read_bytes()).get("config") or {}
         bounds = tuple(int(b) for b in cfg["isl_buckets"])
