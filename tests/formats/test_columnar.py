@@ -154,10 +154,10 @@ def test_reader_holds_arrays_and_blocks_not_objects(run_dir: Path, tmp_path: Pat
 
     def spy(blocks, groups, rows, qs):  # type: ignore[no-untyped-def]
         def watched():  # type: ignore[no-untyped-def]
-            for g, v, w in blocks():
-                seen.append((v.dtype, v.ndim, v.size))
-                assert g.shape == v.shape and (w is None or w.shape == v.shape)
-                yield g, v, w
+            for g, bins, w, values_at in blocks():
+                seen.append((bins.dtype, bins.ndim, bins.size))
+                assert g.shape == bins.shape and g.dtype == np.int64 and (w is None or w.shape == bins.shape)
+                yield g, bins, w, values_at
         return real(watched, groups, rows, qs)
 
     monkeypatch.setattr(report_columnar, "block_percentiles", spy)
@@ -166,7 +166,7 @@ def test_reader_holds_arrays_and_blocks_not_objects(run_dir: Path, tmp_path: Pat
     report_columnar.rows_from_columns(cols, IslBuckets.default())
     tracemalloc.stop()
     longest = int(np.diff(open_columns(cols).column("itl_start")).max())
-    assert seen and all(d == np.float64 and nd == 1 and size <= 1000 + longest for d, nd, size in seen)
+    assert seen and all(d == np.uint16 and nd == 1 and size <= 1000 + longest for d, nd, size in seen)
     assert sum(s for _, _, s in seen) == 2 * open_columns(cols).itl_values  # two passes, every value once each
 
 
@@ -176,7 +176,8 @@ def test_numpy_linear_matches_numpy() -> None:
         v = rng.lognormal(-3, 1, int(rng.integers(1, 500)))
         w = rng.integers(0, 3, v.size)
         for q in (0.0, 50.0, 95.0, 99.0, 99.9, 100.0):
-            got = selection.block_percentiles(lambda: iter([(np.zeros(v.size, np.int64), v, w)]), 1, [[0]], [q])
+            block = (np.zeros(v.size, np.int64), selection.value_bins(v), w, lambda pos: v[pos])
+            got = selection.block_percentiles(lambda: iter([block]), 1, [[0]], [q])
             want = percentile(np.repeat(v, w), q) if w.sum() else None
             assert got[0][0] == (want if want is None or not np.isnan(want) else None)
 

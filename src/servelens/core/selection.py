@@ -8,8 +8,9 @@ ranks off. The result is the element numpy's ``percentile`` (method ``linear``) 
 expanded values (``np.repeat(values, weights)``), interpolated as numpy does (:func:`numpy_linear`),
 so it equals :func:`servelens.core.quantiles.percentile` of the expanded values to the last bit.
 
-Binning needs only a non-decreasing map from value to bin: the high bits of a non-negative float64
-(its exponent and the top mantissa bits) are one, with :data:`SUB_BINS` bins per octave.
+Binning needs only a non-decreasing map from value to bin: the top 16 bits of the value's float32
+(:func:`value_bins`) are one, 128 bins per octave, 2 bytes a value, kept in the results folder so
+that pass 1 reads 2 bytes a value and pass 2 reads the exact float64 only where it keeps it.
 """
 
 from __future__ import annotations
@@ -20,28 +21,30 @@ from dataclasses import dataclass
 
 import numpy as np
 
-Block = tuple[np.ndarray, np.ndarray, np.ndarray | None]
-"""``(groups, values, weights)``: int group of each value (outside ``[0, groups)``: left out), float64
-values (s, >= 0), int weights (None: 1 each); all of one length."""
+Block = tuple[np.ndarray, np.ndarray, "np.ndarray | None", "Callable[[np.ndarray], np.ndarray]"]
+"""``(group_keys, bins, weights, values_at)`` of ``b`` values: each value's group (``0..groups-1``)
+shifted left by :data:`BIN_BITS` (int64; :func:`group_key`, so that the key is one OR),
+its :func:`value_bins` (uint16), int weights (None: 1 each), and a function giving the float64 values
+(s, >= 0) at positions (int array into the block): pass 2 asks only for the values it keeps."""
 
-_SHIFT = 45  # keeps the sign, the 11 exponent bits and the top 7 mantissa bits
-SUB_BINS = 1 << (52 - _SHIFT)
-"""Bins per octave of the value."""
-_LO = int(np.array(2.0**-30).view(np.int64)) >> _SHIFT  # ~1 ns; below: the first bin
-_HI = int(np.array(2.0**14).view(np.int64)) >> _SHIFT  # ~4.5 h; above: the last bin
-NBINS = _HI - _LO + 1
-"""Bins per group."""
+NBINS = 1 << 15
+"""Bins per group: every non-negative float32 has one (128 per octave)."""
+BIN_BITS = 15
+
+
+def group_key(groups: np.ndarray) -> np.ndarray:
+    """The first field of a :data:`Block` for int groups: ``groups << BIN_BITS`` as int64."""
+    return np.asarray(groups, dtype=np.int64) << BIN_BITS
 
 
 def value_bins(values: np.ndarray) -> np.ndarray:
-    """Bin (int64, ``0..NBINS-1``) of each float64 value, non-decreasing in the value (0 and -0 share
-    the first bin). Raises ValueError for another dtype."""
-    if values.dtype != np.float64:
-        raise ValueError(f"values must be float64, got {values.dtype}")
-    b = np.ascontiguousarray(values).view(np.int64) >> _SHIFT
-    b -= _LO
-    np.clip(b, 0, NBINS - 1, out=b)
-    return b
+    """Bin (uint16, ``0..NBINS-1``) of each non-negative value: the top 16 bits of its float32 (the
+    exponent and 7 mantissa bits), non-decreasing in the value as rounding to float32 is. Negative
+    values (not latencies) would land past the last bin; raises ValueError for them."""
+    v = np.asarray(values, dtype=np.float32)
+    if bool((v < 0).any()) or bool(np.isnan(v).any()):
+        raise ValueError("values must be >= 0 and not NaN")
+    return (v.view(np.uint32) >> 16).astype(np.uint16)
 
 
 def numpy_linear(lo: float, hi: float, virtual: float) -> float:
@@ -74,21 +77,17 @@ def block_percentiles(
 ) -> list[list[float | None]]:
     """Exact percentiles ``qs`` (0..100) of each row's weighted values, reading ``blocks()`` twice.
 
-    ``rows[r]`` lists the groups (``0..groups-1``) of row ``r``. Returns ``out[r][i]``, the percentile
-    ``qs[i]`` of row ``r`` (None: the row has no weight). Memory: ``groups * NBINS`` counts plus the
-    values of the bins the ranks fall in. Raises ValueError for a negative weight.
+    ``rows[r]`` lists the groups (``0..groups-1``) of row ``r`` (a group in no row is left out: failed
+    requests). Returns ``out[r][i]``, the percentile ``qs[i]`` of row ``r`` (None: the row has no
+    weight). Memory: ``groups * NBINS`` counts plus the values of the bins the ranks fall in.
     """
     counts = np.zeros(groups * NBINS, dtype=np.int64)
-    for g, v, w in blocks():
-        keep = (g >= 0) & (g < groups)
-        key = g[keep] * NBINS + value_bins(v[keep])
+    for g, bins, w, _ in blocks():
+        key = g | bins  # int64 keys: bincount takes them without a copy
         if w is None:
             counts += np.bincount(key, minlength=groups * NBINS)
         else:
-            wk = w[keep]
-            if wk.size and int(wk.min()) < 0:
-                raise ValueError("weights must be >= 0")
-            counts += np.bincount(key, weights=wk, minlength=groups * NBINS).astype(np.int64)
+            counts += np.bincount(key, weights=w, minlength=groups * NBINS).astype(np.int64)
     per_group = counts.reshape(groups, NBINS)
     targets: list[_Target] = []
     plan: list[list[tuple[float, int, int] | None]] = []  # per row and q: (virtual, target lo, target hi)
@@ -128,15 +127,12 @@ def _pick(
     got_b: list[np.ndarray] = []
     got_v: list[np.ndarray] = []
     got_w: list[np.ndarray] = []
-    for g, v, w in blocks():
-        keep = (g >= 0) & (g < groups)
-        gk, vk = g[keep], v[keep]
-        bins = value_bins(vk)
-        hit = flat[gk * NBINS + bins]
-        got_g.append(gk[hit])
-        got_b.append(bins[hit])
-        got_v.append(vk[hit])
-        got_w.append(np.ones(int(hit.sum()), np.int64) if w is None else w[keep][hit].astype(np.int64))
+    for g, bins, w, values_at in blocks():
+        hit = np.flatnonzero(flat[g | bins])
+        got_g.append(g[hit] >> BIN_BITS)
+        got_b.append(bins[hit].astype(np.int64))
+        got_v.append(values_at(hit))
+        got_w.append(np.ones(hit.size, np.int64) if w is None else w[hit].astype(np.int64))
     gs = np.concatenate(got_g) if got_g else np.zeros(0, np.int64)
     bs = np.concatenate(got_b) if got_b else np.zeros(0, np.int64)
     vs = np.concatenate(got_v) if got_v else np.zeros(0)

@@ -25,6 +25,9 @@ per request (``n``)                 ``index``, ``scheduled_ns``, ``send_ns``, ``
 ``chunk_tokens``             m      int32, tokens of each chunk
 ``itl_s``                    k      float64, per-token ITL (s) of every chunk after a request's first
                                     (:func:`servelens.core.timing.itl_per_chunk`), failed requests too
+``itl_bin``                  k      uint16, the value's bin (:func:`servelens.core.selection.value_bins`:
+                                    the top 16 bits of its float32), what the percentiles' first
+                                    pass reads (2 bytes a value)
 ``itl_weight``               k      int32, tokens of that chunk (only when ``itl_weights``)
 ``text.jsonl``               n      ``[request_id, status, error_type, error]`` per line
 ==========================  ======  ==============================================================
@@ -47,6 +50,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from servelens.core.selection import value_bins
 from servelens.core.timing import NS_PER_S, itl_per_chunk
 from servelens.formats.results import RESULTS_FILE, BenchRecord, iter_results
 
@@ -110,7 +114,7 @@ class ColumnarWriter:
         for name, dtype in ((*((f, np.int64) for f in INT_FIELDS), *((f, np.bool_) for f in BOOL_FIELDS),
                              *((f, np.float64) for f in FLOAT_FIELDS), ("chunk_start", np.int64),
                              ("itl_start", np.int64), ("chunk_offsets_ns", np.int64), ("chunk_tokens", np.int32),
-                             ("itl_s", np.float64), ("itl_weight", np.int32))):
+                             ("itl_s", np.float64), ("itl_bin", np.uint16), ("itl_weight", np.int32))):
             self.cols[name] = _Column(self.path / f"{name}.npy", dtype)
         self.cols["chunk_start"].append([0])
         self.cols["itl_start"].append([0])
@@ -180,6 +184,7 @@ class ColumnarWriter:
         self.cols["chunk_tokens"].append(tokens)
         per, w = _itl_arrays(counts, np.asarray(offsets, dtype=np.int64), np.asarray(tokens, dtype=np.int64))
         self.cols["itl_s"].append(per)
+        self.cols["itl_bin"].append(value_bins(per))
         self.cols["itl_weight"].append(w)
         self.weighted = self.weighted or bool((w != 1).any())
         ok = fields["ok"]
@@ -195,7 +200,9 @@ class ColumnarWriter:
         self.cols["itl_start"].append(self.itl_ends)
         self.cols["chunk_offsets_ns"].append(self.offsets)
         self.cols["chunk_tokens"].append(self.tokens)
-        self.cols["itl_s"].append(np.concatenate(self.itl) if self.itl else np.zeros(0))
+        itl = np.concatenate(self.itl) if self.itl else np.zeros(0)
+        self.cols["itl_s"].append(itl)
+        self.cols["itl_bin"].append(value_bins(itl))
         self.cols["itl_weight"].append(np.concatenate(self.weights) if self.weights else np.zeros(0))
         for buf in (self.chunk_ends, self.itl_ends, self.offsets, self.tokens, self.itl, self.weights):
             buf.clear()
@@ -303,7 +310,7 @@ class Columns:
             raise ValueError(f"{p}: not a whole .npy file ({exc}; a truncated folder?)") from None
         want = self.requests + 1 if name in ("chunk_start", "itl_start") else {
             "chunk_offsets_ns": self.chunks, "chunk_tokens": self.chunks, "itl_s": self.itl_values,
-            "itl_weight": self.itl_values}.get(name, self.requests)
+            "itl_weight": self.itl_values, "itl_bin": self.itl_values}.get(name, self.requests)
         if a.ndim != 1 or a.size != want:
             raise ValueError(f"{p} holds {a.size} values, meta.json says {want} (a truncated folder?)")
         return a

@@ -3,7 +3,7 @@
 The same figures as :func:`servelens.core.summary.rows_from_samples` and
 :func:`servelens.report.sources.p95_over_time` over the JSONL (the tests compare them row by row),
 computed on arrays: per-request columns whole (a few times 8 bytes a request), the ITL values
-streamed in blocks of :data:`BLOCK` twice (:func:`servelens.core.selection.block_percentiles`).
+streamed in blocks of :data:`BLOCK`: their 2-byte bins twice, the float64 values once where kept (:func:`servelens.core.selection.block_percentiles`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import numpy as np
 
 from servelens.core.buckets import IslBuckets
 from servelens.core.quantiles import percentile
-from servelens.core.selection import Block, block_percentiles
+from servelens.core.selection import Block, block_percentiles, group_key
 from servelens.core.summary import ALL_LABEL, BucketRow
 from servelens.formats.columnar import NULL, Columns, open_columns
 
@@ -66,21 +66,25 @@ def bucket_keys(rc: RequestColumns, buckets: IslBuckets, by: str) -> np.ndarray:
 
 
 def _itl_blocks(c: Columns, rc: RequestColumns, groups: np.ndarray) -> Iterator[Block]:
-    """The ITL values with each one's group (its request's; -1 for a failed request), in blocks of
-    about :data:`BLOCK` values cut at request boundaries."""
+    """The ITL values' bins with each one's group (its request's), in blocks of about :data:`BLOCK`
+    values cut at request boundaries; the float64 values are read only where pass 2 asks."""
     starts = rc.itl_start
     total = int(starts[-1])
+    keys = group_key(groups)
     cuts = np.unique(np.concatenate((np.searchsorted(starts, np.arange(0, total, BLOCK), side="right") - 1,
                                      [len(starts) - 1])))
     for r0, r1 in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True):
         a, b = int(starts[r0]), int(starts[r1])
         if a == b:
             continue
-        values = c.read("itl_s", a, b)
-        per_request = np.diff(starts[r0:r1 + 1])
-        g = np.repeat(groups[r0:r1], per_request)
+        bins = c.read("itl_bin", a, b)
+        g = np.repeat(keys[r0:r1], np.diff(starts[r0:r1 + 1]))
         weights = c.read("itl_weight", a, b) if c.weighted else None
-        yield g, values, weights
+
+        def values_at(pos: np.ndarray, a: int = a, b: int = b) -> np.ndarray:
+            return c.read("itl_s", a, b)[pos] if pos.size else np.zeros(0)
+
+        yield g, bins, weights, values_at
 
 
 def _row(label: str, members: np.ndarray, rc: RequestColumns, itl: list[float | None]) -> BucketRow:
@@ -116,9 +120,9 @@ def rows_from_columns(path: str | Path, buckets: IslBuckets, by: str = "isl") ->
     rc = request_columns(c)
     keys = bucket_keys(rc, buckets, by)
     nb = len(buckets)
-    groups = np.where(rc.ok, keys, -1)
+    groups = np.where(rc.ok, keys, nb + 1)  # failed requests: a group in no row
     rows = [[j] for j in range(nb)] + [list(range(nb + 1))]
-    itl = block_percentiles(lambda: _itl_blocks(c, rc, groups), nb + 1, rows, ITL_QS)
+    itl = block_percentiles(lambda: _itl_blocks(c, rc, groups), nb + 2, rows, ITL_QS)
     out = [_row(label, keys == j, rc, itl[j]) for j, label in enumerate(buckets.labels)]
     out.append(_row(ALL_LABEL, np.ones(keys.size, dtype=bool), rc, itl[nb]))
     return out
