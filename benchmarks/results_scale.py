@@ -48,7 +48,7 @@ def generate(n: int, cols: Path, jsonl: Path | None, seed: int = 20) -> None:
     isl_pool = np.array([r.isl_tokens for r in rows], dtype=np.int64)
     osl_pool = np.maximum(np.array([r.osl_tokens for r in rows], dtype=np.int64), 1)
     rng = np.random.default_rng(seed)
-    out = open(jsonl, "wb") if jsonl is not None else None
+    out = open(jsonl, "wb") if jsonl is not None else None  # noqa: SIM115 (closed in finally)
     try:
         with ColumnarWriter(cols) as w:
             for a in range(0, n, BATCH):
@@ -156,8 +156,8 @@ def main() -> int:
                 for key in ("old_wall_s", "old_rss_mib", "jsonl_bytes"):
                     slope = (r1[key] - r0[key]) / (r1["requests"] - r0["requests"])
                     r[key + "_extrapolated"] = r1[key] + slope * (r["requests"] - r1["requests"])
-    print(f"| requests | load 1 min | JSONL | columns | JSONL path: wall, peak RSS | columns: wall, peak RSS "
-          f"| ratio wall, RSS | same table |\n|---|---|---|---|---|---|---|---|")
+    print("| requests | load 1 min | JSONL | columns | JSONL path: wall, peak RSS | columns: wall, peak RSS "
+          "| ratio wall, RSS | same table |\n|---|---|---|---|---|---|---|---|")
     for r in results:
         ext = "old_wall_s" not in r
         sfx = "_extrapolated" if ext else ""

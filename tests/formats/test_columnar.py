@@ -11,7 +11,6 @@ import pytest
 
 from servelens.core import selection
 from servelens.core.buckets import IslBuckets
-from servelens.core.quantiles import percentile
 from servelens.core.summary import rows_from_samples
 from servelens.formats import columnar
 from servelens.formats.columnar import (
@@ -39,7 +38,8 @@ def random_records(n: int, seed: int = 7) -> list[BenchRecord]:
         chunks = int(rng.integers(1, 60)) if ok else 0
         gaps = rng.integers(0, 80_000_000, max(chunks - 1, 0))
         gaps[rng.random(gaps.size) < 0.05] = 0  # read together
-        offs = np.cumsum(np.concatenate(([int(rng.integers(1, 2_000_000_000))], gaps))) if chunks else []
+        first = [int(rng.integers(1, 2_000_000_000))]
+        offs: list[int] = np.cumsum(np.concatenate((first, gaps))).tolist() if chunks else []
         toks = tuple(int(t) for t in np.where(rng.random(chunks) < 0.1, rng.integers(2, 5, chunks), 1))
         send = 5_000_000_000 + i * 3_000_000
         isl = int(rng.integers(1, 20_000))
@@ -135,16 +135,17 @@ def test_truncated_and_foreign_folders_give_one_line(run_dir: Path, tmp_path: Pa
         report_from_results(cols, buckets)
     assert "\n" not in str(exc.value)
     (cols / "meta.json").write_text(json.dumps({"format": "something/9"}))
-    with pytest.raises(ValueError, match="not a servelens-bench-columns/1 folder"):
+    with pytest.raises(ValueError, match=r"not a servelens-bench-columns/1 folder"):
         open_columns(cols)
     (cols / "meta.json").write_text("{not json")
     with pytest.raises(ValueError, match="not JSON"):
         open_columns(cols)
-    with pytest.raises(ValueError, match="no readable meta.json"):
+    with pytest.raises(ValueError, match=r"no readable meta\.json"):
         open_columns(tmp_path)
 
 
-def test_reader_holds_arrays_and_blocks_not_objects(run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_reader_holds_arrays_and_blocks_not_objects(run_dir: Path, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Memory linear in requests by definition: every block the ITL pass sees is a flat float64 array
     of at most BLOCK values (plus one request's), and no record or sample object is made."""
     cols = convert_jsonl(run_dir, tmp_path / COLUMNS_DIR)
@@ -170,16 +171,39 @@ def test_reader_holds_arrays_and_blocks_not_objects(run_dir: Path, tmp_path: Pat
     assert sum(s for _, _, s in seen) == 2 * open_columns(cols).itl_values  # two passes, every value once each
 
 
-def test_numpy_linear_matches_numpy() -> None:
-    rng = np.random.default_rng(5)
-    for _ in range(300):
-        v = rng.lognormal(-3, 1, int(rng.integers(1, 500)))
-        w = rng.integers(0, 3, v.size)
-        for q in (0.0, 50.0, 95.0, 99.0, 99.9, 100.0):
-            block = (np.zeros(v.size, np.int64), selection.value_bins(v), w, lambda pos: v[pos])
-            got = selection.block_percentiles(lambda: iter([block]), 1, [[0]], [q])
-            want = percentile(np.repeat(v, w), q) if w.sum() else None
-            assert got[0][0] == (want if want is None or not np.isnan(want) else None)
+def _blocks(g: np.ndarray, v: np.ndarray, w: np.ndarray | None, size: int) -> list[selection.Block]:
+    out: list[selection.Block] = []
+    for a in range(0, v.size, size):
+        part = v[a:a + size]
+
+        def values_at(pos: np.ndarray, part: np.ndarray = part) -> np.ndarray:
+            return part[pos]
+
+        out.append((selection.group_key(g[a:a + size]), selection.value_bins(part),
+                    None if w is None else w[a:a + size], values_at))
+    return out
+
+
+@pytest.mark.parametrize("trial", range(40))
+def test_block_percentiles_equal_numpy_on_the_expanded_values(trial: int) -> None:
+    """Exact by definition: numpy's percentile of ``np.repeat(values, weights)`` of each row's groups,
+    with ties, zeros, zero weights, groups in no row and rows of several groups."""
+    rng = np.random.default_rng(trial)
+    n = int(rng.integers(1, 3000))
+    v = np.round(rng.lognormal(-3.5, 0.6, n), int(rng.integers(3, 10)))
+    if trial % 5 == 0:
+        v[: n // 3] = 0.0
+    w = rng.integers(0, 4, n) if trial % 2 else None
+    g = rng.integers(0, 5, n)  # group 4 is in no row
+    rows = [[0], [1], [2], [3], [0, 1, 2, 3], []]
+    qs = [50.0, 95.0, 99.0, 0.0, 100.0, 37.3]
+    blocks = _blocks(g, v, w, 257)
+    got = selection.block_percentiles(lambda: iter(blocks), 5, rows, qs)
+    for r, members in enumerate(rows):
+        mine = np.isin(g, members)
+        expanded = np.repeat(v[mine], (np.ones(n, np.int64) if w is None else w)[mine])
+        for i, q in enumerate(qs):
+            assert got[r][i] == (float(np.percentile(expanded, q)) if expanded.size else None)
 
 
 @pytest.mark.parametrize("seed, single", [(11, False), (12, True)])

@@ -79,7 +79,7 @@ class _Column:
     def __init__(self, path: Path, dtype: Any) -> None:
         self.dtype = np.dtype(dtype)
         self.n = 0
-        self.f = open(path, "wb")
+        self.f = open(path, "wb")  # noqa: SIM115 (open across appends; closed by close())
         self.f.write(_header(self.dtype, 0))
 
     def append(self, values: Any) -> None:
@@ -118,7 +118,7 @@ class ColumnarWriter:
             self.cols[name] = _Column(self.path / f"{name}.npy", dtype)
         self.cols["chunk_start"].append([0])
         self.cols["itl_start"].append([0])
-        self.text = open(self.path / "text.jsonl", "wb")
+        self.text = open(self.path / "text.jsonl", "wb")  # noqa: SIM115 (closed by close())
         self._enc = msgspec.json.Encoder()
         self.offsets: list[int] = []
         self.tokens: list[int] = []
@@ -401,7 +401,7 @@ def iter_columns(path: str | Path) -> Iterator[BenchRecord]:
                 break
             rid, status, etype, err = dec.decode(line)
             a, b = int(starts[i]), int(starts[i + 1])
-            vals = {f: (None if ints[f][i] == NULL else ints[f][i]) for f in INT_FIELDS}
+            vals: dict[str, Any] = {f: (None if ints[f][i] == NULL else ints[f][i]) for f in INT_FIELDS}
             yield BenchRecord(
                 request_id=rid, chunk_offsets_ns=tuple(offsets[a:b].tolist()),
                 chunk_tokens=tuple(tokens[a:b].tolist()), tokens_from_usage=bool(cols["tokens_from_usage"][i]),

@@ -3,7 +3,8 @@
 The same figures as :func:`servelens.core.summary.rows_from_samples` and
 :func:`servelens.report.sources.p95_over_time` over the JSONL (the tests compare them row by row),
 computed on arrays: per-request columns whole (a few times 8 bytes a request), the ITL values
-streamed in blocks of :data:`BLOCK`: their 2-byte bins twice, the float64 values once where kept (:func:`servelens.core.selection.block_percentiles`).
+streamed in blocks of :data:`BLOCK`: their 2-byte bins twice, the float64 values once, where kept
+(:func:`servelens.core.selection.block_percentiles`).
 """
 
 from __future__ import annotations

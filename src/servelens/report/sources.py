@@ -28,9 +28,9 @@ from servelens.dashboards.queries import FIGURE_BY_KEY, UNCACHED_FIGURE_BY_KEY, 
 from servelens.formats.columnar import columns_for
 from servelens.formats.metrics_text import Scrape, bucket_histograms, parse_scrape
 from servelens.prometheus.names import MetricNames
+from servelens.report.columnar import TimedTtft, rows_from_columns, timed_ttft
 from servelens.report.over_time import time_bins
 from servelens.report.promapi import PromClient, parse_duration_s
-from servelens.report.columnar import TimedTtft, rows_from_columns, timed_ttft
 from servelens.report.results import TimedSample, load_timed_samples
 
 
