@@ -226,3 +226,45 @@ def test_arrays_batch_writes_the_same_folder(tmp_path: Path, seed: int, single: 
             w.add_arrays(fields, np.array([len(r.chunk_offsets_ns) for r in part]), offs, toks, text)
     for f in sorted(p.name for p in one.iterdir()):
         assert (tmp_path / "batch" / f).read_bytes() == (one / f).read_bytes(), f
+
+
+def test_cli_convert_report_export_and_bad_folders(run_dir: Path, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from servelens.cli.main import main
+
+    jsonl = tmp_path / "results.jsonl"
+    jsonl.write_bytes((run_dir / "results.jsonl").read_bytes())
+    assert main(["report", "--results", str(jsonl), "--format", "csv"]) == 0
+    old = capsys.readouterr().out
+    assert main(["report", "--results", str(jsonl), "--convert"]) == 0
+    assert f"wrote {tmp_path / COLUMNS_DIR}" in capsys.readouterr().err
+    for given in (tmp_path, tmp_path / COLUMNS_DIR, jsonl):
+        assert main(["report", "--results", str(given), "--format", "csv"]) == 0
+        assert capsys.readouterr().out == old
+    assert main(["report", "--results", str(tmp_path), "--export-jsonl", str(tmp_path / "x.jsonl")]) == 0
+    assert (tmp_path / "x.jsonl").read_bytes() == jsonl.read_bytes()
+    capsys.readouterr()
+    data = (tmp_path / COLUMNS_DIR / "ttft_s.npy").read_bytes()
+    (tmp_path / COLUMNS_DIR / "ttft_s.npy").write_bytes(data[:200])
+    assert main(["report", "--results", str(tmp_path / COLUMNS_DIR)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("servelens: error: ") and "truncated" in err and err.count("\n") == 1
+    (tmp_path / COLUMNS_DIR / "meta.json").write_text('{"format": "parquet?"}')
+    assert main(["report", "--results", str(tmp_path / COLUMNS_DIR)]) == 2
+    err = capsys.readouterr().err
+    assert "not a servelens-bench-columns/1 folder" in err and err.count("\n") == 1
+    assert main(["report", "--results", str(tmp_path / COLUMNS_DIR), "--convert"]) == 2
+    assert "columns already" in capsys.readouterr().err
+    assert main(["report", "--metrics", "x.txt", "--convert"]) == 2
+    assert "give --results" in capsys.readouterr().err
+
+
+def test_explain_reads_columns_as_records(run_dir: Path, tmp_path: Path) -> None:
+    from servelens.report.explain_windows import from_results
+
+    other = tmp_path / "other"
+    write_results(other / "results.jsonl", random_records(300, seed=9))
+    a, b = convert_jsonl(run_dir, tmp_path / "a.cols"), convert_jsonl(other, tmp_path / "b.cols")
+    by_jsonl = from_results(str(run_dir / "results.jsonl"), str(other / "results.jsonl"))
+    by_cols = from_results(str(a), str(b))
+    assert by_cols.windows == by_jsonl.windows and by_cols.requests == by_jsonl.requests
