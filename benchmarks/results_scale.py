@@ -31,7 +31,8 @@ from typing import Any
 import numpy as np
 
 from servelens.bench.traces import packaged_trace, read_trace
-from servelens.formats.columnar import BOOL_FIELDS, INT_FIELDS, NULL, ColumnarWriter, size_bytes
+from servelens.formats.columnar import BOOL_FIELDS, INT_FIELDS, NULL, size_bytes
+from servelens.formats.columnar_write import ColumnarWriter
 from servelens.formats.results import BenchRecord, encode_record
 
 BATCH = 50_000

@@ -12,16 +12,9 @@ import pytest
 from servelens.core import selection
 from servelens.core.buckets import IslBuckets
 from servelens.core.summary import rows_from_samples
-from servelens.formats import columnar
-from servelens.formats.columnar import (
-    COLUMNS_DIR,
-    columns_for,
-    convert_jsonl,
-    export_jsonl,
-    iter_columns,
-    open_columns,
-    write_columnar,
-)
+from servelens.formats import columnar, columnar_write
+from servelens.formats.columnar import COLUMNS_DIR, columns_for, iter_columns, open_columns
+from servelens.formats.columnar_write import convert_jsonl, export_jsonl, write_columnar
 from servelens.formats.results import BenchRecord, load_results, to_samples, write_results
 from servelens.report import columnar as report_columnar
 from servelens.report.results import load_timed_samples
@@ -91,10 +84,8 @@ def test_time_series_with_fixed_bins(run_dir: Path, tmp_path: Path) -> None:
     buckets = IslBuckets.default()
     cols = convert_jsonl(run_dir, tmp_path / COLUMNS_DIR)
     timed = report_columnar.timed_ttft(cols, buckets)
-    from servelens.report.sources import p95_over_time_columns
-
     for bins in (1, 4, 17):
-        assert p95_over_time_columns(timed, buckets, bins) == p95_over_time(
+        assert report_columnar.p95_over_time_columns(timed, buckets, bins) == p95_over_time(
             load_timed_samples(run_dir / "results.jsonl"), buckets, bins)
 
 
@@ -213,7 +204,7 @@ def test_arrays_batch_writes_the_same_folder(tmp_path: Path, seed: int, single: 
         records = [r for r in records if all(t == 1 for t in r.chunk_tokens)
                    and len(set(r.chunk_offsets_ns)) == len(r.chunk_offsets_ns)]
     one = write_columnar(tmp_path / "one", records)
-    with columnar.ColumnarWriter(tmp_path / "batch") as w:
+    with columnar_write.ColumnarWriter(tmp_path / "batch") as w:
         for part in (records[:150], records[150:]):
             fields = {f: np.array([columnar.NULL if getattr(r, f) is None else getattr(r, f) for r in part])
                       for f in columnar.INT_FIELDS}

@@ -39,7 +39,8 @@ from servelens.core.buckets import IslBuckets
 from servelens.core.slo import attainment
 from servelens.core.summary import rows_from_samples
 from servelens.core.timing import NS_PER_S
-from servelens.formats.columnar import COLUMNS_DIR, write_columnar
+from servelens.formats.columnar import COLUMNS_DIR
+from servelens.formats.columnar_write import write_columnar
 from servelens.formats.results import (
     RESULTS_FILE,
     SUMMARY_FILE,

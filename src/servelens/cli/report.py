@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from servelens.core.buckets import IslBuckets, label_sort_key
 from servelens.core.slo import Slo, parse_threshold
-from servelens.formats.columnar import columns_for, convert_jsonl, export_jsonl, is_columnar
+from servelens.formats.columnar import columns_for, is_columnar
+from servelens.formats.columnar_write import convert_jsonl, export_jsonl
 from servelens.formats.results import summary_isl_buckets
 from servelens.formats.table import FORMATS, ISL_HEADER, UNCACHED_HEADER, format_rows, output_width
 from servelens.prometheus.names import DEFAULT_PREFIX, MetricNames

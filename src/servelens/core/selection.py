@@ -127,24 +127,34 @@ def _pick(
     got_b: list[np.ndarray] = []
     got_v: list[np.ndarray] = []
     got_w: list[np.ndarray] = []
+    weighted = False
+    small = np.uint8 if groups <= 256 else np.int64  # what is kept: 11 bytes a value unweighted
     for g, bins, w, values_at in blocks():
         hit = np.flatnonzero(flat[g | bins])
-        got_g.append(g[hit] >> BIN_BITS)
-        got_b.append(bins[hit].astype(np.int64))
+        got_g.append((g[hit] >> BIN_BITS).astype(small))
+        got_b.append(bins[hit])
         got_v.append(values_at(hit))
-        got_w.append(np.ones(hit.size, np.int64) if w is None else w[hit].astype(np.int64))
+        if w is not None:
+            weighted = True
+            got_w.append(w[hit].astype(np.int64))
+        else:
+            got_w.append(np.ones(0, np.int64))
     gs = np.concatenate(got_g) if got_g else np.zeros(0, np.int64)
-    bs = np.concatenate(got_b) if got_b else np.zeros(0, np.int64)
+    bs = np.concatenate(got_b) if got_b else np.zeros(0, np.uint16)
     vs = np.concatenate(got_v) if got_v else np.zeros(0)
-    ws = np.concatenate(got_w) if got_w else np.zeros(0, np.int64)
+    if weighted and any(x.size != y.size for x, y in zip(got_w, got_g, strict=True)):
+        got_w = [x if x.size == y.size else np.ones(y.size, np.int64) for x, y in zip(got_w, got_g, strict=True)]
+    ws = np.concatenate(got_w) if weighted else None
     out: list[float] = []
     cache: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
     for t in targets:
         key = (t.row, t.bin)
         if key not in cache:
             sel = (bs == t.bin) & np.isin(gs, list(rows[t.row]))
-            order = np.argsort(vs[sel], kind="stable")
-            cache[key] = (vs[sel][order], np.cumsum(ws[sel][order]))
+            chosen = vs[sel]
+            order = np.argsort(chosen, kind="stable")
+            cache[key] = (chosen[order], np.cumsum(ws[sel][order]) if ws is not None else
+                          np.arange(1, chosen.size + 1, dtype=np.int64))
         values, cum = cache[key]
         out.append(float(values[int(np.searchsorted(cum, t.rank_in_bin, side="right"))]))
     return out

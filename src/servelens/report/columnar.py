@@ -13,6 +13,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -21,6 +22,9 @@ from servelens.core.quantiles import percentile
 from servelens.core.selection import Block, block_percentiles, group_key
 from servelens.core.summary import ALL_LABEL, BucketRow
 from servelens.formats.columnar import NULL, Columns, open_columns
+
+if TYPE_CHECKING:
+    from servelens.report.sources import TimeSeries
 
 BLOCK = 1 << 22
 """ITL values per block read (32 MiB of float64)."""
@@ -144,3 +148,32 @@ def timed_ttft(path: str | Path, buckets: IslBuckets) -> TimedTtft:
     :func:`rows_from_columns`."""
     rc = request_columns(open_columns(path))
     return TimedTtft(rc.send_s, bucket_keys(rc, buckets, "isl"), rc.ok, rc.ttft_s)
+
+
+def p95_over_time_columns(t: TimedTtft, buckets: IslBuckets, bins: int | None = None,
+                          min_bin_s: float = 1.0) -> tuple[TimeSeries, ...]:
+    """:func:`servelens.report.sources.p95_over_time` on columns (:func:`timed_ttft`): the same series."""
+    from servelens.report.sources import PER_POINT, TimeSeries  # sources imports this module
+
+    timed = ~np.isnan(t.send_s)
+    send, bucket = t.send_s[timed], t.bucket[timed]
+    if not send.size:
+        return ()
+    if bins is None:  # auto_bins
+        bins = max(3, min(30, send.size // (max(np.unique(bucket).size, 1) * PER_POINT)))
+    t0, t1 = float(send.min()), float(send.max())
+    width = max((t1 - t0) / bins, min_bin_s)
+    n = min(bins, int((t1 - t0) // width) + 1)  # as time_bins
+    use = t.ok[timed] & ~np.isnan(t.ttft_s[timed])
+    where = np.minimum(((send[use] - t0) // width).astype(np.int64), n - 1)
+    ttft, bucket = t.ttft_s[timed][use], bucket[use]
+    times = tuple(t0 + i * width for i in range(n))
+    method = "exact p95 of the requests sent in the window that starts there"
+    out = []
+    for j, label in enumerate(buckets.labels):
+        mine = bucket == j
+        per = [ttft[mine & (where == i)] for i in range(n)]
+        vals = tuple(percentile(v, 95) if v.size else None for v in per)
+        if any(v is not None for v in vals):
+            out.append(TimeSeries(label, times, vals, tuple(v.size for v in per), "client", method, width))
+    return tuple(out)

@@ -19,8 +19,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from servelens.core.buckets import IslBuckets, label_sort_key
 from servelens.core.quantiles import percentile
 from servelens.core.summary import ALL_LABEL, BucketRow, rows_from_histograms, rows_from_samples
@@ -28,7 +26,7 @@ from servelens.dashboards.queries import FIGURE_BY_KEY, UNCACHED_FIGURE_BY_KEY, 
 from servelens.formats.columnar import columns_for
 from servelens.formats.metrics_text import Scrape, bucket_histograms, parse_scrape
 from servelens.prometheus.names import MetricNames
-from servelens.report.columnar import TimedTtft, rows_from_columns, timed_ttft
+from servelens.report.columnar import p95_over_time_columns, rows_from_columns, timed_ttft
 from servelens.report.over_time import time_bins
 from servelens.report.promapi import PromClient, parse_duration_s
 from servelens.report.results import TimedSample, load_timed_samples
@@ -112,33 +110,6 @@ def p95_over_time(
         vals = tuple(percentile(v, 95) if v else None for v in per[label])
         if any(v is not None for v in vals):
             out.append(TimeSeries(label, times, vals, tuple(len(v) for v in per[label]), "client", method, width))
-    return tuple(out)
-
-
-def p95_over_time_columns(t: TimedTtft, buckets: IslBuckets, bins: int | None = None,
-                          min_bin_s: float = 1.0) -> tuple[TimeSeries, ...]:
-    """:func:`p95_over_time` on columns (:func:`servelens.report.columnar.timed_ttft`): the same series."""
-    timed = ~np.isnan(t.send_s)
-    send, bucket = t.send_s[timed], t.bucket[timed]
-    if not send.size:
-        return ()
-    if bins is None:  # auto_bins
-        bins = max(3, min(30, send.size // (max(np.unique(bucket).size, 1) * PER_POINT)))
-    t0, t1 = float(send.min()), float(send.max())
-    width = max((t1 - t0) / bins, min_bin_s)
-    n = min(bins, int((t1 - t0) // width) + 1)  # as time_bins
-    use = t.ok[timed] & ~np.isnan(t.ttft_s[timed])
-    where = np.minimum(((send[use] - t0) // width).astype(np.int64), n - 1)
-    ttft, bucket = t.ttft_s[timed][use], bucket[use]
-    times = tuple(t0 + i * width for i in range(n))
-    method = "exact p95 of the requests sent in the window that starts there"
-    out = []
-    for j, label in enumerate(buckets.labels):
-        mine = bucket == j
-        per = [ttft[mine & (where == i)] for i in range(n)]
-        vals = tuple(percentile(v, 95) if v.size else None for v in per)
-        if any(v is not None for v in vals):
-            out.append(TimeSeries(label, times, vals, tuple(v.size for v in per), "client", method, width))
     return tuple(out)
 
 
