@@ -38,9 +38,9 @@ from servelens.formats.results import BenchRecord, encode_record
 BATCH = 50_000
 MEASURE = ("import resource, subprocess, sys, time; t = time.perf_counter(); "
            "p = subprocess.run(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.PIPE); "
-           "w = time.perf_counter() - t; r = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss; "
+           "w = time.perf_counter() - t; u = resource.getrusage(resource.RUSAGE_CHILDREN); "
            "sys.stderr.buffer.write(p.stderr); sys.stdout.buffer.write(p.stdout); "
-           "print(f'@@ {w} {r} {p.returncode}', file=sys.stderr)")
+           "print(f'@@ {w} {u.ru_maxrss} {p.returncode} {u.ru_utime + u.ru_stime}', file=sys.stderr)")
 
 
 def generate(n: int, cols: Path, jsonl: Path | None, seed: int = 20) -> None:
@@ -97,15 +97,16 @@ def generate(n: int, cols: Path, jsonl: Path | None, seed: int = 20) -> None:
     assert set(fields) == set(INT_FIELDS + BOOL_FIELDS)
 
 
-def measure(args: list[str]) -> tuple[float, float, bytes]:
-    """Wall time (s), peak RSS (MiB) and stdout of one ``servelens`` subprocess."""
+def measure(args: list[str]) -> tuple[float, float, bytes, float]:
+    """Wall time (s), peak RSS (MiB), stdout and CPU time (user + system, s) of one ``servelens``
+    subprocess (the CPU time is the figure a loaded machine moves least)."""
     cmd = [sys.executable, "-c", MEASURE, sys.executable, "-m", "servelens", *args]
     p = subprocess.run(cmd, capture_output=True, check=False)
     tail = p.stderr.decode().strip().splitlines()
-    wall, rss, rc = tail[-1].split()[1:]
+    wall, rss, rc, cpu = tail[-1].split()[1:]
     if int(rc) != 0:
         raise SystemExit(f"servelens {' '.join(args)} failed: {' '.join(tail[-3:-1])}")
-    return float(wall), int(rss) / 1024, p.stdout
+    return float(wall), int(rss) / 1024, p.stdout, float(cpu)
 
 
 def main() -> int:
@@ -131,16 +132,17 @@ def main() -> int:
             new = measure(["report", "--results", str(run / "results.cols"), "--format", "csv"])
             row: dict[str, Any] = {"requests": n, "generate_s": gen_s, "load1": load,
                                    "cols_bytes": size_bytes(run / "results.cols"),
-                                   "new_wall_s": new[0], "new_rss_mib": new[1]}
+                                   "new_wall_s": new[0], "new_rss_mib": new[1], "new_cpu_s": new[3]}
             if jsonl is not None:
                 old = measure(["report", "--results", str(jsonl), "--format", "csv"])
                 row |= {"jsonl_bytes": jsonl.stat().st_size, "old_wall_s": old[0], "old_rss_mib": old[1],
+                        "old_cpu_s": old[3],
                         "same_table": old[2] == new[2], "load1_after": os.getloadavg()[0]}
                 if n == max(s for s in sizes if s <= a.jsonl_up_to):
                     shutil.rmtree(run / "results.cols")
                     conv = measure(["report", "--results", str(jsonl), "--convert"])
                     cached = measure(["report", "--results", str(jsonl), "--format", "csv"])
-                    row |= {"convert_wall_s": conv[0], "convert_rss_mib": conv[1],
+                    row |= {"convert_wall_s": conv[0], "convert_rss_mib": conv[1], "convert_cpu_s": conv[3],
                             "after_convert_wall_s": cached[0], "after_convert_same": cached[2] == new[2]}
                 jsonl.unlink()
             shutil.rmtree(run)
@@ -154,23 +156,25 @@ def main() -> int:
         r0, r1 = measured[-2], measured[-1]
         for r in results:
             if "old_wall_s" not in r:
-                for key in ("old_wall_s", "old_rss_mib", "jsonl_bytes"):
+                for key in ("old_wall_s", "old_rss_mib", "old_cpu_s", "jsonl_bytes"):
                     slope = (r1[key] - r0[key]) / (r1["requests"] - r0["requests"])
                     r[key + "_extrapolated"] = r1[key] + slope * (r["requests"] - r1["requests"])
-    print("| requests | load 1 min | JSONL | columns | JSONL path: wall, peak RSS | columns: wall, peak RSS "
-          "| ratio wall, RSS | same table |\n|---|---|---|---|---|---|---|---|")
+    print("| requests | load 1 min | JSONL | columns | JSONL path: wall, CPU, peak RSS | columns: wall, CPU, peak RSS "
+          "| ratio CPU, RSS | same table |\n|---|---|---|---|---|---|---|---|")
     for r in results:
         ext = "old_wall_s" not in r
         sfx = "_extrapolated" if ext else ""
         ow, orss, ob = r["old_wall_s" + sfx], r["old_rss_mib" + sfx], r["jsonl_bytes" + sfx]
+        ocpu = r["old_cpu_s" + sfx]
         mark = " (extrapolated)" if ext else ""
         print(f"| {r['requests']:,} | {r['load1']:.2f} | {ob / 1e9:.2f} GB{mark} | {r['cols_bytes'] / 1e9:.2f} GB "
-              f"| {ow:.1f} s, {orss:,.0f} MiB{mark} | {r['new_wall_s']:.2f} s, {r['new_rss_mib']:,.0f} MiB "
-              f"| {ow / r['new_wall_s']:.0f}x, {orss / r['new_rss_mib']:.0f}x "
+              f"| {ow:.1f} s, {ocpu:.1f} s, {orss:,.0f} MiB{mark} | {r['new_wall_s']:.2f} s, {r['new_cpu_s']:.2f} s, "
+              f"{r['new_rss_mib']:,.0f} MiB | {ocpu / r['new_cpu_s']:.0f}x, {orss / r['new_rss_mib']:.0f}x "
               f"| {r.get('same_table', 'n/a (no JSONL)')} |")
     for r in results:
         if "convert_wall_s" in r:
-            print(f"\n--convert of {r['requests']:,} requests: {r['convert_wall_s']:.1f} s, "
+            print(f"\n--convert of {r['requests']:,} requests: {r['convert_wall_s']:.1f} s "
+                  f"({r['convert_cpu_s']:.1f} s CPU), "
                   f"{r['convert_rss_mib']:,.0f} MiB peak; the report of that JSONL afterwards (reads the "
                   f"columns): {r['after_convert_wall_s']:.2f} s, same table: {r['after_convert_same']}")
     if a.json:
