@@ -3,7 +3,6 @@ same records, and the report's table and p95-over-time from it identical to the 
 folders give one line; the reader's memory is per-request arrays and fixed-size blocks, by definition."""
 
 import json
-import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -154,9 +153,7 @@ def test_reader_holds_arrays_and_blocks_not_objects(run_dir: Path, tmp_path: Pat
 
     monkeypatch.setattr(report_columnar, "block_percentiles", spy)
     monkeypatch.setattr(columnar, "BenchRecord", None)  # building a record would fail
-    tracemalloc.start()
     report_columnar.rows_from_columns(cols, IslBuckets.default())
-    tracemalloc.stop()
     longest = int(np.diff(open_columns(cols).column("itl_start")).max())
     assert seen and all(d == np.uint16 and nd == 1 and size <= 1000 + longest for d, nd, size in seen)
     assert sum(s for _, _, s in seen) == 2 * open_columns(cols).itl_values  # two passes, every value once each
