@@ -146,15 +146,20 @@ def _pick(
         got_w = [x if x.size == y.size else np.ones(y.size, np.int64) for x, y in zip(got_w, got_g, strict=True)]
     ws = np.concatenate(got_w) if weighted else None
     out: list[float] = []
-    cache: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+    in_row: dict[int, np.ndarray] = {}
+    cache: dict[tuple[int, int], tuple[np.ndarray, np.ndarray | None]] = {}
     for t in targets:
         key = (t.row, t.bin)
         if key not in cache:
-            sel = (bs == t.bin) & np.isin(gs, list(rows[t.row]))
-            chosen = vs[sel]
-            order = np.argsort(chosen, kind="stable")
-            cache[key] = (chosen[order], np.cumsum(ws[sel][order]) if ws is not None else
-                          np.arange(1, chosen.size + 1, dtype=np.int64))
+            if t.row not in in_row:
+                in_row[t.row] = np.isin(gs, list(rows[t.row]))
+            sel = (bs == t.bin) & in_row[t.row]
+            if ws is None:  # one token each: the rank is an index into the sorted values
+                cache[key] = (np.sort(vs[sel]), None)
+            else:
+                order = np.argsort(vs[sel], kind="stable")
+                cache[key] = (vs[sel][order], np.cumsum(ws[sel][order]))
         values, cum = cache[key]
-        out.append(float(values[int(np.searchsorted(cum, t.rank_in_bin, side="right"))]))
+        at = t.rank_in_bin if cum is None else int(np.searchsorted(cum, t.rank_in_bin, side="right"))
+        out.append(float(values[at]))
     return out
