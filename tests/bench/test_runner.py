@@ -8,7 +8,10 @@ import pytest
 
 from servelens.bench import BenchConfig, run_bench
 from servelens.bench.traces import packaged_trace
-from servelens.formats.results import load_results
+from servelens.core.buckets import IslBuckets
+from servelens.formats.columnar import columns_for, iter_columns
+from servelens.formats.results import iter_results, load_results
+from servelens.report.columnar import rows_from_columns
 
 
 async def test_closed_loop_records_and_files(upstream: Upstream, tmp_path: Path) -> None:
@@ -31,6 +34,10 @@ async def test_closed_loop_records_and_files(upstream: Upstream, tmp_path: Path)
     assert by["0-512"].requests + by["513-1024"].requests == 20 == by["all"].requests
     assert res.prompt_deviation.exact == 20
     assert load_results(tmp_path / "results.jsonl") == list(res.records)
+    # the columns beside it: the same records, and the report's table from them is the bench's own
+    assert list(iter_results(tmp_path / "results.jsonl")) == list(iter_columns(tmp_path / "results.cols"))
+    assert columns_for(tmp_path) == tmp_path / "results.cols"
+    assert tuple(rows_from_columns(tmp_path / "results.cols", IslBuckets(cfg.isl_buckets))) == res.client_rows
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["requests"] == 20 and summary["errors"] == 0
     assert "api_key" not in summary["config"]

@@ -39,6 +39,8 @@ from servelens.core.buckets import IslBuckets
 from servelens.core.slo import attainment
 from servelens.core.summary import rows_from_samples
 from servelens.core.timing import NS_PER_S
+from servelens.formats.columnar import COLUMNS_DIR
+from servelens.formats.columnar_write import write_columnar
 from servelens.formats.results import (
     RESULTS_FILE,
     SUMMARY_FILE,
@@ -159,6 +161,8 @@ async def run_bench(config: BenchConfig) -> BenchResult:
         results_path = None
         if config.output_dir:  # before the server scrape: an interrupt or a failed scrape loses nothing
             results_path = write_results(Path(config.output_dir) / RESULTS_FILE, done)
+            # the same requests as columns: what servelens report reads fast (formats/columnar.py)
+            write_columnar(Path(config.output_dir) / COLUMNS_DIR, done, results_path)
         server_rows = None
         server_uncached = None
         server_error = None

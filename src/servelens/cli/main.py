@@ -42,15 +42,16 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"servelens: error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The top-level parser with every available subcommand."""
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The top-level parser with every available subcommand (``only``: just that one, so that a
+    command imports only its own modules)."""
     parser = _Parser(
         prog="servelens",
         description="Per-input-length latency metrics for OpenAI-compatible LLM inference servers.",
     )
     parser.add_argument("--version", action="version", version=f"servelens {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in SUBCOMMANDS:
+    for name in (only,) if only in SUBCOMMANDS else SUBCOMMANDS:
         try:
             mod = importlib.import_module(f"servelens.cli.{name}")
         except ModuleNotFoundError as exc:
@@ -73,8 +74,10 @@ def interrupted(exc: KeyboardInterrupt) -> tuple[int, str]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the process exit status."""
     try:
-        parser = build_parser()  # imports every subcommand: a Ctrl-C can come while it does
-        args, extras = parser.parse_known_args(argv)
+        args_list = list(sys.argv[1:] if argv is None else argv)
+        # a subcommand named first: only its modules are imported (a Ctrl-C can come while they are)
+        parser = build_parser(args_list[0] if args_list else None)
+        args, extras = parser.parse_known_args(args_list)
         if extras:  # reported by the subcommand's parser, so the hint names its --help
             _parser_of(parser, getattr(args, "command", None)).error(f"unrecognized arguments: {' '.join(extras)}")
         func = getattr(args, "func", None)

@@ -9,21 +9,26 @@ import time
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from servelens.core.buckets import IslBuckets, label_sort_key
-from servelens.core.capacity import CapacityReport
 from servelens.core.slo import Slo, parse_threshold
+from servelens.formats.columnar import columns_for, is_columnar
+from servelens.formats.columnar_write import convert_jsonl, export_jsonl
 from servelens.formats.results import summary_isl_buckets
 from servelens.formats.table import FORMATS, ISL_HEADER, UNCACHED_HEADER, format_rows, output_width
 from servelens.prometheus.names import DEFAULT_PREFIX, MetricNames
-from servelens.report import capacity_report, compare, slo_report
-from servelens.report.capacity_output import capacity_dict, capacity_markdown, capacity_text
-from servelens.report.html import write_html
+from servelens.report import slo_report
 from servelens.report.promapi import parse_duration_s
 from servelens.report.slo_output import slo_json, slo_markdown, slo_text
 from servelens.report.slo_report import SloReport, slo_from_metrics, slo_from_prometheus, slo_from_results
 from servelens.report.sources import Report, report_from_metrics, report_from_prometheus, report_from_results
+
+if TYPE_CHECKING:
+    from servelens.core.capacity import CapacityReport
+
+# capacity (scipy), compare and the HTML report (plotly) are imported where used: a plain table from a
+# results file starts in a fraction of the time
 
 
 def add_parser(subparsers: Any) -> None:
@@ -39,6 +44,12 @@ def add_parser(subparsers: Any) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--results", metavar="PATH", help="bench results file (results.jsonl or its folder)")
     src.add_argument("--metrics", metavar="URL|FILE", help="a /metrics URL or a saved scrape")
+    p.add_argument("--convert", action="store_true",
+                   help="with --results FILE.jsonl: write its columns (results.cols beside it, which later "
+                   "reports of that file read, seconds for a million requests) and stop")
+    p.add_argument("--export-jsonl", metavar="PATH",
+                   help="with --results FOLDER.cols: write it back as results.jsonl at PATH and stop (default: "
+                   "no export)")
     src.add_argument("--prometheus", metavar="URL", help="Prometheus-compatible API base URL (Prometheus, "
                      "VictoriaMetrics)")
     p.add_argument("--metrics-before", metavar="URL|FILE",
@@ -204,6 +215,8 @@ def build_capacity(args: argparse.Namespace, report: Report) -> CapacityReport |
     """The capacity analysis for parsed arguments (None without ``--capacity``). Raises ValueError."""
     if not args.capacity:
         return None
+    from servelens.report import capacity_report
+
     given = IslBuckets.parse(args.isl_buckets) if args.isl_buckets else None
     names = MetricNames(args.metrics_prefix)
     if args.results:
@@ -230,6 +243,9 @@ def run_compare(args: argparse.Namespace) -> int:
     if args.resamples < 10:
         raise ValueError(f"--resamples must be >= 10, got {args.resamples}")
     buckets = IslBuckets.parse(args.isl_buckets) if args.isl_buckets is not None else None
+    from servelens.report import compare
+    from servelens.report.html import write_html
+
     result = compare.compare_results(args.results, args.compare, buckets, resamples=args.resamples, seed=args.seed)
     sys.stdout.write(compare.to_json(result) if args.format == "json" else compare.render_text(result))
     sys.stdout.flush()
@@ -245,6 +261,8 @@ def run_compare(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Print the table; write the HTML report when asked."""
+    if args.convert or args.export_jsonl:
+        return run_convert(args)
     if args.html:
         check_html_path(args.html)  # before any query or file is read
     if args.compare:
@@ -257,6 +275,8 @@ def run(args: argparse.Namespace) -> int:
     cap = build_capacity(args, report)
     # a terminal: its real width; a file or pipe: format_rows' wide default
     width = output_width()
+    if cap is not None:
+        from servelens.report.capacity_output import capacity_dict, capacity_markdown, capacity_text
     if args.format == "json" and (slo is not None or cap is not None):
         sys.stdout.write(slo_json(report.rows, slo, capacity_dict(cap) if cap is not None else None))
     else:
@@ -270,9 +290,36 @@ def run(args: argparse.Namespace) -> int:
     if report.last_sample_s is not None:
         print(data_until(report.last_sample_s, time.time()), file=sys.stderr)
     if args.html:
+        from servelens.report.html import write_html
+
         path = write_html(args.html, report.rows, report.timeseries, args.title, report.source,
                           label_header=UNCACHED_HEADER if _by(args) == "uncached" else ISL_HEADER)
         print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def run_convert(args: argparse.Namespace) -> int:
+    """``--convert`` (JSONL to columns) or ``--export-jsonl`` (columns to JSONL)."""
+    if not args.results:
+        raise ValueError("--convert and --export-jsonl work on a bench results file: give --results")
+    if args.convert and args.export_jsonl:
+        raise ValueError("--convert writes columns from a JSONL, --export-jsonl the other way: give one")
+    if args.convert:
+        if is_columnar(args.results):
+            raise ValueError(f"{args.results} is columns already (--export-jsonl writes them as JSONL)")
+        try:
+            out = convert_jsonl(args.results)
+        except OSError as exc:
+            raise ValueError(f"cannot convert {args.results}: {exc.strerror or exc}") from None
+    else:
+        cols = columns_for(args.results)
+        if cols is None:
+            raise ValueError(f"{args.results}: no results.cols there (convert a JSONL with --convert)")
+        try:
+            out = export_jsonl(cols, args.export_jsonl)
+        except OSError as exc:
+            raise ValueError(f"cannot write {args.export_jsonl}: {exc.strerror or exc}") from None
+    print(f"wrote {out}", file=sys.stderr)
     return 0
 
 

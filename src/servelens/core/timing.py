@@ -24,6 +24,7 @@ once. That keeps the per-token cost far below a ``prometheus_client`` observe.
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -173,6 +174,37 @@ class RequestTimer:
 _VECTORISE_FROM = 48  # chunks; below this a plain loop beats numpy's fixed cost
 
 
+def itl_per_chunk(times_ns: Sequence[int], chunk_tokens: Mapping[int, int]) -> tuple[np.ndarray, np.ndarray | None]:
+    """Every chunk's per-token ITL after the first chunk, by the definition of :func:`itl_histogram`.
+
+    Returns ``(values, weights)``: ``values`` float64 (s), shape ``(len(times_ns) - 1,)`` (empty for
+    fewer than two chunks), the ITL each token of chunk ``i + 1`` gets; ``weights`` int64 of the same
+    shape, the tokens of that chunk, or None when every weight is 1. The request's ITL values are
+    ``np.repeat(values, weights)``.
+    """
+    n = len(times_ns)
+    if n < 2:
+        return np.zeros(0), None
+    t_arr = np.asarray(times_ns, dtype=np.int64)
+    steps = np.diff(t_arr)
+    gaps = np.maximum(steps, 0).astype(np.float64)
+    read_start = steps != 0
+    if not chunk_tokens and read_start.all():
+        return gaps / NS_PER_S, None
+    weights = np.ones(n - 1, dtype=np.int64)
+    for i, k in chunk_tokens.items():
+        if i >= 1:
+            weights[i - 1] = k
+    if read_start.all():  # every chunk read on its own: one gap per chunk
+        return gaps / (weights * NS_PER_S), weights
+    # group g holds the chunks read together; group 0 those read with the first chunk (gap 0)
+    group = np.cumsum(read_start)
+    group_tokens = np.bincount(group, weights=weights)
+    group_gap = np.zeros(len(group_tokens))
+    group_gap[group[read_start]] = gaps[read_start]
+    return group_gap[group] / (group_tokens[group] * NS_PER_S), weights
+
+
 def itl_histogram(
     times_ns: list[int], chunk_tokens: dict[int, int], edges: tuple[float, ...], keep_values: bool = False
 ) -> tuple[HistogramState, tuple[float, ...]]:
@@ -208,30 +240,13 @@ def itl_histogram(
             i = j
         hist.sum = total
         return hist, ()
-    t_arr = np.asarray(times_ns, dtype=np.int64)
-    steps = np.diff(t_arr)
-    gaps = np.maximum(steps, 0).astype(np.float64)
-    read_start = steps != 0
-    if not chunk_tokens and read_start.all():  # the common case: one token per chunk, one chunk per read
-        per = gaps / NS_PER_S
-        idx = np.searchsorted(np.asarray(edges), per, side="left")
+    per, w = itl_per_chunk(times_ns, chunk_tokens)
+    idx = np.searchsorted(np.asarray(edges), per, side="left")
+    if w is None:  # the common case: one token per chunk, one chunk per read
         hist.counts = np.bincount(idx, minlength=len(edges) + 1).tolist()
         hist.sum = float(per.sum())
         return hist, (tuple(per.tolist()) if keep_values else ())
-    weights = np.ones(n - 1, dtype=np.int64)
-    for i, k in chunk_tokens.items():
-        if i >= 1:
-            weights[i - 1] = k
-    if read_start.all():  # every chunk read on its own: one gap per chunk
-        per = gaps / (weights * NS_PER_S)
-    else:
-        # group g holds the chunks read together; group 0 those read with the first chunk (gap 0)
-        group = np.cumsum(read_start)
-        group_tokens = np.bincount(group, weights=weights)
-        group_gap = np.zeros(len(group_tokens))
-        group_gap[group[read_start]] = gaps[read_start]
-        per = group_gap[group] / (group_tokens[group] * NS_PER_S)
-    idx = np.searchsorted(np.asarray(edges), per, side="left")
+    weights = w
     hist.counts = np.bincount(idx, weights=weights, minlength=len(edges) + 1).astype(np.int64).tolist()
     hist.sum = float((per * weights).sum())
     values = tuple(np.repeat(per, weights).tolist()) if keep_values else ()

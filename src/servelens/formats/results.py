@@ -32,7 +32,7 @@ bucket is ``isl_server`` when known, else ``isl_target``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -126,37 +126,51 @@ def write_results(path: str | Path, records: Iterable[BenchRecord]) -> Path:
 
 
 def load_results(path: str | Path) -> list[BenchRecord]:
-    """Read a results JSONL file into records (blank lines skipped).
+    """Read a results file into records: a ``results.jsonl``, a folder holding one, or a
+    ``results.cols`` folder (:mod:`servelens.formats.columnar`).
 
     Raises ValueError naming the line for a line that is not a bench record; OSError when unreadable.
-    A directory is accepted and means its ``results.jsonl``.
+    """
+    from servelens.formats.columnar import columns_for, iter_columns  # it builds on this module
+
+    cols = columns_for(path)
+    if cols is not None:
+        return list(iter_columns(cols))
+    return list(iter_results(path))
+
+
+def iter_results(path: str | Path) -> Iterator[BenchRecord]:
+    """The records of a results JSONL file (or its folder) one at a time (blank lines skipped).
+
+    Raises ValueError naming the line for a line that is not a bench record; OSError when unreadable.
     """
     p = Path(path)
     if p.is_dir():
         p = p / RESULTS_FILE
     elif p.name == SUMMARY_FILE:
         raise ValueError(f"{p} is the bench's summary; give its {RESULTS_FILE} (or the folder)")
-    out: list[BenchRecord] = []
     with open(p, "rb") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                out.append(_decoder.decode(line))
+                yield _decoder.decode(line)
             except msgspec.ValidationError as exc:
                 hint = " (a gateway --request-log? it is not a bench results file)" if b'"isl_source"' in line else ""
                 raise ValueError(f"{p}:{lineno}: not a bench result line: {exc}{hint}") from None
             except msgspec.DecodeError as exc:
                 hint = " (Prometheus text? use --metrics)" if line.lstrip().startswith(b"#") else ""
                 raise ValueError(f"{p}:{lineno}: not JSON: {exc}{hint}") from None
-    return out
 
 
 def summary_isl_buckets(path: str | Path) -> tuple[int, ...] | None:
     """The ISL bucket boundaries a bench run used, from the ``summary.json`` beside a results file
     (``path``: the file or its folder); None when there is no readable summary that says."""
     p = Path(path)
-    summary = (p if p.is_dir() else p.parent) / SUMMARY_FILE
+    folder = p if p.is_dir() else p.parent
+    if (folder / "meta.json").is_file() and not (folder / SUMMARY_FILE).is_file():
+        folder = folder.parent  # a results.cols folder: the run's summary is beside it
+    summary = folder / SUMMARY_FILE
     try:
         cfg = msgspec.json.decode(summary.read_bytes()).get("config") or {}
         bounds = tuple(int(b) for b in cfg["isl_buckets"])

@@ -23,8 +23,10 @@ from servelens.core.buckets import IslBuckets, label_sort_key
 from servelens.core.quantiles import percentile
 from servelens.core.summary import ALL_LABEL, BucketRow, rows_from_histograms, rows_from_samples
 from servelens.dashboards.queries import FIGURE_BY_KEY, UNCACHED_FIGURE_BY_KEY, Figure, model_matcher
+from servelens.formats.columnar import columns_for
 from servelens.formats.metrics_text import Scrape, bucket_histograms, parse_scrape
 from servelens.prometheus.names import MetricNames
+from servelens.report.columnar import p95_over_time_columns, rows_from_columns, timed_ttft
 from servelens.report.over_time import time_bins
 from servelens.report.promapi import PromClient, parse_duration_s
 from servelens.report.results import TimedSample, load_timed_samples
@@ -118,6 +120,12 @@ def report_from_results(path: str | Path, buckets: IslBuckets, by: str = "isl") 
     without cached tokens only in "all"), no time series. Raises ValueError for a missing or
     malformed file.
     """
+    cols = columns_for(path)
+    if cols is not None:  # the columns: the same figures, without an object per request or token
+        rows = rows_from_columns(cols, buckets, by)
+        if by == "uncached":
+            return Report(tuple(rows), (), f"results {cols}, by uncached prompt tokens")
+        return Report(tuple(rows), p95_over_time_columns(timed_ttft(cols, buckets), buckets), f"results {cols}")
     timed = load_timed_samples(path)
     rows = rows_from_samples([t.sample for t in timed], buckets, by)
     if by == "uncached":
