@@ -28,7 +28,7 @@ import shutil
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
@@ -293,6 +293,8 @@ class VllmServer(EngineServer):
     model: str = SERVED_MODEL_NAME
     max_model_len: int = MAX_MODEL_LEN
     bench_max_context: int = BENCH_MAX_CONTEXT
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    """Set in the engine's environment over the harness's own (e.g. ``PYTHONPATH`` for a middleware)."""
 
     def __post_init__(self) -> None:
         self._paths = _paths(self.scratch)
@@ -319,7 +321,7 @@ class VllmServer(EngineServer):
         python = install(p.scratch)
         build_model(p.scratch)
         cmd = server_command(python, p.model_dir, port, self.extra_args)
-        return Launch(tuple(cmd), scratch_env(p), p.scratch, "vllm")
+        return Launch(tuple(cmd), {**scratch_env(p), **self.extra_env}, p.scratch, "vllm")
 
 
 @contextlib.contextmanager
