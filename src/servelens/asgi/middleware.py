@@ -32,14 +32,13 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMappi
 from typing import Any
 
 import msgspec
-from prometheus_client import REGISTRY, CollectorRegistry
 
 from servelens.asgi.exchange import Exchange, Message, Send
 from servelens.asgi.settings import AsgiSettings, shared_metrics
 from servelens.core.openai import decode_json_strictness
 from servelens.gateway.measured import MEASURED_PATHS
 from servelens.gateway.usage import Injection, plan_learned, rejected_field
-from servelens.prometheus import FrontendMetrics
+from servelens.prometheus import REGISTRY, CollectorRegistry, FrontendMetrics
 
 log = logging.getLogger("servelens.asgi")
 

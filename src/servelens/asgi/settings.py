@@ -21,11 +21,9 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry
-
 from servelens.core.buckets import DEFAULT_ISL_BOUNDARIES, IslBuckets
 from servelens.gateway.accounting import Accounting
-from servelens.prometheus import FrontendMetrics
+from servelens.prometheus import CollectorRegistry, FrontendMetrics
 from servelens.prometheus.names import DEFAULT_PREFIX
 
 ENV_MODEL = "SERVELENS_MODEL"
