@@ -180,3 +180,57 @@ async def lifespan(app: ASGIApp, scope_extra: dict[str, Any] | None = None) -> l
     scope = {"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}, **(scope_extra or {})}
     await app(scope, receive, send)
     return sent
+
+
+TAP_FILE_ENV = "SERVELENS_TAP_FILE"
+
+
+class RecordingTap:
+    """An ASGI middleware that appends, per ``POST`` to a measured path, one JSON line to the file
+    named by ``SERVELENS_TAP_FILE``: ``{"path", "request", "response"}`` (bodies as latin-1 text, so
+    bytes come back exactly). Put it inside :class:`~servelens.asgi.MetricsMiddleware` (in vLLM: named
+    before it, ``--middleware servelens.asgi.testing.RecordingTap --middleware
+    servelens.asgi.MetricsMiddleware``) and it holds what the app got and said, usage added included."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        import os
+
+        self.app = app
+        self.path = os.environ.get(TAP_FILE_ENV)
+
+    async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Message]],
+                       send: Callable[[Message], Awaitable[None]]) -> None:
+        if self.path is None or scope["type"] != "http" or scope.get("method") != "POST" or not str(
+                scope.get("path", "")).endswith("completions"):
+            await self.app(scope, receive, send)
+            return
+        request: list[bytes] = []
+        response: list[bytes] = []
+
+        async def recv() -> Message:
+            m = await receive()
+            request.append(m.get("body", b""))
+            return m
+
+        async def snd(m: Message) -> None:
+            if m["type"] == "http.response.body":
+                response.append(m.get("body", b""))
+            await send(m)
+
+        try:
+            await self.app(scope, recv, snd)
+        finally:
+            line = {"path": scope["path"], "request": b"".join(request).decode("latin-1"),
+                    "response": b"".join(response).decode("latin-1")}
+            with open(self.path, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(line) + "\n")
+
+
+def read_tap(path: str) -> list[tuple[bytes, bytes]]:
+    """The ``(request body, response body)`` pairs a :class:`RecordingTap` wrote, in order."""
+    out = []
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            d = json.loads(line)
+            out.append((d["request"].encode("latin-1"), d["response"].encode("latin-1")))
+    return out
