@@ -212,3 +212,17 @@ def test_env_settings() -> None:
     s = mw.settings
     assert (s.models, s.isl_buckets, s.prefix, s.inject_usage, s.continuous_usage) == (("a", "b"), None, "inproc",
                                                                                        False, "off")
+
+
+async def test_multiprocess_mode_one_line_nothing_measured(caplog: pytest.LogCaptureFixture) -> None:
+    """vLLM with several API servers sets PROMETHEUS_MULTIPROC_DIR; its /metrics then serves only the
+    multiprocess files, never this process's families: said once, nothing measured or added."""
+    tiny = TinyApp()
+    mw = MetricsMiddleware(tiny, environ={"PROMETHEUS_MULTIPROC_DIR": "/tmp/x"}, model="tiny-mp")  # default REGISTRY
+    with caplog.at_level(logging.INFO, logger="servelens.asgi"):
+        await lifespan(mw, {"app": tiny})
+        assert (await call(mw, CHAT, _stream(model="tiny"), scope_extra={"app": tiny})).status == 200
+    lines = [r for r in caplog.records if r.name == "servelens.asgi"]
+    assert len(lines) == 1 and "PROMETHEUS_MULTIPROC_DIR" in lines[0].getMessage()
+    assert b"stream_options" not in tiny.bodies[-1]
+    assert mw.metrics is None  # nothing registered in a registry nobody serves

@@ -89,13 +89,18 @@ class MetricsMiddleware:
         self.continuous_ok = True
         self.usage_null: bool | None = None
         self._said_error = False
+        self._multiprocess = False
         _visible(log)
         self.registry = REGISTRY if registry is None else registry
+        self._environ = os.environ if environ is None else environ
         try:
             self.settings = AsgiSettings.resolve(
-                os.environ if environ is None else environ, model=model, isl_buckets=isl_buckets, prefix=prefix,
+                self._environ, model=model, isl_buckets=isl_buckets, prefix=prefix,
                 inject_usage=inject_usage, continuous_usage=continuous_usage)
-            self.metrics, self.accounting = shared_metrics(self.registry, self.settings)
+            # vLLM with several API servers: /metrics serves only the multiprocess files (said at startup)
+            self._multiprocess = bool(self._environ.get("PROMETHEUS_MULTIPROC_DIR")) and self.registry is REGISTRY
+            if not self._multiprocess:
+                self.metrics, self.accounting = shared_metrics(self.registry, self.settings)
         except ValueError as exc:
             self.error = f"servelens.asgi.MetricsMiddleware: {exc}"
 
@@ -150,7 +155,7 @@ class MetricsMiddleware:
             log.warning("servelens.asgi.MetricsMiddleware: the app has no route %s: nothing is measured, every "
                         "request passes through", " or ".join(MEASURED_PATHS))
             return
-        if os.environ.get("PROMETHEUS_MULTIPROC_DIR") and self.registry is REGISTRY:
+        if self._multiprocess:
             self.measuring = False
             log.warning("servelens.asgi.MetricsMiddleware: PROMETHEUS_MULTIPROC_DIR is set (vLLM with "
                         "--api-server-count > 1): /metrics then serves prometheus_client's multiprocess files only, "

@@ -144,12 +144,15 @@ async def call(app: ASGIApp, path: str, body: dict[str, Any] | bytes, method: st
         await gone.wait()
         return {"type": "http.disconnect"}
 
+    bodies = 0
+
     async def send(m: Message) -> None:
+        nonlocal bodies
         if gone.is_set():
             raise OSError("the client went away")
         got.append(m)
-        n = sum(1 for x in got if x["type"] == "http.response.body")
-        if disconnect_after is not None and n >= disconnect_after:
+        bodies += m["type"] == "http.response.body"
+        if disconnect_after is not None and bodies >= disconnect_after:
             gone.set()
 
     scope: dict[str, Any] = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
