@@ -11,6 +11,7 @@ sent) and this checkout's ``src`` on ``PYTHONPATH`` (vLLM's venv has every packa
   own ``vllm:`` counters; the per-bucket counts equal the bench's; TTFT lies between vLLM's own
   (which starts later, at the engine's arrival, and ends earlier, at the engine's output) and the
   client's: in total, and per bucket against the client's.
+- A bad ``SERVELENS_*`` setting stops vLLM's startup, with one line in its log saying why.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import pytest
 
 from servelens.asgi.testing import TAP_FILE_ENV, read_tap
 from servelens.core.buckets import IslBuckets
-from servelens.engines.vllm_cpu import BENCH_MAX_CONTEXT, VllmServer
+from servelens.engines.vllm_cpu import BENCH_MAX_CONTEXT, VllmHarnessError, VllmServer
 from servelens.testing.engines import (
     bench_bucket_counts,
     canon_events,
@@ -172,3 +173,18 @@ def test_replay_counts_equal_vllms(vllm: VllmServer, tmp_path: Path) -> None:
             assert mine >= 0.5 * sum(client), (label, mine, sum(client))  # the same order of magnitude
     print(f"\nasgi in vLLM: {int(n)} requests, TTFT sum vLLM {theirs:.4f} s, middleware {ours:.4f} s, "
           f"client {sum(r.ttft_s or 0.0 for r in records):.4f} s")
+
+
+def test_bad_setting_fails_vllm_startup_with_one_line(tmp_path: Path) -> None:
+    """A bad ``SERVELENS_*`` value: vLLM does not start, and its log says why in one line (the
+    middleware's ASGI ``lifespan.startup.failed``, which uvicorn logs before it exits)."""
+    env = {"PYTHONPATH": str(SRC), "SERVELENS_ISL_BUCKETS": "512,abc"}
+    srv = VllmServer(extra_args=("--middleware", "servelens.asgi.MetricsMiddleware"), extra_env=env)
+    with pytest.raises(VllmHarnessError):
+        srv.start()
+    srv.stop()
+    assert srv.log_path is not None
+    lines = [ln for ln in srv.log_path.read_text(encoding="utf-8", errors="replace").splitlines() if "servelens" in ln
+             and "non-default args" not in ln]
+    assert lines == ["ERROR:    servelens.asgi.MetricsMiddleware: SERVELENS_ISL_BUCKETS='512,abc': ISL bucket boundary "
+                     "must be a positive integer, got 'abc'"], lines
