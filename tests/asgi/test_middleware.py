@@ -226,3 +226,19 @@ async def test_multiprocess_mode_one_line_nothing_measured(caplog: pytest.LogCap
     assert len(lines) == 1 and "PROMETHEUS_MULTIPROC_DIR" in lines[0].getMessage()
     assert b"stream_options" not in tiny.bodies[-1]
     assert mw.metrics is None  # nothing registered in a registry nobody serves
+
+
+async def test_app_raising_counted_once_as_internal() -> None:
+    reg, tiny = CollectorRegistry(), TinyApp()
+    mw = _mw(tiny, reg, model="tiny")
+
+    async def broken(scope: dict, receive, send) -> None:  # type: ignore[no-untyped-def]
+        await receive()
+        raise RuntimeError("a bug in the app")
+
+    mw.app = broken  # type: ignore[assignment]
+    with pytest.raises(RuntimeError):
+        await call(mw, CHAT, _stream(), scope_extra={"app": tiny})
+    assert _v(reg, "requests_total", model="tiny", endpoint="chat_completions", request_type="stream",
+              status="error", error_type="internal") == 1
+    assert _requests(reg) == 1

@@ -265,8 +265,8 @@ class MetricsMiddleware:
         try:
             await self.app(inner, replay, ex.send)
         except (Exception, asyncio.CancelledError) as exc:
-            if ex.held is None:
-                ex.finish(exc)
+            ex.held = None  # (a held answer is dropped: the server answers the exception)
+            ex.finish(exc)
             raise
         if ex.held is None:
             ex.finish()
