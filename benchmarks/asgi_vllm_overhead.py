@@ -10,7 +10,9 @@ tokens each (``ignore_eos``; the client asks for no usage, the worst case: usage
 ticks of 10 ms; the engine core runs in a child process and is not counted) over the round, divided by
 the tokens streamed. A third case, the plain engine with the client asking for continuous usage itself,
 is vLLM's own work for the usage the middleware adds (``middleware_own`` = middleware - that).
-Prints one JSON object (best round of each, the differences, the ratio, the load average).
+Prints one JSON object (best round of each, the differences, the ratio, the load average). The
+middleware's settings come from the environment (``SERVELENS_CONTINUOUS_USAGE=off python
+benchmarks/asgi_vllm_overhead.py``: only the final usage chunk added).
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import MutableMapping
 from typing import Any
 
 import pytest
@@ -241,4 +242,30 @@ async def test_app_raising_counted_once_as_internal() -> None:
         await call(mw, CHAT, _stream(), scope_extra={"app": tiny})
     assert _v(reg, "requests_total", model="tiny", endpoint="chat_completions", request_type="stream",
               status="error", error_type="internal") == 1
+    assert _requests(reg) == 1
+
+
+async def test_send_failing_under_an_app_that_rewraps_it_is_cancelled() -> None:
+    """Starlette turns the server's send error (the client left) into its own ClientDisconnect: still
+    counted as cancelled, once."""
+    reg, tiny = CollectorRegistry(), TinyApp()
+    mw = _mw(tiny, reg, model="tiny")
+
+    class ClientDisconnect(Exception):
+        pass
+
+    async def rewrapping(scope: dict, receive, send) -> None:  # type: ignore[no-untyped-def]
+        async def wrapped(m: MutableMapping[str, Any]) -> None:
+            try:
+                await send(m)
+            except OSError:
+                raise ClientDisconnect from None
+
+        await tiny(scope, receive, wrapped)
+
+    mw.app = rewrapping  # type: ignore[assignment]
+    with pytest.raises(ClientDisconnect):
+        await call(mw, CHAT, _stream(osl=10), disconnect_after=3, scope_extra={"app": tiny})
+    assert _v(reg, "requests_total", model="tiny", endpoint="chat_completions", request_type="stream",
+              status="error", error_type="cancelled") == 1
     assert _requests(reg) == 1

@@ -84,13 +84,12 @@ class Exchange:
                 cut = meter.relay(t, data) or b""
                 if not more:
                     cut += meter.end(t) or b""
-                    self.ended = True
                 if cut or not more:
-                    message = {"type": "http.response.body", "body": cut, "more_body": more}
-                    await self._send(message)
+                    await self._out({"type": "http.response.body", "body": cut, "more_body": more})
+                self.ended = not more
                 meter.measure()
                 return
-            await self._send(message)
+            await self._out(message)
             meter.relay(t, data)
             if more:
                 meter.measure()
@@ -109,7 +108,16 @@ class Exchange:
         if self.held is not None:
             self.held.append(message)
             return
-        await self._send(message)
+        await self._out(message)
+
+    async def _out(self, message: Message) -> None:
+        """The server's ``send``; one that raises (the client went away: uvicorn's ``ClientDisconnected``,
+        an ``OSError``) marks the request :attr:`disconnected` (Starlette may turn it into its own error)."""
+        try:
+            await self._send(message)
+        except (Exception, asyncio.CancelledError):
+            self.disconnected = True
+            raise
 
     def _start(self, message: Message) -> None:
         status = int(message["status"])
@@ -143,7 +151,7 @@ class Exchange:
         if held:
             self._start(held[0])
             for m in held:
-                await self._send(m)
+                await self._out(m)
 
     def finish(self, error: BaseException | None = None) -> None:
         """Count the request once: how the app's answer ended (``error``: what the app or the server's
