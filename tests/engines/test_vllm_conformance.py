@@ -43,7 +43,9 @@ from servelens.process import ServerProcess
 from servelens.testing.engines import (
     ascrape,
     bench_bucket_counts,
+    canon_events,
     delta,
+    expected_events,
     gateway_bucket_counts,
     recording_tap,
     run_bench,
@@ -366,31 +368,6 @@ def test_ttft_between_engine_and_client(bench_run: BenchRun) -> None:
 # ---------------------------------------------------------------- exact relay (recording tap)
 
 
-def expected_events(upstream: list[str], client_usage: bool, client_continuous: bool) -> list[str]:
-    """What the client should get: vLLM's events minus the usage it did not ask for (written here
-    independently of the gateway's byte-level cutting; compared as order-preserving JSON)."""
-    out: list[str] = []
-    for data in upstream:
-        if data == "[DONE]":
-            out.append(data)
-            continue
-        obj = json.loads(data)
-        if "usage" in obj and not client_continuous:
-            usage_only = obj.get("choices") == []
-            if usage_only and client_usage:
-                pass  # the final usage chunk the client asked for
-            elif usage_only:
-                continue  # not asked for: dropped whole
-            else:
-                del obj["usage"]
-        out.append(json.dumps(obj))
-    return out
-
-
-def _canon(events: list[str]) -> list[str]:
-    return [e if e == "[DONE]" else json.dumps(json.loads(e)) for e in events]
-
-
 CASES = {
     "no-usage": {},
     "include-usage": {"stream_options": {"include_usage": True}},
@@ -417,7 +394,7 @@ async def test_client_gets_exactly_what_vllm_sent(vllm: VllmServer) -> None:
                     sse_events(upstream_raw), bool(opts.get("include_usage")), bool(opts.get("continuous_usage_stats"))
                 )
                 got = sse_events(client_raw)
-                assert _canon(got) == _canon(want), name
+                assert canon_events(got) == canon_events(want), name
                 # vLLM merges tokens into fewer chunks when its output queue backs up (a loaded CI machine
                 # gave 9 content chunks for 12 tokens), so the tokens are counted from usage, not chunks
                 assert any(e != "[DONE]" and '"content"' in e for e in got), name

@@ -28,7 +28,7 @@ import shutil
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
@@ -269,6 +269,20 @@ def server_command(python: Path, model_dir: Path, port: int, extra_args: Sequenc
     ]  # fmt: skip
 
 
+def servelens_path(paths: VllmPaths) -> Path:
+    """A folder holding only this servelens package (a link to it, ``<scratch>/pythonpath/servelens``), to put
+    on vLLM's ``PYTHONPATH`` for a servelens middleware: vLLM's venv has every package servelens'
+    middleware imports, and the caller's other packages stay out of it."""
+    folder = paths.scratch / "pythonpath"
+    folder.mkdir(parents=True, exist_ok=True)
+    link = folder / "servelens"
+    target = Path(__file__).resolve().parents[1]
+    if not (link.is_symlink() and link.resolve() == target):
+        link.unlink(missing_ok=True)
+        link.symlink_to(target, target_is_directory=True)
+    return folder
+
+
 @dataclass(eq=False)
 class VllmServer(EngineServer):
     """A running vLLM CPU engine on 127.0.0.1; use as a context manager (or start/stop).
@@ -293,6 +307,8 @@ class VllmServer(EngineServer):
     model: str = SERVED_MODEL_NAME
     max_model_len: int = MAX_MODEL_LEN
     bench_max_context: int = BENCH_MAX_CONTEXT
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    """Set in the engine's environment over the harness's own (e.g. ``PYTHONPATH`` for a middleware)."""
 
     def __post_init__(self) -> None:
         self._paths = _paths(self.scratch)
@@ -319,7 +335,7 @@ class VllmServer(EngineServer):
         python = install(p.scratch)
         build_model(p.scratch)
         cmd = server_command(python, p.model_dir, port, self.extra_args)
-        return Launch(tuple(cmd), scratch_env(p), p.scratch, "vllm")
+        return Launch(tuple(cmd), {**scratch_env(p), **self.extra_env}, p.scratch, "vllm")
 
 
 @contextlib.contextmanager
@@ -346,6 +362,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_serve = sub.add_parser("serve", help="start the engine; stop with SIGTERM/SIGINT")
     p_serve.add_argument("--port", type=int, default=0)
     p_serve.add_argument("--echo-log", action="store_true", help="engine log to this terminal")
+    p_serve.add_argument("--middleware", action="append", default=[], metavar="CLASS",
+                         help="an ASGI middleware for vLLM (e.g. servelens.asgi.MetricsMiddleware; repeatable): "
+                              "this servelens is put on the engine's PYTHONPATH")
     sub.add_parser("paths", help="print the scratch paths")
     args = parser.parse_args(argv)
     try:
@@ -361,7 +380,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             for name in ("scratch", "venv", "model_dir", "tokenizer_path", "logs"):
                 print(f"{name}: {getattr(p, name)}")
         else:
-            srv = VllmServer(scratch=args.scratch, port=args.port, echo_log=args.echo_log)
+            extra = tuple(a for m in args.middleware for a in ("--middleware", m))
+            env = {"PYTHONPATH": str(servelens_path(_paths(args.scratch)))} if extra else {}
+            srv = VllmServer(scratch=args.scratch, port=args.port, echo_log=args.echo_log, extra_args=extra,
+                             extra_env=env)
             return serve_until_signal(srv, "vllm_harness", "vllm")
     except VllmHarnessError as exc:
         print(f"vllm_harness: error: {exc}", file=sys.stderr)

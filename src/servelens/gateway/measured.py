@@ -11,7 +11,7 @@ to bottom.
    ``--tokenizer``), and whatever happens next it is counted once, at the end
    (:meth:`~servelens.gateway.accounting.Accounting.finish`).
 3. A stream (``_stream``): plan what to add to the request so the upstream reports token counts
-   (``_plan``: :func:`~servelens.gateway.usage.plan_injection`, with what was learned of this upstream);
+   (``_plan``: :func:`~servelens.gateway.usage.plan_learned`, with what was learned of this upstream);
    send it; an upstream that rejects what was added (400 or 422 naming it) gets the request once more
    without it, and that is remembered (``_retry_without_injection``); a 200 event stream goes to the
    relay (:func:`~servelens.gateway.relay.relay_stream`), which measures it on the way.
@@ -53,7 +53,7 @@ from servelens.gateway.meter import StreamMeter
 from servelens.gateway.relay import relay_stream
 from servelens.gateway.upstream import redacted_url
 from servelens.gateway.upstream_response import UpstreamError, UpstreamResponse
-from servelens.gateway.usage import STRIP_CONTINUOUS, STRIP_CONTINUOUS_NULL, Injection, plan_injection
+from servelens.gateway.usage import Injection, plan_learned, rejected_field
 
 if TYPE_CHECKING:
     from servelens.gateway.app import Gateway
@@ -260,20 +260,12 @@ class MeasuredEndpoints:
 
     def _plan(self, obj: dict[str, Any], body: bytes, upstream: str, strict: bool) -> tuple[Injection, bool]:
         """What to add to a stream request, and whether this request teaches ``usage_null``.
-        ``strict``: the body is strict UTF-8 JSON (see :func:`plan_injection`)."""
+        ``strict``: the body is strict UTF-8 JSON (see :func:`~servelens.gateway.usage.plan_injection`)."""
         cfg = self.config
-        inject = cfg.inject_usage and self.stream_options_ok.get(upstream, True)
-        continuous = cfg.continuous_usage == "on" or (
-            cfg.continuous_usage == "auto" and self.continuous_ok.get(upstream, True)
-        )
-        null = self.usage_null.get(upstream)
-        inj = plan_injection(obj, body, inject_usage=inject, continuous=continuous, null_usage=bool(null),
-                             strict=strict)
-        if null is None and inj.strip in (STRIP_CONTINUOUS, STRIP_CONTINUOUS_NULL):
-            # the client wants include_usage only: learn how this upstream marks "no usage here"
-            # from this one request, sent without continuous_usage_stats
-            return plan_injection(obj, body, inject_usage=inject, continuous=False, strict=strict), True
-        return inj, False
+        return plan_learned(obj, body, inject_usage=cfg.inject_usage, continuous_usage=cfg.continuous_usage,
+                            stream_options_ok=self.stream_options_ok.get(upstream, True),
+                            continuous_ok=self.continuous_ok.get(upstream, True),
+                            usage_null=self.usage_null.get(upstream), strict=strict)
 
     async def _retry_without_injection(
         self, obj: dict[str, Any], body: bytes, upstream: str, url: URL, headers: CIMultiDict[str],
@@ -286,13 +278,10 @@ class MeasuredEndpoints:
             text = await self._read_body(up)
         except _UpstreamFailed:
             return inj, learn, up
-        flags: dict[str, bool]
-        if inj.continuous and b"continuous_usage_stats" in text:
-            flags, field = self.continuous_ok, "continuous_usage_stats"
-        elif b"stream_options" in text or b"include_usage" in text:
-            flags, field = self.stream_options_ok, "stream_options"
-        else:
+        field = rejected_field(inj, text)
+        if field is None:
             return inj, learn, up  # a genuine client error: relay it (body already read, still readable)
+        flags = self.continuous_ok if field == "continuous_usage_stats" else self.stream_options_ok
         up.close()
         before = flags.get(upstream)
         flags[upstream] = False

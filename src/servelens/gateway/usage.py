@@ -151,6 +151,37 @@ def plan_injection(
     )
 
 
+def plan_learned(
+    obj: dict[str, Any], body: bytes, *, inject_usage: bool, continuous_usage: str, stream_options_ok: bool,
+    continuous_ok: bool, usage_null: bool | None, strict: bool = True,
+) -> tuple[Injection, bool]:
+    """:func:`plan_injection` with what was learned of one upstream (the gateway's and the in-process
+    middleware's plan): ``inject_usage`` as configured and ``stream_options_ok`` (the upstream takes
+    ``stream_options``); ``continuous_usage`` ``on``, ``off`` or ``auto`` (then ``continuous_ok`` decides);
+    ``usage_null``: the upstream sends ``"usage": null`` on chunks (None: not known yet).
+
+    Returns the injection and whether this request teaches ``usage_null``: a client asking for
+    ``include_usage`` only, to an upstream whose style is not known yet, is sent without
+    ``continuous_usage_stats`` so its chunks show how it marks "no usage here"."""
+    inject = inject_usage and stream_options_ok
+    continuous = continuous_usage == "on" or (continuous_usage == "auto" and continuous_ok)
+    inj = plan_injection(obj, body, inject_usage=inject, continuous=continuous, null_usage=bool(usage_null),
+                         strict=strict)
+    if usage_null is None and inj.strip in (STRIP_CONTINUOUS, STRIP_CONTINUOUS_NULL):
+        return plan_injection(obj, body, inject_usage=inject, continuous=False, strict=strict), True
+    return inj, False
+
+
+def rejected_field(inj: Injection, text: bytes) -> str | None:
+    """The field we added that an upstream's 400/422 body ``text`` names (``continuous_usage_stats`` or
+    ``stream_options``), or None (a genuine client error: relay it)."""
+    if inj.continuous and b"continuous_usage_stats" in text:
+        return "continuous_usage_stats"
+    if b"stream_options" in text or b"include_usage" in text:
+        return "stream_options"
+    return None
+
+
 def _skip_ws(buf: bytes, i: int) -> int:
     n = len(buf)
     while i < n and buf[i] in _WS:

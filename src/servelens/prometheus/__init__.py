@@ -12,8 +12,11 @@
 May import: :mod:`servelens.core` (and prometheus_client); nothing else of servelens.
 """
 
+from prometheus_client import REGISTRY, CollectorRegistry
+
 from servelens.prometheus.collector import FrontendCollector
 from servelens.prometheus.frontend import FrontendMetrics
 from servelens.prometheus.names import MetricNames
 
-__all__ = ["FrontendCollector", "FrontendMetrics", "MetricNames"]
+# REGISTRY, CollectorRegistry: prometheus_client's, for the packages that may not import it (servelens.asgi)
+__all__ = ["REGISTRY", "CollectorRegistry", "FrontendCollector", "FrontendMetrics", "MetricNames"]

@@ -113,6 +113,33 @@ def sse_events(raw: bytes) -> list[str]:
     return [b.data for b in blocks if b.data is not None]
 
 
+def expected_events(upstream: list[str], client_usage: bool, client_continuous: bool) -> list[str]:
+    """What the client should get: vLLM's events minus the usage it did not ask for (written here
+    independently of the byte-level cutting of the gateway and the ASGI middleware; compared as
+    order-preserving JSON)."""
+    out: list[str] = []
+    for data in upstream:
+        if data == "[DONE]":
+            out.append(data)
+            continue
+        obj = json.loads(data)
+        if "usage" in obj and not client_continuous:
+            usage_only = obj.get("choices") == []
+            if usage_only and client_usage:
+                pass  # the final usage chunk the client asked for
+            elif usage_only:
+                continue  # not asked for: dropped whole
+            else:
+                del obj["usage"]
+        out.append(json.dumps(obj))
+    return out
+
+
+def canon_events(events: list[str]) -> list[str]:
+    """Events as compact JSON (``[DONE]`` as it is), to compare their content in order."""
+    return [e if e == "[DONE]" else json.dumps(json.loads(e)) for e in events]
+
+
 @dataclass(frozen=True)
 class Exchange:
     """One chat/completions request through the tap: the request body as forwarded, the response's
