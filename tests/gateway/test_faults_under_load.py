@@ -130,7 +130,8 @@ def truth_outcomes(path: Path) -> Counter[str]:
 async def test_engine_sigkilled_and_restarted_mid_load(tmp_path: Path) -> None:
     """24 streams in a loop of 150 requests; after 30 are counted the engine is SIGKILLed; 3 requests
     are sent while it is down; then it is restarted on the same port and the loop goes on. Streams cut by
-    the kill are ``truncated_stream``, requests meanwhile ``unavailable``, every other one ``success``:
+    the kill are ``truncated_stream`` (``unavailable`` if the engine had not sent their headers yet), requests
+    meanwhile ``unavailable``, every other one ``success``:
     the same counts at the client and in ``requests_total``, and the engines' truth has every success (but
     those that ended as the engine was killed)."""
     port = free_port()
@@ -170,7 +171,10 @@ async def test_engine_sigkilled_and_restarted_mid_load(tmp_path: Path) -> None:
             assert gateway_outcomes(gw) == tally
             assert sum(tally.values()) == total + while_down + 1
             assert set(tally) <= {"success", "truncated_stream", "unavailable"}, tally
-            assert tally["truncated_stream"] >= 1 and tally["unavailable"] >= while_down, tally
+            # the streams in flight at the kill fail too: cut mid-stream (truncated_stream), or before the
+            # engine sent their headers (unavailable: a loaded run had the engine still queueing all 24)
+            assert tally["unavailable"] >= while_down, tally
+            assert tally["truncated_stream"] + tally["unavailable"] > while_down, tally
             assert tally["success"] > 30
     finally:
         sim.stop()
