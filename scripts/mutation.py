@@ -85,8 +85,15 @@ MODULES: tuple[Module, ...] = (
     Module("eval_stats", "src/servelens/eval/stats.py", ("tests/eval/test_stats.py",), group="analysis"),
     # The rest of core/, most important to the measurement first (group "core2").
     Module("state", "src/servelens/core/state.py",
-           ("tests/core/test_state.py", "tests/core/test_snapshot.py", "tests/core/test_uncached_state.py",
-            "tests/prometheus/test_collector.py", "tests/prometheus/test_collector_mutants.py"), group="core2"),
+           ("tests/core/test_state.py", "tests/core/test_state_mutants.py", "tests/core/test_snapshot.py",
+            "tests/core/test_uncached_state.py", "tests/prometheus/test_collector.py",
+            "tests/prometheus/test_collector_mutants.py", "tests/gateway/test_meter.py",
+            "tests/gateway/test_slo_counters.py"),
+           # the SLO counter tests that start a gateway, a sim or the CLI: seconds per mutant
+           ("tests/gateway/test_slo_counters.py::test_cli_bad_slo_is_one_line",
+            "tests/gateway/test_slo_counters.py::test_through_the_gateway_in_front_of_the_sim",
+            "tests/gateway/test_slo_counters.py::test_report_reads_the_counters_exactly",
+            "tests/gateway/test_slo_counters.py::test_config_file_numbers_are_slo_specs"), group="core2"),
     Module("stream", "src/servelens/core/stream.py", ("tests/core/test_stream.py",), group="core2"),
     Module("histogram", "src/servelens/core/histogram.py",
            ("tests/core/test_histogram.py", "tests/core/test_edges.py", "tests/core/test_state.py"), group="core2"),
