@@ -109,3 +109,35 @@ def test_shifted_toward_covers_the_mix_effect() -> None:
     against = (replace(MOVED[0], share_after=0.6), replace(MOVED[1], share_after=0.1), MOVED[2],
                replace(MOVED[3], share_after=0.1))
     assert shifted_toward(explanation("mix", against, (1.0, 1.6, None), mix=0.2)) == "0-512"
+
+
+def test_edge_cases_of_the_line() -> None:
+    slow = tuple(replace(b, change=SLOWER, quantiles_before_s=(1.0,), quantiles_after_s=(2.0,),
+                         latency_effect_s=0.1 * (4 - i)) for i, b in enumerate(MOVED))
+    assert verdict_line(explanation("latency", slow, (1.0, 2.0, None), latency=0.5), top=4).endswith(
+        "2049+ slowed, 1.0 s -> 2.0 s")  # all four shown: no "more buckets"
+    assert verdict_line(explanation("latency", MOVED, (1.0, 1.0, None), latency=0.0)).endswith(
+        ": slower within buckets, not a traffic shift")  # a latency effect of exactly 0 reads "slower"
+    assert verdict_line(explanation("mix", MOVED, (1.0, 1.6, None), mix=0.0)).endswith(", no bucket slower")
+    assert verdict_line(explanation("none", MOVED, (1.0, None, None))).startswith("TTFT p95 1.0 s -> -: ")
+
+
+def test_shifted_toward_weighs_the_earlier_mean_and_the_mix_sign() -> None:
+    # 2049+ gains but its earlier mean (0.5 s) is below the overall 1 s: only 1025-2048 pushes the mean up
+    earlier = (replace(MOVED[0], share_after=0.2), MOVED[1], replace(MOVED[2], share_after=0.3),
+               replace(MOVED[3], share_after=0.3, mean_before_s=0.5))
+    assert shifted_toward(explanation("mix", earlier, (1.0, 1.6, None), mix=0.1)) == "1025-2048"
+    # a bucket only in the later window pushes with its later mean, ahead of a larger gain the other way
+    later = (replace(MOVED[0], share_before=0.1, share_after=0.5),
+             replace(MOVED[1], share_before=0.4, share_after=0.1),
+             replace(MOVED[2], share_before=0.4, share_after=0.1),
+             replace(MOVED[3], share_after=0.3, mean_before_s=None))
+    assert shifted_toward(explanation("mix", later, (1.0, 1.6, None), mix=0.1)) == "2049+"
+    # a mix effect of exactly 0 counts as a rise: 2049+ (above the mean) pushes, 0-512 (below) does not
+    flat = (replace(MOVED[0], share_after=0.6), replace(MOVED[1], share_after=0.1),
+            replace(MOVED[2], share_after=0.1), replace(MOVED[3], share_after=0.2))
+    assert shifted_toward(explanation("mix", flat, (1.0, 1.0, None), mix=0.0)) == "2049+"
+    # a gaining bucket exactly at the overall mean pushes neither way: the largest gain is named
+    at_mean = (replace(MOVED[0], share_after=0.8), replace(MOVED[1], share_after=0.3),
+               replace(MOVED[2], share_after=0.0), replace(MOVED[3], share_after=0.0))
+    assert shifted_toward(explanation("mix", at_mean, (1.0, 1.0, None), mix=0.2)) == "0-512"
