@@ -83,3 +83,41 @@ def test_parse_threshold_forms_and_errors() -> None:
     with pytest.raises(ExplainError) as err:
         Threshold(-1.0)
     assert str(err.value) == "SLO thresholds must be finite and >= 0 seconds"
+
+
+def test_refusals_of_attainment_and_shares() -> None:
+    from servelens.core.slo import attainment, bucket_shares, histogram_attainment
+    from servelens.core.summary import CumulativeHistogram
+
+    h = CumulativeHistogram(((0.5, 1.0), (math.inf, 1.0)), 0.3)
+    for call in (lambda: attainment([], B, Slo(), 1.0), lambda: histogram_attainment([h, h], [h, h], B, Slo())):
+        with pytest.raises(ExplainError) as err:
+            call()
+        assert str(err.value) == "no SLO given (a TTFT or ITL threshold)"
+    slo = Slo(ttft=Threshold(0.5))
+    for call in (lambda: attainment([], B, slo, 0.0), lambda: histogram_attainment([h, h], [h, h], B, slo, 0.0)):
+        with pytest.raises(ExplainError) as err:
+            call()
+        assert str(err.value) == "goodput needs a window longer than 0 s, got 0.0"
+    with pytest.raises(ExplainError) as err:
+        bucket_shares([h], B, Threshold(0.5))
+    assert str(err.value) == "1 histograms for 2 ISL buckets"
+    # half a second is a window; one observation is a share
+    rows = histogram_attainment([h, h], [h, h], B, slo, 0.5)
+    assert [(r.observations, r.ttft, r.goodput_rps) for r in rows][-1] == (2.0, rows[0].ttft, (4.0, 4.0))
+    assert rows[0].ttft is not None and (rows[0].ttft.low, rows[0].ttft.high) == (1.0, 1.0)
+    assert counted_attainment([("0-512", 1, 1, None, 1)], slo, duration_s=0.5)[0].goodput_rps == 2.0
+
+
+def test_itl_only_attainment_and_thresholds_met_exactly() -> None:
+    from servelens.core.slo import SloRequest, attainment, meets
+
+    reqs = [SloRequest(100, True, 0.1, 0.005), SloRequest(100, True, 0.1, 0.05)]
+    assert attainment(reqs, B, Slo(itl=Threshold(0.01)), 2.0)[0] == Attainment(
+        "0-512", 2, None, 1, 1, None, 0.5, 0.5, 0.5)
+    flat = Slo(ttft=Threshold(0.5))
+    assert meets(flat, SloRequest(None, True, 0.5), None) == (True, True)  # no ISL: the flat limit, inclusive
+    assert meets(Slo(ttft=Threshold(0.1, 0.004)), SloRequest(100, True, 0.5), "0-512") == (True, True)
+    table = Slo(ttft=Threshold(table=(("0-512", 0.5), ("513+", 0.1))))
+    assert meets(table, SloRequest(100, True, 0.5), "0-512") == (True, True)
+    assert meets(Slo(ttft=Threshold(0.1, 0.001)), SloRequest(None, True, 0.05), "0-512") == (False, True)
