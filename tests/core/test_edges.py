@@ -91,3 +91,26 @@ def test_fine_edges_bound_the_interpolation_error(edges: tuple[float, ...]) -> N
             exact = ordered[math.ceil(q * n) - 1]
             got = histogram_quantile(q, h.cumulative())
             assert abs(got - exact) <= 0.098 * exact, (trial, n, q, exact, got)
+
+
+def test_octave_edges_start_at_the_first_octave() -> None:
+    assert octave_edges(1, 2) == (2.0, 2.18, 2.38, 2.59, 2.83, 3.08, 3.36, 3.67, 4.0)
+    assert octave_edges(-1, 0)[:2] == (0.5, 0.545)
+    with pytest.raises(ValueError) as err:
+        octave_edges(2, 2)
+    assert str(err.value) == "first octave 2 must be below the end octave 2"
+    with pytest.raises(ValueError) as err:
+        parse_edges("fine", "duration")
+    assert str(err.value) == "kind must be 'ttft' or 'itl', got 'duration'"
+
+
+def test_the_fine_sets_are_built_as_documented() -> None:
+    """0, the 2^(k/8) grid over the octaves, then the Dynamo edges strictly above its top (the
+    constants are built once at import: this calls the builder itself)."""
+    from servelens.core.edges import _fine
+
+    assert _fine(0, 1, (0, 1, 2, 4, 8)) == (0.0, *octave_edges(0, 1), 4.0, 8.0)  # 2 is the grid's top already
+    assert _fine(-10, 7, TTFT_EDGES_S) == FINE_TTFT_EDGES_S
+    assert _fine(-13, 3, ITL_EDGES_S) == FINE_ITL_EDGES_S
+    assert FINE_TTFT_EDGES_S[:2] == (0.0, 0.000977) and FINE_TTFT_EDGES_S[-4:] == (117.0, 128.0, 220.0, 480.0)
+    assert FINE_ITL_EDGES_S[:2] == (0.0, 0.000122) and FINE_ITL_EDGES_S[-6:] == (7.34, 8.0, 13.0, 24.0, 44.0, 80.0)

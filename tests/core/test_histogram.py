@@ -36,3 +36,41 @@ def test_merge_rejects_other_edges() -> None:
 def test_validate_edges(edges: tuple[float, ...], msg: str) -> None:
     with pytest.raises(ValueError, match=msg):
         validate_edges(edges)
+
+
+def test_merge_adds_into_a_histogram_that_has_counts() -> None:
+    a, b = HistogramState((1.0, 2.0)), HistogramState((1.0, 2.0))
+    a.observe(1.5, 2)
+    b.observe(1.2)
+    a.merge(b)
+    assert a.counts == [0, 3, 0] and a.sum == pytest.approx(4.2)
+
+
+def test_edges_given_as_a_list_are_kept_as_a_tuple() -> None:
+    listed = HistogramState([1.0, 2.0])
+    assert listed.edges == (1.0, 2.0) and isinstance(listed.edges, tuple)
+    listed.merge(HistogramState((1.0, 2.0)))  # the same edges however they were given
+
+
+def test_copy_is_independent() -> None:
+    a = HistogramState((1.0,))
+    a.observe(0.5, 2)
+    c = a.copy()
+    assert (c.edges, c.counts, c.sum) == ((1.0,), [2, 0], 1.0)
+    c.observe(3.0)
+    assert (a.counts, a.sum) == ([2, 0], 1.0)
+
+
+def test_error_messages() -> None:
+    cases = [
+        (lambda: validate_edges(()), "histogram edges must not be empty"),
+        (lambda: validate_edges((1, 1)), "histogram edges must be strictly increasing: 1 follows 1"),
+        (lambda: validate_edges((1, float("-inf"))), "histogram edges must be strictly increasing: -inf follows 1"),
+        (lambda: validate_edges((float("nan"),)), "histogram edges must be finite (+Inf is added implicitly)"),
+        (lambda: validate_edges((1, float("inf"))), "histogram edges must be finite (+Inf is added implicitly)"),
+        (lambda: HistogramState((1.0,)).merge(HistogramState((2.0,))), "cannot merge histograms with different edges"),
+    ]
+    for call, message in cases:
+        with pytest.raises(ValueError) as err:
+            call()
+        assert str(err.value) == message

@@ -49,3 +49,40 @@ def test_error_shapes_in_a_stream() -> None:
     assert parse_chunk('{"error": {"message": "x"}}', "error").error == "x"
     assert parse_chunk('{"object": "error", "message": "y", "code": 400}').error == "y"
     assert parse_chunk('{"object": "chat.completion.chunk", "choices": []}').error is None
+
+
+def two_choices(ct: int | None = None, texts: tuple[str, str] = ("a", "x")) -> str:
+    body: dict[str, object] = {"choices": [{"index": i, "delta": {"content": t}} for i, t in enumerate(texts)]}
+    if ct is not None:
+        body["usage"] = {"prompt_tokens": 3, "completion_tokens": ct}
+    return json.dumps(body)
+
+
+def test_counted_from_usage_is_a_bool_for_the_results_file() -> None:
+    """``counted_from_usage`` goes into each result as ``tokens_from_usage``: True or False, never None."""
+    counter = FirstChoiceTokens()
+    assert counter.counted_from_usage is False and counter.started is False  # nothing counted yet
+    counter.step(parse_chunk(chunk("a", 1)))
+    assert counter.counted_from_usage is True and counter.started is True
+    for breaking in (chunk("b"), chunk("b", 0), two_choices(5), two_choices(), two_choices(5, ("", "x"))):
+        counter = FirstChoiceTokens()
+        counter.step(parse_chunk(chunk("a", 1)))
+        counter.step(parse_chunk(breaking))
+        assert counter.counted_from_usage is False, breaking
+
+
+def test_chunks_before_the_first_output_carry_no_token_and_the_first_carries_one_at_least() -> None:
+    # a role-only chunk first; a first output chunk whose count has not moved is still the first token
+    assert steps(chunk(""), chunk("a", 0), chunk("b", 1)) == [0, 1, 1]
+
+
+def test_a_count_of_several_choices_is_not_the_first_choices() -> None:
+    # from the chunk carrying two choices and one count on, one output chunk is one token
+    assert steps(chunk("a", 1), two_choices(4), chunk("b", 6), chunk("c", 9)) == [1, 1, 1, 1]
+    # two choices' output without usage: the same
+    assert steps(chunk("a", 1), two_choices(), chunk("b", 6)) == [1, 1, 1]
+
+
+def test_another_choices_count_is_not_read() -> None:
+    # choice 1's count (5) is its own: the first choice goes on from 2 to 4
+    assert steps(chunk("a", 2), chunk("x", 5, index=1), chunk("b", 4)) == [2, 0, 2]

@@ -75,11 +75,12 @@ def paired_bootstrap_ci(
 def paired_permutation_p(diffs: Sequence[float], seed: int = 0, resamples: int = PERMUTATION_RESAMPLES) -> float:
     """Two-sided p-value of "the mean per-item difference is 0": the signs of the differences are
     flipped at random (``scipy.stats.permutation_test``, ``permutation_type="samples"``; exact when
-    2^n <= ``resamples``). All differences 0: 1.0."""
+    2^n <= ``resamples``). All differences 0, or one item: 1.0 (one item's two sign patterns both
+    reach its ``|mean|``; scipy refuses a single observation). Raises ValueError for no items."""
     d = np.asarray(diffs, dtype=float)
     if d.size == 0:
         raise ValueError("no paired items")
-    if not np.any(d):
+    if d.size == 1 or not np.any(d):
         return 1.0
     res = stats.permutation_test((d,), np.mean, permutation_type="samples", n_resamples=resamples,
                                  alternative="two-sided", rng=np.random.default_rng(seed))

@@ -1,0 +1,111 @@
+"""The analysis' input windows: every refusal's exact text, the limits at their exact values, the
+representation documented for samples and histograms (issue 21)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from servelens.core.buckets import IslBuckets
+from servelens.core.summary import CumulativeHistogram, RequestSample
+from servelens.core.windows import (
+    BucketSamples,
+    ExplainError,
+    HistogramWindow,
+    Mix,
+    SampleWindow,
+    aligned_mix,
+    check_pair,
+    sample_window,
+    window_mix,
+)
+
+L2 = ("0-512", "513+")
+INF = math.inf
+
+
+def one(count: float = 1.0, total: float = 0.5) -> CumulativeHistogram:
+    return CumulativeHistogram(((1.0, count), (INF, count)), total)
+
+
+def refused(call: Callable[[], object]) -> str:
+    with pytest.raises(ExplainError) as err:
+        call()
+    return str(err.value)
+
+
+def test_every_refusal_text() -> None:
+    samples = SampleWindow("TTFT", L2, (BucketSamples((0.1,)), BucketSamples((0.2,))))
+    hists = HistogramWindow("TTFT", L2, (one(), one()))
+    assert refused(lambda: SampleWindow("TTFT", (), ())) == "a window needs at least one ISL bucket"
+    assert refused(lambda: SampleWindow("TTFT", ("a", "a"), (BucketSamples(()),) * 2)) == \
+        "ISL bucket labels repeat: a, a"
+    assert refused(lambda: SampleWindow("TTFT", L2, (BucketSamples(()),))) == \
+        "2 ISL bucket labels but 1 buckets of data"
+    assert refused(lambda: BucketSamples((-1.0,))) == "latency samples must be finite and >= 0 seconds"
+    assert refused(lambda: Mix(L2, (1.0, -1.0))) == "mix shares must be finite and >= 0"
+    assert refused(lambda: Mix(L2, (0.0, 0.0))) == "mix shares sum to 0: no bucket has any weight"
+    assert refused(lambda: aligned_mix(Mix(("0-512", "x"), (1, 1)), L2)) == \
+        "the reference mix does not match the ISL buckets 0-512, 513+: it lacks 513+ and has x"
+    assert refused(lambda: aligned_mix(Mix(("0-512",), (1,)), L2)) == \
+        "the reference mix does not match the ISL buckets 0-512, 513+: it lacks 513+"
+    assert refused(lambda: aligned_mix(Mix((*L2, "x", "y"), (1, 1, 1, 1)), L2)) == \
+        "the reference mix does not match the ISL buckets 0-512, 513+: it has x, y"
+    assert refused(lambda: check_pair(samples, hists)) == \
+        "both windows must come from the same kind of source (samples or histograms)"
+    other = SampleWindow("TTFT", ("a", "b"), samples.buckets)
+    assert refused(lambda: check_pair(samples, other)) == (
+        "the ISL buckets differ between the windows (earlier: 0-512, 513+; later: a, b): "
+        "re-run with the same --isl-buckets")
+    empty = SampleWindow("TTFT", L2, (BucketSamples(()), BucketSamples(())))
+    assert refused(lambda: window_mix(empty)) == "no TTFT observations in the window"
+    assert refused(lambda: sample_window([], IslBuckets.parse("512"), "duration")) == \
+        "unknown metric 'duration' (ttft or itl)"
+    three = ("0-512", "513-1024", "1025+")
+    other_edges = CumulativeHistogram(((2.0, 1.0), (INF, 1.0)), 0.5)
+    assert refused(lambda: HistogramWindow("TTFT", three, (one(), one(), other_edges))) == \
+        "TTFT le edges of bucket 1025+ differ from bucket 0-512's"
+    nan = CumulativeHistogram(((1.0, math.nan), (INF, 1.0)), 0.5)
+    assert refused(lambda: HistogramWindow("TTFT", L2, (one(), nan))) == (
+        "TTFT bucket 513+: le counts are negative or not cumulative (a counter reset between the two scrapes?)")
+    assert refused(lambda: HistogramWindow("TTFT", L2, (one(), one()), requests=(1.0, -1.0))) == \
+        "requests must give one count >= 0 per ISL bucket"
+
+
+def test_one_observation_is_enough() -> None:
+    w = SampleWindow("TTFT", L2, (BucketSamples((0.1,)), BucketSamples(())))
+    check_pair(w, w)
+    assert window_mix(w) == Mix(L2, (1.0, 0.0))
+    h = HistogramWindow("TTFT", L2, (one(), one(0.0, 0.0)), requests=(0.0, 0.0))  # 0 units is allowed
+    assert list(h.units()) == [0.0, 0.0]
+
+
+def test_request_sizes_are_ints_and_empty_requests_sum_to_zero() -> None:
+    assert BucketSamples((0.1, 0.2)).request_sizes().dtype == np.int64
+    sized = BucketSamples((0.1, 0.2, 0.3), (2, 0, 1))
+    assert sized.request_sizes().dtype == np.int64 and list(sized.request_sums()) == pytest.approx([0.3, 0.0, 0.3])
+    assert list(BucketSamples((), (0, 0)).request_sums()) == [0.0, 0.0]
+
+
+def test_sample_window_skips_missing_ttfts_and_counts_unbucketed() -> None:
+    buckets = IslBuckets.parse("512")
+    samples = [
+        RequestSample(100, True, 0.1, (0.01, 0.02)),
+        RequestSample(100, True, None),  # no first token: no TTFT, no ITL
+        RequestSample(None, True, 0.3, (0.03,)),
+        RequestSample(None, True, 0.4, (0.04, 0.05)),
+        RequestSample(600, False, 0.5, (0.06,)),  # a failure: left out
+    ]
+    ttft = sample_window(samples, buckets, "ttft")
+    assert (ttft.metric, [b.values_s for b in ttft.buckets], ttft.unbucketed) == ("TTFT", [(0.1,), ()], 2)
+    itl = sample_window(samples, buckets, "itl")
+    assert ([b.values_s for b in itl.buckets], [b.sizes for b in itl.buckets], itl.unbucketed) == (
+        [(0.01, 0.02), ()], [(2, 0), ()], 3)
+
+
+def test_mix_from_a_mapping_keeps_its_order_without_buckets() -> None:
+    assert Mix.from_mapping({"513+": 3.0, "0-512": 1.0}) == Mix(("513+", "0-512"), (0.75, 0.25))
+    assert Mix.from_mapping({"513+": 3.0, "0-512": 1.0}, IslBuckets.parse("512")) == Mix(L2, (0.25, 0.75))
