@@ -7,6 +7,7 @@ from rich.console import Console
 
 from servelens.bench.summary import BenchResult
 from servelens.core.clumping import detect_clumping
+from servelens.formats.columnar import COLUMNS_DIR
 from servelens.formats.slo_table import attainment_table
 from servelens.formats.table import UNCACHED_HEADER, cells_wrap, fit_to, fitted_table, side_by_side
 
@@ -67,7 +68,9 @@ def print_result(result: BenchResult, console: Console | None = None) -> None:
         + (f" ({rps:.1f} req/s, {s['chunks_per_s']:.0f} chunks/s)" if rps else "")
     )
     if result.results_path is not None:
-        console.print(f"results: {result.results_path}  summary: {result.summary_path}")
+        cols = result.results_path.parent / COLUMNS_DIR
+        extra = f"  columns: {cols}" if cols.is_dir() else ""
+        console.print(f"results: {result.results_path}{extra}  summary: {result.summary_path}")
 
 
 def _print_uncached(result: BenchResult, console: Console) -> None:
