@@ -5,10 +5,12 @@ in one line."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import queue
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -276,3 +278,35 @@ def test_workers_in_the_config_file(tmp_path: Path) -> None:
     assert GatewayConfig(upstream="http://127.0.0.1:9").worker_count == 1
     with pytest.raises(ValueError, match="at least 1"):
         GatewayConfig(upstream="http://127.0.0.1:9", workers=0)
+
+
+def _wait_gone(pid: int, timeout_s: float = 30.0) -> None:
+    """Wait (on a pidfd: an event, not a sleep) until process ``pid`` has ended."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        ready, _, _ = select.select([fd], [], [], timeout_s)
+        assert ready, f"process {pid} still runs after {timeout_s} s"
+    finally:
+        os.close(fd)
+
+
+def test_a_killed_supervisor_leaves_no_worker_nor_state_folder(sim: ServerProcess) -> None:
+    model = _model(sim)
+    child = Child(["--upstream", sim.url, "--host", "127.0.0.1", "--port", "0", "--workers", "2"])
+    try:
+        url = child.wait_line(READY_RE.pattern).group(2)
+        summary = child.wait_line(r"2 workers \(pids (\d+), (\d+)\).*\(state in (\S+)\)")
+        pids, folder = [int(summary.group(1)), int(summary.group(2))], Path(summary.group(3))
+        load(url, model, 4)
+        child.proc.kill()  # SIGKILL: the supervisor can neither stop the workers nor remove the folder
+        child.proc.wait(timeout=10)
+        for pid in pids:  # Linux's SIGTERM (PR_SET_PDEATHSIG): each drains and ends
+            _wait_gone(pid)
+        assert not folder.exists()
+    finally:
+        child.stop()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.proc.pid, signal.SIGKILL)

@@ -46,7 +46,7 @@ from pathlib import Path
 
 from servelens.core.snapshot import take_snapshot
 from servelens.gateway.config import GatewayConfig
-from servelens.gateway.published import WorkerContext, retire
+from servelens.gateway.published import WorkerContext, abandon, retire
 from servelens.prometheus import FrontendMetrics
 from servelens.serving import PARENT_PID_ENV, die_with_parent, listen_error, raise_open_files_limit, ready_line
 
@@ -188,6 +188,7 @@ class Supervisor:
 
     def _become_worker(self, slot: int, ready_fd: int) -> None:
         code = 0
+        supervisor = os.getppid()
         try:
             signal.set_wakeup_fd(-1)
             for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
@@ -210,6 +211,8 @@ class Supervisor:
                 os.write(ready_fd, f"error {reason}\n".encode())
             code = 2
         finally:
+            if os.getppid() != supervisor:  # it was killed: no one will retire this worker's file
+                abandon(self.directory, os.getpid())
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
