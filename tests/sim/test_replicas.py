@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from servelens.sim.config import SimConfig
+from servelens.sim.config import MAX_DATA_PARALLEL, SimConfig
 from servelens.sim.prefix_cache import block_hashes
 from servelens.sim.presets import get_preset
 from servelens.sim.replicas import Replicas
@@ -88,6 +88,13 @@ def test_data_parallel_size_must_be_positive() -> None:
         SimConfig(data_parallel_size=0)
     with pytest.raises(ValueError, match="at least one replica"):
         Replicas([])
+
+
+def test_a_huge_data_parallel_size_is_refused_not_built() -> None:
+    # 10**8 replicas were built one by one: minutes and gigabytes before any error
+    with pytest.raises(ValueError, match=f"data-parallel-size must be at most {MAX_DATA_PARALLEL}"):
+        SimConfig(data_parallel_size=10**8)
+    assert SimConfig(data_parallel_size=MAX_DATA_PARALLEL).data_parallel_size == MAX_DATA_PARALLEL
 
 
 async def test_a_data_parallel_sim_serves_and_counts_its_replicas_together() -> None:
