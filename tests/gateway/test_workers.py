@@ -30,6 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from servelens.core.snapshot import take_snapshot
 from servelens.gateway.config import GatewayConfig, available_cores, load_config_file
 from servelens.gateway.published import decode
+from servelens.gateway.workers import reserve_port
 from servelens.process import ServerProcess
 from servelens.prometheus import FrontendMetrics
 from servelens.prometheus.names import MetricNames
@@ -260,6 +261,25 @@ def test_ports_in_use_are_one_line() -> None:
         assert f"cannot listen on 127.0.0.1:{port}" in line
         line = _refused(["--upstream", "http://127.0.0.1:9", "--port", str(port), "--workers", "2"])
         assert f"cannot listen on 127.0.0.1:{port}" in line
+
+
+def test_a_port_that_another_workers_gateway_serves_is_in_use() -> None:
+    # its workers listen with SO_REUSEPORT, which Linux lets any socket of the same user join: the
+    # second gateway started and took half of the first one's connections
+    with socket.socket() as other:
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{port}"):
+            reserve_port("127.0.0.1", port)
+    held, free = reserve_port("127.0.0.1", 0)
+    try:
+        assert free > 0 and all(s.getsockname()[1] == free for s in held)
+    finally:
+        for s in held:
+            s.close()
 
 
 def test_a_worker_that_cannot_start_stops_the_gateway_in_one_line(tmp_path: Path) -> None:
