@@ -116,3 +116,13 @@ async def test_a_data_parallel_sim_serves_and_counts_its_replicas_together() -> 
                 assert r.status == 200 and "vllm:num_requests_running" in await r.text()
         assert stats["replicas"] == 3 and stats["tokens_emitted"] == 12
         assert stats["steps"] == sum(lp.stats.steps for lp in sim.loop.loops)
+
+
+def test_pooled_lateness_holds_every_replica() -> None:
+    # the pooled history has one loop's bound: the last loops' steps used to push the first ones out
+    params = get_preset("llama-3.1-8b-h100").params
+    replicas = Replicas.build([Engine(params), Engine(params)], VirtualClock(), 1.0)
+    bound = replicas.loops[0].stats.late_ns.maxlen or 0
+    replicas.loops[0].stats.late_ns.extend([0] * bound)  # on time
+    replicas.loops[1].stats.late_ns.extend([5_000_000] * bound)  # 5 ms late
+    assert replicas.stats.summary()["within_1ms"] == 0.5
