@@ -6,7 +6,15 @@ from pathlib import Path
 
 from servelens.core.merge import merge_snapshots
 from servelens.core.snapshot import take_snapshot
-from servelens.gateway.published import Connections, Published, StatePublisher, read_others, read_retired, retire
+from servelens.gateway.published import (
+    Connections,
+    Published,
+    StatePublisher,
+    abandon,
+    read_others,
+    read_retired,
+    retire,
+)
 from servelens.prometheus import FrontendMetrics
 
 MS = 1_000_000
@@ -65,3 +73,14 @@ def test_a_worker_file_still_listed_after_its_retirement_is_not_added_twice(tmp_
     retire(tmp_path, 201, like)
     pub.path.write_bytes(kept)  # a reader that listed the folder before the removal reads it still
     assert _requests(read_others(tmp_path, 202, like)) == 2
+
+
+def test_the_last_abandoned_worker_removes_the_state_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "state"
+    folder.mkdir()
+    for name in ("worker-11.pkl", "worker-12.pkl", "worker-12.pkl.12.tmp", "retired.pkl"):
+        (folder / name).write_bytes(b"x")
+    abandon(folder, 12)  # another worker still runs: its file and the folder stay
+    assert sorted(p.name for p in folder.iterdir()) == ["retired.pkl", "worker-11.pkl"]
+    abandon(folder, 11)
+    assert not folder.exists()

@@ -5,10 +5,12 @@ in one line."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import queue
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -28,6 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from servelens.core.snapshot import take_snapshot
 from servelens.gateway.config import GatewayConfig, available_cores, load_config_file
 from servelens.gateway.published import decode
+from servelens.gateway.workers import reserve_port
 from servelens.process import ServerProcess
 from servelens.prometheus import FrontendMetrics
 from servelens.prometheus.names import MetricNames
@@ -260,6 +263,25 @@ def test_ports_in_use_are_one_line() -> None:
         assert f"cannot listen on 127.0.0.1:{port}" in line
 
 
+def test_a_port_that_another_workers_gateway_serves_is_in_use() -> None:
+    # its workers listen with SO_REUSEPORT, which Linux lets any socket of the same user join: the
+    # second gateway started and took half of the first one's connections
+    with socket.socket() as other:
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{port}"):
+            reserve_port("127.0.0.1", port)
+    held, free = reserve_port("127.0.0.1", 0)
+    try:
+        assert free > 0 and all(s.getsockname()[1] == free for s in held)
+    finally:
+        for s in held:
+            s.close()
+
+
 def test_a_worker_that_cannot_start_stops_the_gateway_in_one_line(tmp_path: Path) -> None:
     missing = tmp_path / "no" / "requests.jsonl"
     line = _refused(["--upstream", "http://127.0.0.1:9", "--port", "0", "--workers", "2", "--request-log",
@@ -276,3 +298,35 @@ def test_workers_in_the_config_file(tmp_path: Path) -> None:
     assert GatewayConfig(upstream="http://127.0.0.1:9").worker_count == 1
     with pytest.raises(ValueError, match="at least 1"):
         GatewayConfig(upstream="http://127.0.0.1:9", workers=0)
+
+
+def _wait_gone(pid: int, timeout_s: float = 30.0) -> None:
+    """Wait (on a pidfd: an event, not a sleep) until process ``pid`` has ended."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        ready, _, _ = select.select([fd], [], [], timeout_s)
+        assert ready, f"process {pid} still runs after {timeout_s} s"
+    finally:
+        os.close(fd)
+
+
+def test_a_killed_supervisor_leaves_no_worker_nor_state_folder(sim: ServerProcess) -> None:
+    model = _model(sim)
+    child = Child(["--upstream", sim.url, "--host", "127.0.0.1", "--port", "0", "--workers", "2"])
+    try:
+        url = child.wait_line(READY_RE.pattern).group(2)
+        summary = child.wait_line(r"2 workers \(pids (\d+), (\d+)\).*\(state in (\S+)\)")
+        pids, folder = [int(summary.group(1)), int(summary.group(2))], Path(summary.group(3))
+        load(url, model, 4)
+        child.proc.kill()  # SIGKILL: the supervisor can neither stop the workers nor remove the folder
+        child.proc.wait(timeout=10)
+        for pid in pids:  # Linux's SIGTERM (PR_SET_PDEATHSIG): each drains and ends
+            _wait_gone(pid)
+        assert not folder.exists()
+    finally:
+        child.stop()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.proc.pid, signal.SIGKILL)

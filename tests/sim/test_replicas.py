@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from servelens.sim.config import SimConfig
+from servelens.sim.config import MAX_DATA_PARALLEL, SimConfig
 from servelens.sim.prefix_cache import block_hashes
 from servelens.sim.presets import get_preset
 from servelens.sim.replicas import Replicas
@@ -90,6 +90,13 @@ def test_data_parallel_size_must_be_positive() -> None:
         Replicas([])
 
 
+def test_a_huge_data_parallel_size_is_refused_not_built() -> None:
+    # 10**8 replicas were built one by one: minutes and gigabytes before any error
+    with pytest.raises(ValueError, match=f"data-parallel-size must be at most {MAX_DATA_PARALLEL}"):
+        SimConfig(data_parallel_size=10**8)
+    assert SimConfig(data_parallel_size=MAX_DATA_PARALLEL).data_parallel_size == MAX_DATA_PARALLEL
+
+
 async def test_a_data_parallel_sim_serves_and_counts_its_replicas_together() -> None:
     import aiohttp
 
@@ -109,3 +116,13 @@ async def test_a_data_parallel_sim_serves_and_counts_its_replicas_together() -> 
                 assert r.status == 200 and "vllm:num_requests_running" in await r.text()
         assert stats["replicas"] == 3 and stats["tokens_emitted"] == 12
         assert stats["steps"] == sum(lp.stats.steps for lp in sim.loop.loops)
+
+
+def test_pooled_lateness_holds_every_replica() -> None:
+    # the pooled history has one loop's bound: the last loops' steps used to push the first ones out
+    params = get_preset("llama-3.1-8b-h100").params
+    replicas = Replicas.build([Engine(params), Engine(params)], VirtualClock(), 1.0)
+    bound = replicas.loops[0].stats.late_ns.maxlen or 0
+    replicas.loops[0].stats.late_ns.extend([0] * bound)  # on time
+    replicas.loops[1].stats.late_ns.extend([5_000_000] * bound)  # 5 ms late
+    assert replicas.stats.summary()["within_1ms"] == 0.5

@@ -70,7 +70,7 @@ def add_parser(subparsers: Any) -> None:
                    "precise step times (default 1000)")
     p.add_argument("--data-parallel-size", type=int, default=1, metavar="N",
                    help="N independent engine replicas behind this one server, each request to the least "
-                   "loaded (vLLM's --data-parallel-size; default 1)")
+                   "loaded (vLLM's --data-parallel-size; 1 to 1024; default 1)")
     p.add_argument("--keepalive-timeout", type=float, default=75.0, metavar="SECONDS",
                    help="close idle keep-alive connections after this (default 75, nginx's; vLLM: 5)")
     a = p.add_argument_group("eval items answered from a key (method checks of servelens eval)")

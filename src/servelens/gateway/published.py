@@ -25,6 +25,7 @@ import logging
 import marshal
 import os
 import pickle
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -202,6 +203,21 @@ def retire(directory: Path, pid: int, like: StateSnapshot) -> None:
             stray.unlink(missing_ok=True)
     except OSError as exc:
         log.warning("cannot keep the counts of worker %d: %s", pid, exc)
+
+
+def abandon(directory: Path, pid: int) -> None:
+    """What a worker whose supervisor is gone (SIGKILLed: no one will retire it) does as it ends:
+    remove its own file, then the whole directory when no other worker's file is left. Each worker
+    removes its file before it looks for the others', so the last one to end always finds none and the
+    directory does not outlive the gateway. Never raises OSError."""
+    try:
+        (directory / f"{WORKER_PREFIX}{pid}{SUFFIX}").unlink(missing_ok=True)
+        for stray in directory.glob(f"{WORKER_PREFIX}{pid}{SUFFIX}.*.tmp"):
+            stray.unlink(missing_ok=True)
+        if not any(directory.glob(f"{WORKER_PREFIX}*{SUFFIX}")):
+            shutil.rmtree(directory, ignore_errors=True)
+    except OSError as exc:
+        log.warning("cannot remove the state of worker %d: %s", pid, exc)
 
 
 def read_others(directory: Path, own_pid: int, like: StateSnapshot) -> list[Published]:

@@ -46,7 +46,7 @@ from pathlib import Path
 
 from servelens.core.snapshot import take_snapshot
 from servelens.gateway.config import GatewayConfig
-from servelens.gateway.published import WorkerContext, retire
+from servelens.gateway.published import WorkerContext, abandon, retire
 from servelens.prometheus import FrontendMetrics
 from servelens.serving import PARENT_PID_ENV, die_with_parent, listen_error, raise_open_files_limit, ready_line
 
@@ -61,7 +61,8 @@ STOP_GRACE_S = 10.0
 
 def reserve_port(host: str, port: int) -> tuple[list[socket.socket], int]:
     """Bind ``host:port`` (0: a free port) with ``SO_REUSEPORT`` on every address ``host`` resolves to,
-    without listening: the workers bind the same port, and a port already in use is an error here.
+    without listening: the workers bind the same port, and a port already in use is an error here (one
+    that another ``--workers`` gateway holds with ``SO_REUSEPORT`` too).
     Returns the sockets (keep them open while the workers run) and the port. Raises OSError (one line)."""
     try:
         infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
@@ -70,19 +71,30 @@ def reserve_port(host: str, port: int) -> tuple[list[socket.socket], int]:
     held: list[socket.socket] = []
     try:
         for family, kind, proto, _, addr in dict.fromkeys(infos):
+            # First as a single gateway binds (no SO_REUSEPORT): Linux lets any socket of this user
+            # with SO_REUSEPORT join a port, so another --workers gateway already there would
+            # otherwise get half the connections of this one, silently.
+            with socket.socket(family, kind, proto) as probe:
+                _options(probe, family, reuse_port=False)
+                probe.bind((addr[0], port, *addr[2:]))
+                port = probe.getsockname()[1]  # the first one picks the port for 0
             s = socket.socket(family, kind, proto)
             held.append(s)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            if family == socket.AF_INET6:
-                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            _options(s, family, reuse_port=True)
             s.bind((addr[0], port, *addr[2:]))
-            port = s.getsockname()[1]  # the first one picks the port for 0
     except OSError as exc:
         for s in held:
             s.close()
         raise listen_error(host, port, exc) from None
     return held, port
+
+
+def _options(s: socket.socket, family: int, reuse_port: bool) -> None:
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    if family == socket.AF_INET6:
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
 
 
 @dataclass
@@ -188,6 +200,7 @@ class Supervisor:
 
     def _become_worker(self, slot: int, ready_fd: int) -> None:
         code = 0
+        supervisor = os.getppid()
         try:
             signal.set_wakeup_fd(-1)
             for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
@@ -210,6 +223,8 @@ class Supervisor:
                 os.write(ready_fd, f"error {reason}\n".encode())
             code = 2
         finally:
+            if os.getppid() != supervisor:  # it was killed: no one will retire this worker's file
+                abandon(self.directory, os.getpid())
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)

@@ -12,6 +12,9 @@ from servelens.sim.answers import AnswerPolicy
 from servelens.sim.model import MIN_SPEEDUP, ModelParams
 from servelens.sim.presets import DEFAULT_PRESET, get_preset
 
+MAX_DATA_PARALLEL = 1024
+"""Most engine replicas of one sim (``--data-parallel-size``); 1024 start and idle about as one does
+(their loops sleep), 10**8 took minutes and gigabytes before this bound."""
 
 @dataclass(frozen=True)
 class SimConfig:
@@ -80,6 +83,8 @@ class SimConfig:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
         if self.data_parallel_size < 1:
             raise ValueError(f"data-parallel-size must be >= 1, got {self.data_parallel_size}")
+        if self.data_parallel_size > MAX_DATA_PARALLEL:  # each is built at start: refuse before, not after minutes
+            raise ValueError(f"data-parallel-size must be at most {MAX_DATA_PARALLEL}, got {self.data_parallel_size}")
         if self.spin_us < 0:
             raise ValueError(f"spin_us must be >= 0, got {self.spin_us}")
         if not 0 < self.keepalive_timeout_s < math.inf:

@@ -10,6 +10,7 @@ faster (the demo's short prompts then got TTFTs of a few ms, close to the client
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 from servelens.sim.scheduler import Engine, SimRequest
 from servelens.sim.steploop import Clock, LoopStats, StepLoop
@@ -65,12 +66,15 @@ class Replicas:
 
     @property
     def stats(self) -> LoopStats:
-        """The loops' timing stats together (steps and busy time summed, lateness pooled)."""
+        """The loops' timing stats together (steps and busy time summed, lateness pooled: the latest
+        ``maxlen / replicas`` steps of each, so every replica is in it however long they ran)."""
         if len(self.loops) == 1:
             return self.loops[0].stats
         out = LoopStats()
+        share = (out.late_ns.maxlen or 0) // len(self.loops)  # each loop's latest: one bounded history
         for lp in self.loops:
             out.steps += lp.stats.steps
             out.busy_ns += lp.stats.busy_ns
-            out.late_ns.extend(lp.stats.late_ns)
+            late = lp.stats.late_ns
+            out.late_ns.extend(itertools.islice(late, max(0, len(late) - share), None))
         return out
