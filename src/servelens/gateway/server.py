@@ -82,7 +82,9 @@ class RunningGateway:
         if pre_shutdown is not None:
             pre_shutdown()  # keep-alive connections take no new request; idle ones close
         if not await self.gateway.drain(self.gateway.config.shutdown_timeout_s):
-            log.warning("stopping with %d request(s) in flight: cut and counted cancelled", self.gateway.active)
+            # aiohttp's cleanup still gives each handler CUT_S, so some may yet end on their own
+            log.warning("shutdown timeout over with %d request(s) in flight: those not done within %.1f s more "
+                        "are cut and counted cancelled", self.gateway.active, CUT_S)
         await self.runner.cleanup()
         if self.metrics_listener is not None:  # scraped to the end, the drain included
             await self.metrics_listener.close()
