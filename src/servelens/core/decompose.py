@@ -44,7 +44,7 @@ from functools import reduce
 
 import numpy as np
 
-from servelens.core.quantiles import weighted_quantile
+from servelens.core.quantiles import weighted_quantiles
 from servelens.core.summary import CumulativeHistogram
 from servelens.core.uncertainty import Interval, SplitIntervals, bootstrap_split, normal_split, split_arrays
 from servelens.core.windows import (
@@ -147,7 +147,7 @@ def counterfactual(
         values.append(vals)
         weights.append(np.full(vals.size, share / vals.size))
     v_all, w_all = (np.concatenate(values), np.concatenate(weights)) if values else (np.zeros(0), np.zeros(0))
-    qs = tuple(_none(weighted_quantile(v_all, w_all, q)) for q in quantiles)
+    qs = tuple(_none(x) for x in weighted_quantiles(v_all, w_all, quantiles))
     return Counterfactual(mix, mean, tuple(quantiles), qs)
 
 
@@ -162,7 +162,7 @@ def observed_quantiles(
         return tuple(h.quantile(q) for q in quantiles)
     chosen = window.buckets if bucket is None else (window.buckets[bucket],)
     values = np.concatenate([np.asarray(b.values_s, dtype=float) for b in chosen])
-    return tuple(_none(weighted_quantile(values, np.ones(values.size), q)) for q in quantiles)
+    return tuple(_none(x) for x in weighted_quantiles(values, np.ones(values.size), quantiles))
 
 
 @dataclass(frozen=True)
