@@ -10,6 +10,7 @@ and duration one observation is one request, for ITL one token (as the histogram
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -132,6 +133,10 @@ class SampleWindow:
 
     def sums(self) -> np.ndarray:
         """Sum of the observations per bucket (s), shape (buckets,)."""
+        return self._sums.copy()
+
+    @functools.cached_property
+    def _sums(self) -> np.ndarray:  # exact sums cost a pass over every value: once per window
         return np.array([_fsum(b.values_s) for b in self.buckets], dtype=float)
 
 
