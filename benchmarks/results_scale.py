@@ -178,6 +178,10 @@ def main() -> int:
           "| ratio CPU, RSS | same table |\n|---|---|---|---|---|---|---|---|")
     for r in results:
         ext = "old_wall_s" not in r
+        if ext and "old_wall_s_extrapolated" not in r:  # one JSONL size: nothing to extrapolate from
+            print(f"| {r['requests']:,} | {r['load1']:.2f} | not run | {r['cols_bytes'] / 1e9:.2f} GB | not run "
+                  f"| {r['new_wall_s']:.2f} s, {r['new_cpu_s']:.2f} s, {r['new_rss_mib']:,.0f} MiB | n/a | n/a |")
+            continue
         sfx = "_extrapolated" if ext else ""
         ow, orss, ob = r["old_wall_s" + sfx], r["old_rss_mib" + sfx], r["jsonl_bytes" + sfx]
         ocpu = r["old_cpu_s" + sfx]
