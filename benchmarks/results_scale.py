@@ -11,8 +11,12 @@ report), checks that the two tables are identical where both exist, and times th
 (``--convert``) on the largest JSONL. The old path's time and memory at the sizes without a JSONL
 are extrapolated linearly from the two largest measured sizes (marked so). Files are deleted after.
 
+With ``--explain-up-to N`` it also times ``servelens explain --results RUN RUN`` (both windows the
+same run, default flags) on the columns and, where there is one, on the JSONL, and checks that the
+two outputs are the same.
+
 Usage: ``python benchmarks/results_scale.py [--requests 20000,100000,1000000] [--jsonl-up-to 100000]
-[--dir /work/tmp] [--keep] [--json out.json]``
+[--explain-up-to 100000] [--dir /work/tmp] [--keep] [--json out.json]``
 """
 
 from __future__ import annotations
@@ -113,6 +117,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", default="20000,100000,1000000")
     ap.add_argument("--jsonl-up-to", type=int, default=100_000)
+    ap.add_argument("--explain-up-to", type=int, default=100_000,
+                    help="also time servelens explain (both windows this run) up to this many requests")
     ap.add_argument("--dir", default=None, help="where the files go (default: a temporary folder)")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--json", default=None)
@@ -133,6 +139,15 @@ def main() -> int:
             row: dict[str, Any] = {"requests": n, "generate_s": gen_s, "load1": load,
                                    "cols_bytes": size_bytes(run / "results.cols"),
                                    "new_wall_s": new[0], "new_rss_mib": new[1], "new_cpu_s": new[3]}
+            if n <= a.explain_up_to:  # both windows the same run: the cost of reading two, verdict "none"
+                cols = str(run / "results.cols")
+                ex = measure(["explain", "--results", cols, cols])
+                row |= {"explain_wall_s": ex[0], "explain_rss_mib": ex[1], "explain_cpu_s": ex[3]}
+                if jsonl is not None:
+                    ex_old = measure(["explain", "--results", str(jsonl), str(jsonl)])
+                    row |= {"explain_old_wall_s": ex_old[0], "explain_old_rss_mib": ex_old[1],
+                            "explain_old_cpu_s": ex_old[3],
+                            "explain_same": ex_old[2] == ex[2].replace(cols.encode(), str(jsonl).encode())}
             if jsonl is not None:
                 old = measure(["report", "--results", str(jsonl), "--format", "csv"])
                 row |= {"jsonl_bytes": jsonl.stat().st_size, "old_wall_s": old[0], "old_rss_mib": old[1],
@@ -163,6 +178,10 @@ def main() -> int:
           "| ratio CPU, RSS | same table |\n|---|---|---|---|---|---|---|---|")
     for r in results:
         ext = "old_wall_s" not in r
+        if ext and "old_wall_s_extrapolated" not in r:  # one JSONL size: nothing to extrapolate from
+            print(f"| {r['requests']:,} | {r['load1']:.2f} | not run | {r['cols_bytes'] / 1e9:.2f} GB | not run "
+                  f"| {r['new_wall_s']:.2f} s, {r['new_cpu_s']:.2f} s, {r['new_rss_mib']:,.0f} MiB | n/a | n/a |")
+            continue
         sfx = "_extrapolated" if ext else ""
         ow, orss, ob = r["old_wall_s" + sfx], r["old_rss_mib" + sfx], r["jsonl_bytes" + sfx]
         ocpu = r["old_cpu_s" + sfx]
@@ -171,6 +190,15 @@ def main() -> int:
               f"| {ow:.1f} s, {ocpu:.1f} s, {orss:,.0f} MiB{mark} | {r['new_wall_s']:.2f} s, {r['new_cpu_s']:.2f} s, "
               f"{r['new_rss_mib']:,.0f} MiB | {ocpu / r['new_cpu_s']:.0f}x, {orss / r['new_rss_mib']:.0f}x "
               f"| {r.get('same_table', 'n/a (no JSONL)')} |")
+    print("\n| requests | explain, JSONL path: wall, CPU, peak RSS | explain, columns: wall, CPU, peak RSS "
+          "| ratio CPU | same output |\n|---|---|---|---|---|")
+    for r in results:
+        if "explain_wall_s" in r:
+            old_ex = (f"{r['explain_old_wall_s']:.1f} s, {r['explain_old_cpu_s']:.1f} s, "
+                      f"{r['explain_old_rss_mib']:,.0f} MiB" if "explain_old_wall_s" in r else "not run")
+            ratio = f"{r['explain_old_cpu_s'] / r['explain_cpu_s']:.1f}x" if "explain_old_cpu_s" in r else "n/a"
+            print(f"| {r['requests']:,} | {old_ex} | {r['explain_wall_s']:.1f} s, {r['explain_cpu_s']:.1f} s, "
+                  f"{r['explain_rss_mib']:,.0f} MiB | {ratio} | {r.get('explain_same', 'n/a (no JSONL)')} |")
     for r in results:
         if "convert_wall_s" in r:
             print(f"\n--convert of {r['requests']:,} requests: {r['convert_wall_s']:.1f} s "

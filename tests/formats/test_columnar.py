@@ -256,3 +256,46 @@ def test_explain_reads_columns_as_records(run_dir: Path, tmp_path: Path) -> None
     by_jsonl = from_results(str(run_dir / "results.jsonl"), str(other / "results.jsonl"))
     by_cols = from_results(str(a), str(b))
     assert by_cols.windows == by_jsonl.windows and by_cols.requests == by_jsonl.requests
+
+
+def _explain(*argv: str) -> str:
+    import io
+    from contextlib import redirect_stdout
+
+    from servelens.cli.main import main
+
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main(["explain", *argv]) == 0
+    return out.getvalue()
+
+
+def test_explain_from_columns_is_the_record_path(tmp_path: Path) -> None:
+    from servelens.core.windows import SampleWindow
+    from servelens.report.explain_windows import METRICS, from_results
+
+    jsonl, cols = [], []
+    for name, seed in (("before", 3), ("after", 4)):
+        records = random_records(600, seed)
+        write_results(tmp_path / name / "results.jsonl", records)
+        write_columnar(tmp_path / f"{name}.cols" / COLUMNS_DIR, records)
+        jsonl.append(str(tmp_path / name / "results.jsonl"))
+        cols.append(str(tmp_path / f"{name}.cols" / COLUMNS_DIR))
+    buckets = IslBuckets((1000, 4000, 8000, 16000))
+    old = from_results(jsonl[0], jsonl[1], buckets)
+    new = from_results(cols[0], cols[1], buckets)
+    itl = new.windows["ITL"][0]
+    assert isinstance(itl, SampleWindow) and isinstance(itl.buckets[0].values_s, np.ndarray)  # no records
+    for m in METRICS:
+        for a, b in zip(old.windows[m], new.windows[m], strict=True):
+            assert isinstance(a, SampleWindow) and isinstance(b, SampleWindow)
+            assert a == b and a.sums().tolist() == b.sums().tolist()
+            assert [x.request_sums().tolist() for x in a.buckets] == [y.request_sums().tolist() for y in b.buckets]
+    assert (old.before_s, old.after_s, old.requests) == (new.before_s, new.after_s, new.requests)
+    assert from_results(cols[0], cols[1], buckets, slo=False).requests is None
+    flags = ("--isl-buckets", "1000,4000,8000,16000", "--resamples", "200", "--slo-ttft", "1.0", "--slo-itl", "0.03")
+    for fmt in ("table", "json"):
+        got = [_explain("--results", *paths, *flags, "--format", fmt) for paths in (jsonl, cols)]
+        assert got[0] == got[1].replace(".cols/results.cols", "/results.jsonl")
+    plain = [_explain("--results", *paths, "--resamples", "200") for paths in (jsonl, cols)]
+    assert plain[0] == plain[1].replace(".cols/results.cols", "/results.jsonl")

@@ -119,7 +119,7 @@ def read_windows(args: argparse.Namespace) -> WindowPairs:
     if args.results:
         if args.model:
             raise ExplainError("--model applies to --metrics and --prometheus, not --results")
-        return from_results(args.results[0], args.results[1], buckets)
+        return from_results(args.results[0], args.results[1], buckets, bool(args.slo_ttft or args.slo_itl))
     if args.metrics:
         return from_scrapes(args.metrics, names, args.model, buckets)
     if not (args.before and args.after):

@@ -44,7 +44,7 @@ from functools import reduce
 
 import numpy as np
 
-from servelens.core.quantiles import weighted_quantile
+from servelens.core.quantiles import weighted_quantiles
 from servelens.core.summary import CumulativeHistogram
 from servelens.core.uncertainty import Interval, SplitIntervals, bootstrap_split, normal_split, split_arrays
 from servelens.core.windows import (
@@ -139,14 +139,15 @@ def counterfactual(
             hsum += scale * h.sum
         hist = CumulativeHistogram(tuple(zip(window.edges, (float(c) for c in cum), strict=True)), hsum)
         return Counterfactual(mix, mean, tuple(quantiles), tuple(hist.quantile(q) for q in quantiles), hist)
-    values: list[float] = []
-    weights: list[float] = []
+    values: list[np.ndarray] = []
+    weights: list[np.ndarray] = []
     for share, i, w in parts:
         assert isinstance(w, SampleWindow)
-        vals = w.buckets[i].values_s
-        values.extend(vals)
-        weights.extend([share / len(vals)] * len(vals))
-    qs = tuple(_none(weighted_quantile(values, weights, q)) for q in quantiles)
+        vals = np.asarray(w.buckets[i].values_s, dtype=float)
+        values.append(vals)
+        weights.append(np.full(vals.size, share / vals.size))
+    v_all, w_all = (np.concatenate(values), np.concatenate(weights)) if values else (np.zeros(0), np.zeros(0))
+    qs = tuple(_none(x) for x in weighted_quantiles(v_all, w_all, quantiles))
     return Counterfactual(mix, mean, tuple(quantiles), qs)
 
 
@@ -160,8 +161,8 @@ def observed_quantiles(
         h = reduce(CumulativeHistogram.plus, hists)
         return tuple(h.quantile(q) for q in quantiles)
     chosen = window.buckets if bucket is None else (window.buckets[bucket],)
-    values = [v for b in chosen for v in b.values_s]
-    return tuple(_none(weighted_quantile(values, [1.0] * len(values), q)) for q in quantiles)
+    values = np.concatenate([np.asarray(b.values_s, dtype=float) for b in chosen])
+    return tuple(_none(x) for x in weighted_quantiles(values, np.ones(values.size), quantiles))
 
 
 @dataclass(frozen=True)

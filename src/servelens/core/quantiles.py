@@ -84,20 +84,38 @@ def weighted_quantile(values: Sequence[float] | np.ndarray, weights: Sequence[fl
     Zero weights are allowed. Returns NaN when the total weight is 0. Raises ValueError for
     ``q`` outside [0, 1], a negative or non-finite weight, or lengths that differ.
     """
-    if not 0 <= q <= 1:
-        raise ValueError(f"quantile must be within [0, 1], got {q}")
+    return weighted_quantiles(values, weights, (q,))[0]
+
+
+def weighted_quantiles(
+    values: Sequence[float] | np.ndarray, weights: Sequence[float] | np.ndarray, qs: Sequence[float]
+) -> tuple[float, ...]:
+    """:func:`weighted_quantile` at every ``q`` of ``qs`` (the same floats), sorting once; with every
+    weight 1 the ranks are whole numbers and a partial sort (``np.partition``) finds them. Raises as
+    :func:`weighted_quantile`."""
+    for q in qs:
+        if not 0 <= q <= 1:
+            raise ValueError(f"quantile must be within [0, 1], got {q}")
     v = np.asarray(values, dtype=float)
     w = np.asarray(weights, dtype=float)
     if v.shape != w.shape:
         raise ValueError(f"values and weights differ in length: {v.size} and {w.size}")
     if not np.all(np.isfinite(w)) or np.any(w < 0):
         raise ValueError("weights must be finite and >= 0")
+    if bool(np.all(w == 1)):  # cumulative weights 1..n, exact: the rank searchsorted would find
+        n = v.size
+        if n == 0:
+            return tuple(math.nan for _ in qs)
+        ranks = [min(max(math.ceil(q * float(n) * (1 - 1e-12)) - 1, 0), n - 1) for q in qs]
+        part = np.partition(v, sorted(set(ranks)))
+        return tuple(float(part[r]) for r in ranks)
     keep = w > 0
     v, w = v[keep], w[keep]
     if v.size == 0:
-        return math.nan
+        return tuple(math.nan for _ in qs)
     order = np.argsort(v, kind="stable")
     cum = np.cumsum(w[order])
+    ordered = v[order]
     # a relative tolerance so that q * total landing exactly on a cumulative step is not missed by rounding
-    idx = int(np.searchsorted(cum, q * cum[-1] * (1 - 1e-12), side="left"))
-    return float(v[order][min(idx, v.size - 1)])
+    idx = [int(np.searchsorted(cum, q * cum[-1] * (1 - 1e-12), side="left")) for q in qs]
+    return tuple(float(ordered[min(i, v.size - 1)]) for i in idx)

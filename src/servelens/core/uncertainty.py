@@ -118,11 +118,13 @@ def resampled_counts_sums(
     counts = np.zeros((resamples, n_k))
     totals = np.zeros((resamples, n_k))
     chunk = max(1, min(resamples, _CHUNK_CELLS // max(n_req, 1)))
+    ones = bool(np.all(sizes == 1))  # one observation a request: counts need no weights (the same floats)
     for start in range(0, resamples, chunk):
         r = min(chunk, resamples - start)
         idx = rng.integers(0, n_req, size=(r, n_req))
         cell = (np.arange(r)[:, None] * n_k + k[idx]).ravel()
-        counts[start:start + r] = np.bincount(cell, sizes[idx].ravel(), r * n_k).reshape(r, n_k)
+        got = np.bincount(cell, None if ones else sizes[idx].ravel(), r * n_k)
+        counts[start:start + r] = got.reshape(r, n_k)
         totals[start:start + r] = np.bincount(cell, sums[idx].ravel(), r * n_k).reshape(r, n_k)
     return counts, totals
 

@@ -10,6 +10,7 @@ and duration one observation is one request, for ITL one token (as the histogram
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -26,7 +27,7 @@ class ExplainError(ValueError):
     mix that does not fit); ``str(exc)`` is one line meant for the user."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class BucketSamples:
     """Per-request observations of one metric in one ISL bucket.
 
@@ -36,18 +37,34 @@ class BucketSamples:
         sizes: observations per request (``sum(sizes) == len(values_s)``; 0 allowed); None means
             one each. Resampling draws whole requests, so one request's tokens stay together.
 
+    Either may be a numpy array (float64 values, int sizes; a results.cols folder's windows are),
+    with the same figures as the tuples.
+
     Raises ExplainError for a negative or non-finite value, or sizes that do not add up.
     """
 
-    values_s: tuple[float, ...]
-    sizes: tuple[int, ...] | None = None
+    values_s: tuple[float, ...] | np.ndarray
+    sizes: tuple[int, ...] | np.ndarray | None = None
 
     def __post_init__(self) -> None:
         v = np.asarray(self.values_s, dtype=float)
         if v.size and (not np.all(np.isfinite(v)) or float(v.min()) < 0):
             raise ExplainError("latency samples must be finite and >= 0 seconds")
-        if self.sizes is not None and (any(s < 0 for s in self.sizes) or sum(self.sizes) != v.size):
-            raise ExplainError(f"sizes add up to {sum(self.sizes)} observations, values hold {v.size}")
+        if self.sizes is not None:
+            n = np.asarray(self.sizes, dtype=np.int64)
+            if (n.size and int(n.min()) < 0) or int(n.sum()) != v.size:
+                raise ExplainError(f"sizes add up to {int(n.sum())} observations, values hold {v.size}")
+
+    def __eq__(self, other: object) -> bool:
+        """The same values and sizes, whether held as tuples or arrays."""
+        if not isinstance(other, BucketSamples):
+            return NotImplemented
+        if (self.sizes is None) != (other.sizes is None):
+            return False
+        return bool(np.array_equal(np.asarray(self.values_s, dtype=float), np.asarray(other.values_s, dtype=float))
+                    and (self.sizes is None or np.array_equal(self.request_sizes(), other.request_sizes())))
+
+    __hash__ = None  # type: ignore[assignment]  # equal by value, arrays are not hashable
 
     @property
     def count(self) -> int:
@@ -71,6 +88,14 @@ class BucketSamples:
         out = np.zeros(sizes.size)
         out[sizes > 0] = sums
         return out
+
+
+def _fsum(values: tuple[float, ...] | np.ndarray) -> float:
+    """``math.fsum`` (exactly rounded), fed in slices so an array never becomes one big list."""
+    if not isinstance(values, np.ndarray):
+        return math.fsum(values)
+    step = 1 << 20
+    return math.fsum(itertools.chain.from_iterable(values[i:i + step].tolist() for i in range(0, values.size, step)))
 
 
 def _check_labels(labels: tuple[str, ...], n: int) -> None:
@@ -108,7 +133,11 @@ class SampleWindow:
 
     def sums(self) -> np.ndarray:
         """Sum of the observations per bucket (s), shape (buckets,)."""
-        return np.array([math.fsum(b.values_s) for b in self.buckets], dtype=float)
+        return self._sums.copy()
+
+    @functools.cached_property
+    def _sums(self) -> np.ndarray:  # exact sums cost a pass over every value: once per window
+        return np.array([_fsum(b.values_s) for b in self.buckets], dtype=float)
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,11 @@ from servelens.core.summary import BucketHistograms, CumulativeHistogram
 from servelens.core.timing import NS_PER_S
 from servelens.core.windows import BucketSamples, ExplainError, HistogramWindow, SampleWindow, Window, sample_window
 from servelens.dashboards.queries import model_matcher
+from servelens.formats.columnar import columns_for
 from servelens.formats.metrics_text import bucket_histograms
 from servelens.formats.results import BenchRecord, load_results, summary_isl_buckets, to_samples, to_slo_request
 from servelens.prometheus.names import MetricNames
+from servelens.report.explain_columns import ColumnRun
 from servelens.report.promapi import PromClient, parse_duration_s
 from servelens.report.sources import check_buckets_match, discover_buckets, exact_increases, scrape
 
@@ -115,27 +117,41 @@ def span_s(records: Sequence[BenchRecord]) -> float:
     return (max(r.end_ns for r in records) - min(r.send_ns for r in records)) / NS_PER_S
 
 
-def from_results(before: str, after: str, buckets: IslBuckets | None = None) -> WindowPairs:
+def from_results(before: str, after: str, buckets: IslBuckets | None = None, slo: bool = True) -> WindowPairs:
     """The windows of two bench results files (``results.jsonl`` or their folders), bucketed with
-    ``buckets`` or, when None, the runs' own boundaries (which must agree).
+    ``buckets`` or, when None, the runs' own boundaries (which must agree). ``slo`` False: a run read
+    from its columns leaves ``requests`` None (they cost a pass over every token; the SLOs need them).
 
     Raises ExplainError or ValueError (one line) for a missing, empty or malformed file, or runs
     bucketed differently.
     """
     chosen = run_buckets(before, after, buckets)
-    runs = [read_records(before), read_records(after)]
-    windows: dict[str, tuple[Window, Window]] = {}
-    for metric in METRICS:
-        pair = [
-            _duration_window(recs, chosen) if metric == "duration"
-            else sample_window(to_samples(recs), chosen, metric.lower())
-            for recs in runs
-        ]
-        windows[metric] = (pair[0], pair[1])
-    return WindowPairs(
-        chosen.labels, windows, f"results {before}", f"results {after}", span_s(runs[0]), span_s(runs[1]),
-        (tuple(map(to_slo_request, runs[0])), tuple(map(to_slo_request, runs[1]))),
-    )
+    got = [_run_windows(path, chosen, slo) for path in (before, after)]
+    windows = {m: (got[0][0][m], got[1][0][m]) for m in METRICS}
+    ra, rb = got[0][2], got[1][2]
+    return WindowPairs(chosen.labels, windows, f"results {before}", f"results {after}", got[0][1], got[1][1],
+                       (ra, rb) if ra is not None and rb is not None else None)
+
+
+def _run_windows(
+    path: str, buckets: IslBuckets, slo: bool
+) -> tuple[dict[str, Window], float, tuple[SloRequest, ...] | None]:
+    """One run's windows, its span (s) and SLO requests: from its columns when it has fresh ones
+    (:mod:`servelens.report.explain_columns`, no records), else from its records."""
+    cols = columns_for(path)
+    if cols is not None:
+        run = ColumnRun(str(cols), buckets)
+        if run.c.requests == 0:
+            raise ExplainError(f"{path}: no requests in it (an empty results file)")
+        itl, sizes, sums = run.itl(with_sums=slo)
+        return ({"TTFT": run.ttft_window(), "ITL": itl, "duration": run.duration_window()}, run.span_s(),
+                run.slo_requests(sizes, sums) if slo else None)
+    recs = read_records(path)
+    samples = to_samples(recs)
+    windows: dict[str, Window] = {"TTFT": sample_window(samples, buckets, "ttft"),
+                                  "ITL": sample_window(samples, buckets, "itl"),
+                                  "duration": _duration_window(recs, buckets)}
+    return windows, span_s(recs), tuple(map(to_slo_request, recs))
 
 
 # ---------------------------------------------------------------- histograms (scrapes, Prometheus)

@@ -1,0 +1,129 @@
+"""``servelens explain``'s windows of one bench run from its ``results.cols`` folder
+(:mod:`servelens.formats.columnar`), without per-request records.
+
+The same windows as :func:`servelens.report.explain_windows.from_results` builds from records
+(the tests compare them value for value): TTFT and request duration from per-request columns
+(8 bytes a request each), ITL from the ``itl_s`` column read in blocks of requests, every value a
+successful request's token gap (``np.repeat`` by ``itl_weight`` where chunks held several tokens),
+request after request within each bucket. What it holds is the windows' values themselves
+(8 bytes an observation: for ITL, 8 bytes a token); the SLOs' per-request mean ITL is numpy's sum
+of the request's values, added one after another as Python's ``sum`` does (the same float),
+over their count; it is computed only when asked (``servelens explain`` with an SLO).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from servelens.core.buckets import IslBuckets
+from servelens.core.slo import SloRequest
+from servelens.core.timing import NS_PER_S
+from servelens.core.windows import BucketSamples, SampleWindow
+from servelens.formats.columnar import NULL, Columns, open_columns
+
+BLOCK = 1 << 22
+"""ITL values read per block (about; cut at request boundaries)."""
+
+
+class ColumnRun:
+    """One run's columns, with each request's bucket (``-1``: no ISL, in no bucket)."""
+
+    def __init__(self, path: str, buckets: IslBuckets) -> None:
+        """Open ``path`` (a ``results.cols`` folder). Raises ValueError (one line) for a bad one."""
+        self.c: Columns = open_columns(path)
+        c = self.c
+        server, target = c.column("isl_server"), c.column("isl_target")
+        isl = np.where(server != NULL, server, target)
+        self.ok = c.column("ok").astype(bool)
+        self.ttft = c.column("ttft_s")
+        self.send, self.end = c.column("send_ns"), c.column("end_ns")
+        self.itl_start = c.column("itl_start")
+        edges = np.asarray(buckets.boundaries, dtype=np.int64)
+        self.key = np.where(isl != NULL, np.searchsorted(edges, isl, side="left"), -1).astype(np.int64)
+        if c.requests and int(isl[isl != NULL].min(initial=0)) < 0:
+            raise ValueError(f"{path}: a negative ISL")
+        self.labels = buckets.labels
+
+    def span_s(self) -> float:
+        """First send to last end (s), as :func:`~servelens.report.explain_windows.span_s`."""
+        return (int(self.end.max()) - int(self.send.min())) / NS_PER_S
+
+    def _window(self, metric: str, values: np.ndarray, use: np.ndarray) -> SampleWindow:
+        """Per-request ``values`` (one each) of the requests in ``use``, per bucket in request order."""
+        got = tuple(BucketSamples(values[use & (self.key == k)]) for k in range(len(self.labels)))
+        return SampleWindow(metric, self.labels, got, int((use & (self.key < 0)).sum()))
+
+    def ttft_window(self) -> SampleWindow:
+        """TTFT of the successful requests with output."""
+        return self._window("TTFT", self.ttft, self.ok & ~np.isnan(self.ttft))
+
+    def duration_window(self) -> SampleWindow:
+        """Send to end of stream (s) of the successful requests."""
+        d = np.maximum(self.end - self.send, 0) / NS_PER_S
+        return self._window("duration", d, self.ok & (self.key >= 0))
+
+    def itl(self, with_sums: bool = True) -> tuple[SampleWindow, np.ndarray, np.ndarray]:
+        """The ITL window, and per request its token count and the sum of its values (s; failed
+        requests: 0 and 0; all 0 unless ``with_sums``), read in blocks of about :data:`BLOCK` values."""
+        n, starts, k_n = self.c.requests, self.itl_start, len(self.labels)
+        sizes, sums = np.zeros(n, dtype=np.int64), np.zeros(n)
+        parts: list[list[np.ndarray]] = [[] for _ in range(k_n)]
+        size_parts: list[list[np.ndarray]] = [[] for _ in range(k_n)]
+        cuts = np.unique(np.concatenate((np.searchsorted(starts, np.arange(0, int(starts[-1]), BLOCK), side="right")
+                                         - 1, [0, n])))
+        for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True):
+            lo, hi = int(starts[a]), int(starts[b])
+            vals = self.c.read("itl_s", lo, hi)
+            w = self.c.read("itl_weight", lo, hi).astype(np.int64) if self.c.weighted else None
+            local = starts[a:b + 1] - lo
+            cw = np.concatenate(([0], np.cumsum(w))) if w is not None else local
+            tok = (cw[local[1:]] - cw[local[:-1]]) if w is not None else np.diff(local)
+            use = self.ok[a:b]
+            tok = np.where(use, tok, 0)
+            per_gap = np.repeat(np.where(use, self.key[a:b], -2), np.diff(local))
+            sizes[a:b] = tok
+            if with_sums:
+                rep = np.repeat(vals, w) if w is not None else vals
+                tok_start = (cw[local[:-1]] if w is not None else local[:-1])
+                sums[a:b] = _sequential_sums(rep, tok_start, tok)
+            for k in range(k_n):
+                sel = per_gap == k
+                v = vals[sel]
+                parts[k].append(np.repeat(v, w[sel]) if w is not None else v)
+                size_parts[k].append(tok[use & (self.key[a:b] == k)])
+        buckets = tuple(BucketSamples(np.concatenate(p) if p else np.zeros(0),
+                                      np.concatenate(s) if s else np.zeros(0, dtype=np.int64))
+                        for p, s in zip(parts, size_parts, strict=True))
+        unbucketed = int(sizes[self.key < 0].sum())
+        return SampleWindow("ITL", self.labels, buckets, unbucketed), sizes, sums
+
+    def slo_requests(self, sizes: np.ndarray, sums: np.ndarray) -> tuple[SloRequest, ...]:
+        """What the SLOs judge of each request (:func:`~servelens.formats.results.to_slo_request`);
+        ``sizes``, ``sums`` from :meth:`itl` (``with_sums``)."""
+        server, target = self.c.column("isl_server"), self.c.column("isl_target")
+        isl = np.where(server != NULL, server, target).tolist()
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = np.where(sizes > 0, sums / np.maximum(sizes, 1), np.nan).tolist()
+        return tuple(
+            SloRequest(None if i == NULL else i, o, None if math.isnan(t) else t, None if math.isnan(m) else m)
+            for i, o, t, m in zip(isl, self.ok.tolist(), self.ttft.tolist(), mean, strict=True)
+        )
+
+
+def _sequential_sums(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Per segment ``values[starts[i]:starts[i] + lengths[i]]`` its sum added left to right (Python's
+    ``sum``, not numpy's pairwise one: the record path's float), vectorised across segments: step ``j``
+    adds every segment's ``j``-th value. Shape ``(segments,)``."""
+    order = np.argsort(-lengths, kind="stable")
+    ln, st = lengths[order], starts[order]
+    acc = np.zeros(order.size)
+    if order.size == 0 or ln[0] <= 0:
+        return acc
+    active = np.searchsorted(-ln, -np.arange(int(ln[0])), side="left")  # segments longer than j
+    for j, c in enumerate(active.tolist()):
+        acc[:c] += values[st[:c] + j]
+    out = np.zeros(order.size)
+    out[order] = acc
+    return out
