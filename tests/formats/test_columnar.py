@@ -88,7 +88,8 @@ def test_time_series_with_fixed_bins(run_dir: Path, tmp_path: Path) -> None:
             load_timed_samples(run_dir / "results.jsonl"), buckets, bins)
 
 
-def test_converted_folder_is_used_for_its_jsonl_until_the_jsonl_changes(run_dir: Path, tmp_path: Path) -> None:
+def test_converted_folder_is_used_for_its_jsonl_until_the_jsonl_changes(
+        run_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     jsonl = tmp_path / "results.jsonl"
     jsonl.write_bytes((run_dir / "results.jsonl").read_bytes())
     assert columns_for(jsonl) is None
@@ -97,8 +98,12 @@ def test_converted_folder_is_used_for_its_jsonl_until_the_jsonl_changes(run_dir:
     assert report_from_results(jsonl, IslBuckets.default()).source == f"results {cols}"
     with open(jsonl, "ab") as f:  # the JSONL grew: the folder no longer stands for it
         f.write(b"\n")
-    assert columns_for(jsonl) is None
-    assert report_from_results(jsonl, IslBuckets.default()).source == f"results file {jsonl}"
+    with caplog.at_level("WARNING", logger="servelens.results"):
+        assert columns_for(jsonl) is None
+        assert report_from_results(jsonl, IslBuckets.default()).source == f"results file {jsonl}"
+    # the reader is told, once, that the columns beside it were passed over and how to rebuild them
+    notes = [r.getMessage() for r in caplog.records if "--convert" in r.getMessage()]
+    assert len(notes) == 1 and str(cols) in notes[0], notes
 
 
 def test_rows_equal_the_samples_definition(run_dir: Path, tmp_path: Path) -> None:

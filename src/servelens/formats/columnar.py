@@ -40,6 +40,7 @@ The writer and the converter: :mod:`servelens.formats.columnar_write`. More: doc
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -50,6 +51,8 @@ import msgspec
 import numpy as np
 
 from servelens.formats.results import RESULTS_FILE, BenchRecord
+
+log = logging.getLogger("servelens.results")
 
 COLUMNS_DIR = "results.cols"
 FORMAT = "servelens-bench-columns/1"
@@ -161,7 +164,16 @@ def columns_for(path: str | Path) -> Path | None:
         stamp = open_columns(cand).source
     except ValueError:
         return None
-    return cand if stamp == source_stamp(jsonl) else None
+    if stamp == source_stamp(jsonl):
+        return cand
+    if cand not in _STALE_NOTED:  # once per folder: several readers ask for the same run
+        _STALE_NOTED.add(cand)
+        log.warning("note: %s was made from another version of %s (size or mtime differ): reading the JSONL; "
+                    "`servelens report --results %s --convert` rebuilds the columns", cand, jsonl, jsonl)
+    return None
+
+
+_STALE_NOTED: set[Path] = set()
 
 
 def iter_columns(path: str | Path) -> Iterator[BenchRecord]:
