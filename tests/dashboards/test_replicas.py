@@ -309,6 +309,10 @@ def check_rules_sum_across_instances(prom: Any, exact: Exact) -> None:
     # An instant whose data is final: every target's last scrape is at or after it, so no sample at or
     # before it can still arrive between the queries below (at "now", a scrape ingested between two
     # queries moved one of them: seen under a busy machine).
+    # rate() needs two samples of every instance at or before that instant: with a 1 s interval and every
+    # target's first scrape within the first second, three scrapes of each one are enough (on a fast
+    # machine the whole run can fit in two, and an instance then had one sample before the instant).
+    prom.wait_until("count_over_time(up[5m])", lambda r: len(r) == REPLICAS and all(x.value >= 3 for x in r))
     at = min(s.value for s in prom.client.query("timestamp(up)"))
     w = "5m"
 

@@ -105,6 +105,7 @@ class _Worker:
     started: float
     ready: bool = False
     buffer: bytes = b""
+    error: str = ""  # the reason it wrote when it could not start
 
 
 class Supervisor:
@@ -268,6 +269,8 @@ class Supervisor:
             while b"\n" in w.buffer:
                 raw, w.buffer = w.buffer.split(b"\n", 1)
                 line = raw.decode(errors="replace")
+                if line.startswith("error "):
+                    w.error = line[6:]
                 if line.startswith("ready"):
                     w.ready = True
                     if w.slot in self._delay:  # a replacement
@@ -294,6 +297,7 @@ class Supervisor:
             if w is None:
                 continue
             if w.ready_fd >= 0:
+                self._last_words(w)
                 self._sel.unregister(w.ready_fd)
                 os.close(w.ready_fd)
             retire(self.directory, pid, self._like)  # its counts stay in the sum
@@ -302,7 +306,8 @@ class Supervisor:
             if self._stopping:
                 continue
             if not w.ready and w.slot not in self._delay:  # at the first start: the gateway does not start
-                self._failure = self._failure or f"gateway worker {w.slot} ended with {how} before it was ready"
+                ended = f"gateway worker {w.slot} ended with {how} before it was ready"
+                self._failure = self._failure or w.error or ended
                 continue
             quick = time.monotonic() - w.started < QUICK_DEATH_S
             delay = min(RESTART_MAX_S, self._delay.get(w.slot, RESTART_MIN_S) * 2) if quick else RESTART_MIN_S
@@ -310,6 +315,18 @@ class Supervisor:
             self._restart_at[w.slot] = time.monotonic() + delay
             print(f"servelens gateway: worker {w.slot} (pid {pid}) ended with {how}; its counts are kept; "
                   f"restarting it in {delay:g} s", file=sys.stderr, flush=True)
+
+    @staticmethod
+    def _last_words(w: _Worker) -> None:
+        """Read what an ended worker wrote that the selector had not yet reported (its ``error`` line
+        into ``w.error``): a reap in the same step as its exit would otherwise lose it."""
+        os.set_blocking(w.ready_fd, False)
+        with contextlib.suppress(OSError):
+            while chunk := os.read(w.ready_fd, 4096):
+                w.buffer += chunk
+        for raw in w.buffer.split(b"\n"):
+            if raw.startswith(b"error ") and not w.error:
+                w.error = raw[6:].decode(errors="replace")
 
     def _next_timeout(self) -> float | None:
         if not self._restart_at:
