@@ -31,6 +31,7 @@ into a temporary folder first, about 90 s).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import subprocess
@@ -90,14 +91,44 @@ def _gateway_ttft(root: Path) -> dict[str, float]:
     return out
 
 
-def compare(out: Path, gateway_ttft: dict[str, float] | None = None) -> dict[str, Any]:
-    """Per bucket, kind and percentile: client, server, order statistic, gateway-exact and Dynamo-edge
-    figures and errors (``gateway_ttft``: the gateway's exact TTFT per response id, when logged)."""
+def _truth(root: Path) -> dict[str, dict[str, Any]]:
+    """The engine's own record per request id, from every ``sim-*-truth.jsonl`` under ``root`` (the
+    demo's sims write them): TTFT = its arrival to its first token, ITL = the gaps between its tokens'
+    emission times (one engine step each)."""
+    out: dict[str, dict[str, Any]] = {}
+    for path in root.glob("sim-*-truth.jsonl"):
+        for line in path.read_text().splitlines():
+            r = json.loads(line)
+            if r.get("outcome") == "ok" and r.get("first_token_ns") is not None:
+                out[str(r["request_id"])] = r
+    return out
+
+
+def _truth_values(recs: list[dict[str, Any]]) -> dict[str, list[float]]:
+    times = [r["token_times_ns"] for r in recs]
+    return {"ttft": [(r["first_token_ns"] - r["arrival_ns"]) / 1e9 for r in recs],
+            "itl": [(b - a) / 1e9 for t in times for a, b in itertools.pairwise(t)]}
+
+
+def _around_rank(values: list[float], q: float) -> tuple[float, float]:
+    """The two order statistics numpy's linear percentile interpolates between (``(n - 1) q``): every
+    standard definition of a sample percentile (Hyndman and Fan's nine) lies in or next to this span."""
+    x = sorted(values)
+    h = (len(x) - 1) * q
+    return x[math.floor(h)], x[math.ceil(h)]
+
+
+def compare(out: Path, gateway_ttft: dict[str, float] | None = None,
+            truth: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Per bucket, kind and percentile: client, server, order statistic, gateway-exact, truth and
+    Dynamo-edge figures and errors (``gateway_ttft``: the gateway's exact TTFT per response id, when
+    logged; ``truth``: the engine's record per response id, when the sim logged it)."""
     summary = json.loads((out / "summary.json").read_text())
     buckets = IslBuckets(tuple(summary.get("isl_buckets") or IslBuckets.default().boundaries))
     server = {r["bucket"]: r for r in summary["server_rows"]}
     records = [r for r in load_results(out / "results.jsonl") if r.ok]
     gateway_ttft = gateway_ttft or {}
+    truth = truth or {}
     table: dict[str, Any] = {}
     for label in buckets.labels:
         rs = [r for r in records if buckets.label(r.isl) == label]
@@ -107,9 +138,13 @@ def compare(out: Path, gateway_ttft: dict[str, float] | None = None) -> dict[str
                   "itl": [v for r in rs for v in r.itl_values_s()]}
         row: dict[str, Any] = {"requests": len(rs)}
         gw = [gateway_ttft[r.request_id] for r in rs if r.request_id in gateway_ttft]
+        known = [truth[r.request_id] for r in rs if r.request_id in truth]
+        true = _truth_values(known) if len(known) == len(rs) else None
         for kind, edges in (("ttft", TTFT_EDGES_S), ("itl", ITL_EDGES_S)):
             for q in QUANTILES:
                 client = float(np.percentile(values[kind], q))
+                lo, hi = _around_rank(values[kind], q / 100)
+                tv = float(np.percentile(true[kind], q)) if true and true[kind] else None
                 order_stat = float(np.percentile(values[kind], q, method="inverted_cdf"))
                 srv = server[label].get(f"{kind}_p{q}_s")
                 dyn = _binned(values[kind], edges, q / 100)
@@ -122,6 +157,10 @@ def compare(out: Path, gateway_ttft: dict[str, float] | None = None) -> dict[str
                     "server_vs_client_pct": _pct(srv, client), "server_vs_order_statistic_pct": _pct(srv, order_stat),
                     "order_statistic_vs_client_pct": _pct(order_stat, client),
                     "dynamo_vs_client_pct": _pct(dyn, client),
+                    "client_around_rank": (lo, hi),
+                    "server_in_client_span": srv is not None and 0.9 * lo <= srv <= 1.1 * hi,
+                    "truth": tv, "server_vs_truth_pct": _pct(srv, tv) if tv else math.nan,
+                    "client_vs_truth_pct": _pct(client, tv) if tv else math.nan,
                 }
         table[label] = row
     ranks: dict[str, Any] = {}
@@ -130,6 +169,8 @@ def compare(out: Path, gateway_ttft: dict[str, float] | None = None) -> dict[str
             key = f"{kind}_p{q}"
             have = [b for b in table if table[b][key]["server"] is not None]
             ranks[key] = {who: _ranked(table, have, key, who) for who in ("client", "server", "dynamo_edges")}
+            if all(table[b][key]["truth"] is not None for b in have):
+                ranks[key]["truth"] = _ranked(table, have, key, "truth")
             for who in ("server", "dynamo_edges"):
                 ranks[key][f"{who}_swaps"] = _swaps(table, have, key, who)
     return {"buckets": table, "ranks": ranks}
@@ -146,8 +187,8 @@ def _p(v: float) -> str:
 def print_tables(c: dict[str, Any]) -> None:
     print("| bucket | requests | figure | client (ms) | server (ms) | server vs client | order statistic vs client "
           "| server vs order statistic | gateway exact vs client | server vs gateway exact "
-          "| Dynamo's edges vs client |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| Dynamo's edges vs client | truth (ms) | server vs truth | client vs truth |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for label, row in c["buckets"].items():
         for kind in ("ttft", "itl"):
             for q in QUANTILES:
@@ -155,12 +196,15 @@ def print_tables(c: dict[str, Any]) -> None:
                 print(f"| {label} | {row['requests']} | {kind.upper()} p{q} | {_ms(f['client'])} | {_ms(f['server'])} "
                       f"| {f['server_vs_client_pct']:+.1f} % | {f['order_statistic_vs_client_pct']:+.1f} % "
                       f"| {f['server_vs_order_statistic_pct']:+.1f} % | {_p(f['gateway_exact_vs_client_pct'])} "
-                      f"| {_p(f['server_vs_gateway_exact_pct'])} | {f['dynamo_vs_client_pct']:+.1f} % |")
+                      f"| {_p(f['server_vs_gateway_exact_pct'])} | {f['dynamo_vs_client_pct']:+.1f} % "
+                      f"| {_ms(f['truth'])} | {_p(f['server_vs_truth_pct'])} | {_p(f['client_vs_truth_pct'])} |")
     print("\nbuckets by figure, worst first:")
     for key, r in c["ranks"].items():
         server = "same" if r["server"] == r["client"] else " > ".join(r["server"])
         dynamo = "same" if r["dynamo_edges"] == r["client"] else " > ".join(r["dynamo_edges"])
-        print(f"  {key}: client {' > '.join(r['client'])}; server {server}; Dynamo's edges {dynamo}")
+        truth = "" if "truth" not in r else "; truth " + (
+            "same" if r["truth"] == r["client"] else " > ".join(r["truth"]))
+        print(f"  {key}: client {' > '.join(r['client'])}; server {server}; Dynamo's edges {dynamo}{truth}")
         print(f"    pairs the other way round (client figures apart, %): server {r['server_swaps']}, "
               f"Dynamo's edges {r['dynamo_edges_swaps']}")
 
@@ -173,10 +217,16 @@ def summary_line(c: dict[str, Any]) -> str:
         figs = [row[f"{kind}_p{q}"] for row in c["buckets"].values() for q in QUANTILES]
         near = sum(abs(f["server_vs_client_pct"]) <= 10 for f in figs)
         text = f"{kind.upper()} within 10 % of the client: {near}/{len(figs)}"
+        span = sum(f["server_in_client_span"] for f in figs)
+        text += f" (or of the client's order statistics around the rank: {span}/{len(figs)}"
         if kind == "ttft":
             gw = sum(abs(f["server_vs_gateway_exact_pct"]) <= 10 for f in figs)
-            text += f" (of the gateway's exact values: {gw}/{len(figs)})"
-        parts.append(text)
+            text += f"; of the gateway's exact values: {gw}/{len(figs)}"
+        if all(f["truth"] is not None for f in figs):
+            st = sum(abs(f["server_vs_truth_pct"]) <= 10 for f in figs)
+            ct = sum(abs(f["client_vs_truth_pct"]) <= 10 for f in figs)
+            text += f"; server within 10 % of the engine's truth: {st}/{len(figs)}, client: {ct}/{len(figs)}"
+        parts.append(text + ")")
     same = [k for k, r in c["ranks"].items() if r["server"] == r["client"]]
     parts.append(f"ranked as the client: {', '.join(same) or 'none'}")
     return "\n" + "; ".join(parts)
@@ -199,8 +249,9 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"{out} holds no summary.json (a demo's --output-dir, or one phase's folder)")
         every = {}
         gateway_ttft = _gateway_ttft(out)
+        truth = _truth(out)
         for phase in phases:
-            c = compare(phase, gateway_ttft)
+            c = compare(phase, gateway_ttft, truth)
             every[phase.name] = c
             print(f"\n## {phase.name}\n")
             print_tables(c)

@@ -180,6 +180,8 @@ def _stack(config: StoryConfig, out: Path, console: Console, slow: bool) -> Iter
     if slow:
         args += ["--prefill-attn-s-per-token-pair", repr(base.prefill_attn_s_per_token_pair * config.slow_attention)]
     tag = "slow" if slow else "normal"
+    # the engine's own times of every request (arrival, each token), for benchmarks/demo_accuracy.py
+    args += ["--truth-log", str(out / f"sim-{tag}-truth.jsonl")]
     # demo.ServerProcess: the launcher the trace replay uses (and its tests replace)
     with demo.ServerProcess(args, log_path=out / f"sim-{tag}.log") as sim:
         what = (f"attention cost x{config.slow_attention:g} (long prompts slow down most)" if slow
