@@ -6,7 +6,13 @@ import math
 
 import pytest
 
-from servelens.core.quantiles import bucket_bounds, histogram_quantile, percentile, weighted_quantile
+from servelens.core.quantiles import (
+    bucket_bounds,
+    histogram_quantile,
+    percentile,
+    weighted_quantile,
+    weighted_quantiles,
+)
 
 INF = math.inf
 B = [(1.0, 2.0), (2.0, 4.0), (INF, 4.0)]
@@ -78,3 +84,20 @@ def test_weighted_quantile_error_messages() -> None:
     for bad in ([-1.0], [math.nan], [INF]):
         with pytest.raises(ValueError, match=r"^weights must be finite and >= 0$"):
             weighted_quantile([1.0], bad, 0.5)
+
+
+def test_weighted_quantiles_unit_weights_at_exact_ranks() -> None:
+    # inverted CDF: the smallest value whose cumulative share reaches q; q * n whole lands on a value
+    vals, ones = [4.0, 1.0, 3.0, 2.0], [1.0] * 4
+    assert weighted_quantiles(vals, ones, [0.0, 0.25, 0.5, 0.75, 1.0]) == (1.0, 1.0, 2.0, 3.0, 4.0)
+    assert weighted_quantiles(vals, ones, [0.26, 0.51]) == (2.0, 3.0)
+    # the same values through the weighted path (weights 2: cumulative 2, 4, 6, 8) give the same floats
+    assert weighted_quantiles(vals, [2.0] * 4, [0.0, 0.25, 0.5, 0.75, 1.0]) == (1.0, 1.0, 2.0, 3.0, 4.0)
+
+
+def test_weighted_quantiles_of_one_and_of_no_value() -> None:
+    assert weighted_quantiles([7.0], [1.0], [0.0, 0.5, 1.0]) == (7.0, 7.0, 7.0)
+    none = weighted_quantiles([], [], [0.5, 0.99])
+    assert len(none) == 2 and all(math.isnan(x) for x in none)
+    zero = weighted_quantiles([1.0, 2.0], [0.0, 0.0], [0.5])
+    assert len(zero) == 1 and math.isnan(zero[0])

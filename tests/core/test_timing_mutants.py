@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 
+import numpy as np
 import pytest
 
 from servelens.core import timing
@@ -79,3 +80,9 @@ def test_finish_copies_every_field_into_the_record() -> None:
     assert (rec.status, rec.error_type, rec.ok) == ("error", "cancelled", False)
     assert (rec.output_chunks, rec.output_tokens) == (2, 2)
     assert rec.ttft_s == pytest.approx(0.050) and rec.duration_s == pytest.approx(0.100)
+
+
+def test_itl_per_chunk_of_fewer_than_two_chunks_is_empty() -> None:
+    for times in ([], [5 * MS]):
+        values, weights = timing.itl_per_chunk(times, {})
+        assert values.shape == (0,) and values.dtype == np.float64 and weights is None

@@ -8,6 +8,7 @@ An ISL equal to a boundary belongs to the bucket that boundary closes (512 -> ``
 
 from __future__ import annotations
 
+import re
 from bisect import bisect_left
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -140,14 +141,14 @@ class IslBuckets:
         return ",".join(str(b) for b in self.boundaries)
 
 
+_LABEL = re.compile(r"([0-9]+)(?:-[0-9]+|\+)")  # "513-1024" or "16385+": what IslBuckets.labels makes
+
+
 def label_sort_key(label: str) -> int:
     """Numeric sort key for a bucket label (``"513-1024"`` -> 513, ``"16385+"`` -> 16385).
 
     Label values sort as strings in Prometheus and Grafana (``1025-2048`` before ``513-1024``);
     use this key to order them numerically. Unknown labels sort last.
     """
-    head = label.split("-", 1)[0].rstrip("+")
-    try:
-        return int(head)
-    except ValueError:
-        return 1 << 62
+    m = _LABEL.fullmatch(label)
+    return int(m.group(1)) if m else 1 << 62
