@@ -182,7 +182,8 @@ def check_sums(url: str, usages: list[dict[str, int]]) -> None:
 
 def _counted(folder: Path, pid: int) -> int:
     like = take_snapshot(FrontendMetrics(isl_buckets=GatewayConfig(upstream="http://x:1").isl_buckets).state)
-    pub = decode((folder / f"worker-{pid}.pkl").read_bytes(), like)
+    (path,) = folder.glob(f"worker-{pid}-*.pkl")  # worker-<pid>-<number>.pkl
+    pub = decode(path.read_bytes(), like)
     return sum(c for m in pub.snapshot.models for _, c in m.requests)
 
 

@@ -4,17 +4,23 @@ worker serves: the sum over all of them (:mod:`.workers` says why this design).
 Files, in the directory the supervisor made for this gateway (``/dev/shm`` when there is one: memory,
 no disk):
 
-* ``worker-<pid>.pkl``: one worker's :class:`Published` state (pickled), rewritten whole (a temporary
-  file renamed over it: a reader sees the old or the new file, never part of one) each time the worker
+* ``worker-<key>.pkl``: one worker's :class:`Published` state, rewritten whole (a temporary file
+  renamed over it: a reader sees the old or the new file, never part of one) each time the worker
   counts a request, before the request's connection goes on to anything else; at the end of the loop's
-  turn when a request is begun (its ``inflight``); once at start (its models at zero).
+  turn when a request is begun (its ``inflight``); when it serves a scrape; once at start (its models at
+  zero). ``key`` is ``<pid>-<n>``, ``n`` the supervisor's count of the workers it started: unique for
+  the gateway's life even when the system gives a replacement the pid of a worker that ended.
 * ``retired.pkl``: a :class:`Retired`: the sum of the workers that ended (written by the supervisor
-  when it reaps one; their ``inflight`` and connection cap at 0) and their pids.
+  when it reaps one; their ``inflight`` and connection cap at 0) and their keys.
 
-A scrape on a worker adds its own live state, every other ``worker-<pid>.pkl`` whose pid is not in
-``retired.pkl``, and ``retired.pkl``'s sum. The supervisor writes ``retired.pkl`` (naming the pid)
-before it removes that worker's file, and a reader lists the worker files before it reads
-``retired.pkl``: so a worker's counts are added exactly once whatever the interleaving.
+A scrape on a worker writes the worker's state and serves exactly what it wrote, plus every other
+``worker-<key>.pkl`` whose key is not in ``retired.pkl``, and ``retired.pkl``'s sum. The supervisor
+writes ``retired.pkl`` (naming the key) before it removes that worker's file, and a reader lists the
+worker files before it reads ``retired.pkl``: so a worker's counts are added exactly once whatever the
+interleaving. Every figure a scrape serves is a file version already written, and each worker's versions
+only grow, so a later scrape on any worker never shows less than an earlier one on another (a worker's
+live state, a TTFT observed at a first token say, reaches the others with its next write: a request
+begun or counted, or a scrape on it).
 """
 
 from __future__ import annotations
@@ -51,11 +57,19 @@ class WorkerContext:
         directory: the gateway's state directory (mode 0700).
         ready_fd: the pipe on which the worker says ``ready <start-up summary>`` or ``error <reason>``.
         slot: the worker's number, 0 to N - 1 (a restarted worker keeps its slot).
+        number: how many workers the supervisor had started before this one (its :func:`worker_key`
+            with its pid).
     """
 
     directory: Path
     ready_fd: int
     slot: int
+    number: int = 0
+
+    @property
+    def key(self) -> str:
+        """This worker's :func:`worker_key` (call it in the worker's own process)."""
+        return worker_key(os.getpid(), self.number)
 
 
 @dataclass(frozen=True)
@@ -84,9 +98,9 @@ class Published:
 
 @dataclass(frozen=True)
 class Retired:
-    """The sum of the workers that ended (``inflight`` and connection cap at 0), and their pids."""
+    """The sum of the workers that ended (``inflight`` and connection cap at 0), and their keys."""
 
-    pids: frozenset[int]
+    keys: frozenset[str]
     published: Published | None
 
 
@@ -179,11 +193,17 @@ def read_retired(directory: Path) -> Retired:
     return got if isinstance(got, Retired) else Retired(frozenset(), None)
 
 
-def retire(directory: Path, pid: int, like: StateSnapshot) -> None:
-    """Add worker ``pid``'s last published state to ``retired.pkl``, then remove its file (the
+def worker_key(pid: int, number: int) -> str:
+    """The name of a worker's state file and retirement (``<pid>-<number>``, ``number`` the
+    supervisor's count of workers started): a pid can come back, the pair cannot."""
+    return f"{pid}-{number}"
+
+
+def retire(directory: Path, key: str, like: StateSnapshot) -> None:
+    """Add worker ``key``'s last published state to ``retired.pkl``, then remove its file (the
     supervisor calls this once the worker is reaped: it writes no more). ``like``: a snapshot of the
     gateway's config (its edges and labels). Never raises OSError."""
-    path = directory / f"{WORKER_PREFIX}{pid}{SUFFIX}"
+    path = directory / f"{WORKER_PREFIX}{key}{SUFFIX}"
     try:
         old = read_retired(directory)
         got = _load(path, like)
@@ -196,65 +216,65 @@ def retire(directory: Path, pid: int, like: StateSnapshot) -> None:
             for p in parts:
                 conns = conns + p.connections
             total = Published(merge_snapshots([p.snapshot for p in parts]), conns)
-        write_atomic(directory / RETIRED_FILE, pickle.dumps(Retired(old.pids | {pid}, total)))
+        write_atomic(directory / RETIRED_FILE, pickle.dumps(Retired(old.keys | {key}, total)))
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
-        for stray in directory.glob(f"{WORKER_PREFIX}{pid}{SUFFIX}.*.tmp"):  # killed while writing
+        for stray in directory.glob(f"{WORKER_PREFIX}{key}{SUFFIX}.*.tmp"):  # killed while writing
             stray.unlink(missing_ok=True)
     except OSError as exc:
-        log.warning("cannot keep the counts of worker %d: %s", pid, exc)
+        log.warning("cannot keep the counts of worker %s: %s", key, exc)
 
 
-def abandon(directory: Path, pid: int) -> None:
+def abandon(directory: Path, key: str) -> None:
     """What a worker whose supervisor is gone (SIGKILLed: no one will retire it) does as it ends:
     remove its own file, then the whole directory when no other worker's file is left. Each worker
     removes its file before it looks for the others', so the last one to end always finds none and the
     directory does not outlive the gateway. Never raises OSError."""
     try:
-        (directory / f"{WORKER_PREFIX}{pid}{SUFFIX}").unlink(missing_ok=True)
-        for stray in directory.glob(f"{WORKER_PREFIX}{pid}{SUFFIX}.*.tmp"):
+        (directory / f"{WORKER_PREFIX}{key}{SUFFIX}").unlink(missing_ok=True)
+        for stray in directory.glob(f"{WORKER_PREFIX}{key}{SUFFIX}.*.tmp"):
             stray.unlink(missing_ok=True)
         if not any(directory.glob(f"{WORKER_PREFIX}*{SUFFIX}")):
             shutil.rmtree(directory, ignore_errors=True)
     except OSError as exc:
-        log.warning("cannot remove the state of worker %d: %s", pid, exc)
+        log.warning("cannot remove the state of worker %s: %s", key, exc)
 
 
-def read_others(directory: Path, own_pid: int, like: StateSnapshot) -> list[Published]:
+def read_others(directory: Path, own_key: str, like: StateSnapshot) -> list[Published]:
     """Every other worker's published state and the retired sum (see the module docstring); ``like``:
     the reader's own snapshot (edges and labels)."""
-    found: dict[int, Published] = {}
+    found: dict[str, Published] = {}
     for path in directory.glob(f"{WORKER_PREFIX}*{SUFFIX}"):
-        try:
-            pid = int(path.name[len(WORKER_PREFIX):-len(SUFFIX)])
-        except ValueError:
-            continue
-        if pid == own_pid:
+        key = path.name[len(WORKER_PREFIX):-len(SUFFIX)]
+        if key == own_key:
             continue
         got = _load(path, like)
         if isinstance(got, Published):
-            found[pid] = got
+            found[key] = got
     retired = read_retired(directory)  # after the worker files: see the module docstring
-    out = [p for pid, p in found.items() if pid not in retired.pids]
+    out = [p for key, p in found.items() if key not in retired.keys]
     if retired.published is not None:
         out.append(retired.published)
     return out
 
 
 class StatePublisher:
-    """Writes one worker's :class:`Published` state to ``worker-<pid>.pkl`` in ``directory``.
+    """Writes one worker's :class:`Published` state to ``worker-<key>.pkl`` in ``directory``.
 
     Args:
         directory: the gateway's state directory (made by the supervisor).
+        key: the worker's :func:`worker_key`.
         metrics: the worker's metrics.
         connections: its connection metrics now.
     """
 
-    def __init__(self, directory: Path, metrics: FrontendMetrics, connections: Callable[[], Connections]) -> None:
+    def __init__(self, directory: Path, key: str, metrics: FrontendMetrics,
+                 connections: Callable[[], Connections]) -> None:
         self.directory = directory
+        self.key = key
         self.metrics = metrics
         self.connections = connections
-        self.path = directory / f"{WORKER_PREFIX}{os.getpid()}{SUFFIX}"
+        self.path = directory / f"{WORKER_PREFIX}{key}{SUFFIX}"
         self._last: StateSnapshot | None = None
         self._cache: EncodeCache = {}
         self._soon = False
@@ -268,8 +288,9 @@ class StatePublisher:
             self._soon = True
             asyncio.get_running_loop().call_soon(self.write)
 
-    def write(self) -> None:
-        """Write the state now (~0.1 ms at 7 ISL buckets and the fine edges). A failure is logged."""
+    def write(self) -> StateSnapshot:
+        """Write the state now (~0.1 ms at 7 ISL buckets and the fine edges) and return the snapshot
+        written. A failure is logged."""
         self._soon = False
         snap = take_snapshot(self.metrics.state, self._last)  # unchanged histograms: their copies reused
         self._last = snap
@@ -277,11 +298,13 @@ class StatePublisher:
             write_atomic(self.path, encode(Published(snap, self.connections()), self._cache))
         except OSError as exc:
             log.warning("cannot publish this worker's metrics to %s: %s", self.path, exc)
+        return snap
 
 
 class MergedScrape(MetricsScrape):
-    """``GET /metrics`` of a gateway worker: its own state plus every other worker's and the retired
-    sum (:func:`read_others`), one set of families, no series twice, no ``worker`` label."""
+    """``GET /metrics`` of a gateway worker: its own state as it writes it now, plus every other
+    worker's and the retired sum (:func:`read_others`), one set of families, no series twice, no
+    ``worker`` label; never less than an earlier scrape on any worker (module docstring)."""
 
     def __init__(self, metrics: FrontendMetrics, publisher: StatePublisher) -> None:
         super().__init__(metrics)
@@ -289,9 +312,11 @@ class MergedScrape(MetricsScrape):
         self._others: list[Published] = []
 
     async def snapshot(self) -> StateSnapshot:
-        """The sum of this worker's live state and the others' (read when the scrape begins)."""
-        own = await super().snapshot()
-        self._others = read_others(self.publisher.directory, os.getpid(), own)
+        """The sum of this worker's state, written now (what others will read from now on: serving
+        its live state unwritten would let a later scrape on another worker show less), and the
+        others' (read when the scrape begins)."""
+        own = self.publisher.write()
+        self._others = read_others(self.publisher.directory, self.publisher.key, own)
         return merge_snapshots([own, *(p.snapshot for p in self._others)])
 
     def added_exposition(self) -> bytes:

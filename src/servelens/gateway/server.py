@@ -124,7 +124,7 @@ async def start_gateway(config: GatewayConfig, metrics: FrontendMetrics | None =
                                                         lambda: gateway.upstream_retries))
     publisher: StatePublisher | None = None
     if worker is not None:
-        publisher = StatePublisher(worker.directory, gateway.metrics, lambda: Connections(
+        publisher = StatePublisher(worker.directory, worker.key, gateway.metrics, lambda: Connections(
             dict(guard.failures), guard.budget.max_connections, gateway.upstream_retries))
         gateway.accounting.on_change = publisher.changed
         gateway.scrape = MergedScrape(gateway.metrics, publisher)

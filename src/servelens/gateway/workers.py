@@ -46,7 +46,7 @@ from pathlib import Path
 
 from servelens.core.snapshot import take_snapshot
 from servelens.gateway.config import GatewayConfig
-from servelens.gateway.published import WorkerContext, abandon, retire
+from servelens.gateway.published import WorkerContext, abandon, retire, worker_key
 from servelens.prometheus import FrontendMetrics
 from servelens.serving import PARENT_PID_ENV, die_with_parent, listen_error, raise_open_files_limit, ready_line
 
@@ -103,6 +103,7 @@ class _Worker:
     pid: int
     ready_fd: int
     started: float
+    number: int = 0  # the supervisor's count of workers started before it: with the pid, its state's key
     ready: bool = False
     buffer: bytes = b""
     error: str = ""  # the reason it wrote when it could not start
@@ -127,6 +128,7 @@ class Supervisor:
         self._restart_at: dict[int, float] = {}
         self._delay: dict[int, float] = {}
         self._failure = ""
+        self._started = 0  # workers started so far (each one's number: its state file's key with its pid)
         self.directory = Path()
         self._like = take_snapshot(FrontendMetrics(
             prefix=config.metrics_prefix, isl_buckets=config.isl_buckets, uncached_buckets=config.uncached_buckets,
@@ -191,15 +193,17 @@ class Supervisor:
     # -- workers ---------------------------------------------------------------------------
     def _spawn(self, slot: int) -> None:
         r, w = os.pipe()
+        number = self._started
+        self._started += 1
         pid = os.fork()
         if pid == 0:  # the worker
             os.close(r)
-            self._become_worker(slot, w)
+            self._become_worker(slot, w, number)
         os.close(w)
-        self.workers[pid] = _Worker(slot, pid, r, time.monotonic())
+        self.workers[pid] = _Worker(slot, pid, r, time.monotonic(), number)
         self._sel.register(r, selectors.EVENT_READ, pid)
 
-    def _become_worker(self, slot: int, ready_fd: int) -> None:
+    def _become_worker(self, slot: int, ready_fd: int, number: int) -> None:
         code = 0
         supervisor = os.getppid()
         try:
@@ -213,7 +217,7 @@ class Supervisor:
             os.environ[PARENT_PID_ENV] = str(os.getppid())  # die_with_parent: SIGTERM when it dies
             from servelens.gateway.server import run_loop, serve_worker
 
-            ctx = WorkerContext(self.directory, ready_fd, slot)
+            ctx = WorkerContext(self.directory, ready_fd, slot, number)
             run_loop(serve_worker(self.config, ctx), self.use_uvloop)
         except BaseException as exc:  # told to the supervisor, which prints one line
             if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
@@ -225,7 +229,7 @@ class Supervisor:
             code = 2
         finally:
             if os.getppid() != supervisor:  # it was killed: no one will retire this worker's file
-                abandon(self.directory, os.getpid())
+                abandon(self.directory, worker_key(os.getpid(), number))
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
@@ -300,7 +304,7 @@ class Supervisor:
                 self._last_words(w)
                 self._sel.unregister(w.ready_fd)
                 os.close(w.ready_fd)
-            retire(self.directory, pid, self._like)  # its counts stay in the sum
+            retire(self.directory, worker_key(pid, w.number), self._like)  # its counts stay in the sum
             how = (f"signal {signal.Signals(-os.waitstatus_to_exitcode(status)).name}"
                    if os.WIFSIGNALED(status) else f"status {os.waitstatus_to_exitcode(status)}")
             if self._stopping:
@@ -313,7 +317,8 @@ class Supervisor:
             delay = min(RESTART_MAX_S, self._delay.get(w.slot, RESTART_MIN_S) * 2) if quick else RESTART_MIN_S
             self._delay[w.slot] = delay
             self._restart_at[w.slot] = time.monotonic() + delay
-            print(f"servelens gateway: worker {w.slot} (pid {pid}) ended with {how}; its counts are kept; "
+            why = f" ({w.error})" if w.error else ""  # a replacement that could not start says why
+            print(f"servelens gateway: worker {w.slot} (pid {pid}) ended with {how}{why}; its counts are kept; "
                   f"restarting it in {delay:g} s", file=sys.stderr, flush=True)
 
     @staticmethod
