@@ -19,8 +19,9 @@ order) and get SIGTERM from Linux when the supervisor dies (``PR_SET_PDEATHSIG``
 
 Why state files rather than asking the siblings at scrape time (:mod:`.published`): a worker writes its
 whole state to a file of its own in memory (``/dev/shm``) each time it counts a request, before the
-connection of that request does anything else; a scrape on any worker adds the files of the others to
-its own live state. So (1) nothing a worker counted is lost when it is SIGKILLed: its file stays, and
+connection of that request does anything else; a scrape on any worker writes its own file and serves
+that plus the files of the others (so no counter goes back between scrapes that different workers
+answer). So (1) nothing a worker counted is lost when it is SIGKILLed: its file stays, and
 the supervisor moves it into the retired sum when it reaps it; what is lost are the requests it had
 in flight, which no one finished (their clients see the connection reset) and which no
 ``requests_total`` holds, as with a single gateway killed; (2) a scrape needs no answer from a sibling
