@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from servelens.engines import llama_cpp as lc
 from servelens.engines import llama_cpp_build as lb
 from servelens.engines.gguf_tokenizer import build_tokenizer, read_vocab, write_tokenizer_config, write_tokenizer_json
 from servelens.engines.harness import default_cache, file_lock
@@ -306,3 +307,15 @@ def test_tools_template_renders_as_the_ggufs_without_tools_and_lists_tools_herme
     assert '<|im_start|>assistant\n<tool_call>\n{"name": "ls", "arguments": {"a": 1}}\n</tool_call><|im_end|>\n' in text
     assert text.endswith("<tool_response>\n[]\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
     assert text.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
+
+
+def test_no_repack_on_a_cpu_with_amx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # ggml's AMX kernels crashed llama-server at its first matmul on a Sapphire Rapids VM
+    amx, plain = tmp_path / "amx", tmp_path / "plain"
+    amx.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f amx_bf16 amx_tile amx_int8\n")
+    plain.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f\n")
+    assert lc.cpu_has_amx(str(amx)) and not lc.cpu_has_amx(str(plain))
+    assert not lc.cpu_has_amx(str(tmp_path / "missing"))
+    for has, want in ((True, True), (False, False)):
+        monkeypatch.setattr(lc, "cpu_has_amx", lambda has=has: has)
+        assert ("--no-repack" in server_command(tmp_path / "s", tmp_path / "m", 1, alias="m")) is want

@@ -220,7 +220,21 @@ def server_command(
     ]  # fmt: skip
     if threads is not None:
         cmd += ["--threads", str(threads)]
+    if cpu_has_amx():
+        # ggml's AMX kernels (a -march=native build on Sapphire Rapids) crash at the first matmul here
+        # (SIGSEGV in ggml_backend_amx_mul_mat, seen on a VM); AMX is one of the "extra buffer types"
+        # that --no-repack turns off, with the repacked AVX kernels
+        cmd.append("--no-repack")
     return [*cmd, *extra_args]
+
+
+def cpu_has_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether the CPU reports Intel AMX (``amx_int8`` among its flags); False when unreadable."""
+    try:
+        with open(cpuinfo) as f:
+            return any(line.startswith("flags") and " amx_int8" in line for line in f)
+    except OSError:
+        return False
 
 
 def main(argv: Sequence[str] | None = None) -> int:
