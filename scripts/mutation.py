@@ -122,7 +122,8 @@ MODULES: tuple[Module, ...] = (
     Module("clumping", "src/servelens/core/clumping.py",
            ("tests/core/test_clumping.py", "tests/core/test_clumping_mutants.py"), group="core2"),
     Module("snapshot", "src/servelens/core/snapshot.py",
-           ("tests/core/test_snapshot.py", "tests/core/test_uncached_state.py"), group="core2"),
+           ("tests/core/test_snapshot.py", "tests/core/test_snapshot_mutants.py", "tests/core/test_uncached_state.py"),
+           group="core2"),
     Module("status", "src/servelens/core/status.py", ("tests/core/test_status.py",), group="core2"),
 )
 MODULE_BY_NAME = {m.name: m for m in MODULES}
