@@ -125,6 +125,8 @@ MODULES: tuple[Module, ...] = (
            ("tests/core/test_snapshot.py", "tests/core/test_snapshot_mutants.py", "tests/core/test_uncached_state.py"),
            group="core2"),
     Module("status", "src/servelens/core/status.py", ("tests/core/test_status.py",), group="core2"),
+    Module("merge", "src/servelens/core/merge.py", ("tests/core/test_merge.py", "tests/core/test_merge_mutants.py"),
+           group="core2"),
 )
 MODULE_BY_NAME = {m.name: m for m in MODULES}
 GROUPS = sorted({m.group for m in MODULES})
