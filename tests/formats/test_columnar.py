@@ -150,10 +150,11 @@ def test_reader_holds_arrays_and_blocks_not_objects(run_dir: Path, tmp_path: Pat
 
     def spy(blocks, groups, rows, qs):  # type: ignore[no-untyped-def]
         def watched():  # type: ignore[no-untyped-def]
-            for g, bins, w, values_at in blocks():
+            for lengths, runs, bins, w, values_at in blocks():
                 seen.append((bins.dtype, bins.ndim, bins.size))
-                assert g.shape == bins.shape and g.dtype == np.int64 and (w is None or w.shape == bins.shape)
-                yield g, bins, w, values_at
+                assert runs.shape == lengths.shape and int(lengths.sum()) == bins.size  # a group per request
+                assert w is None or w.shape == bins.shape
+                yield lengths, runs, bins, w, values_at
         return real(watched, groups, rows, qs)
 
     monkeypatch.setattr(report_columnar, "block_percentiles", spy)
@@ -164,33 +165,44 @@ def test_reader_holds_arrays_and_blocks_not_objects(run_dir: Path, tmp_path: Pat
     assert sum(s for _, _, s in seen) == 2 * open_columns(cols).itl_values  # two passes, every value once each
 
 
-def _blocks(g: np.ndarray, v: np.ndarray, w: np.ndarray | None, size: int) -> list[selection.Block]:
+def _blocks(lengths: np.ndarray, runs: np.ndarray, v: np.ndarray, w: np.ndarray | None,
+            size: int) -> list[selection.Block]:
+    """Blocks of about ``size`` values cut at run boundaries."""
     out: list[selection.Block] = []
-    for a in range(0, v.size, size):
-        part = v[a:a + size]
+    ends = np.cumsum(lengths)
+    r0 = 0
+    while r0 < runs.size:
+        r1 = max(int(np.searchsorted(ends, ends[r0] - lengths[r0] + size, side="right")), r0 + 1)
+        a, b = int(ends[r0] - lengths[r0]), int(ends[r1 - 1])
+        part = v[a:b]
 
         def values_at(pos: np.ndarray, part: np.ndarray = part) -> np.ndarray:
             return part[pos]
 
-        out.append((selection.group_key(g[a:a + size]), selection.value_bins(part),
-                    None if w is None else w[a:a + size], values_at))
+        out.append((lengths[r0:r1], runs[r0:r1], selection.value_bins(part), None if w is None else w[a:b], values_at))
+        r0 = r1
     return out
 
 
 @pytest.mark.parametrize("trial", range(40))
 def test_block_percentiles_equal_numpy_on_the_expanded_values(trial: int) -> None:
     """Exact by definition: numpy's percentile of ``np.repeat(values, weights)`` of each row's groups,
-    with ties, zeros, zero weights, groups in no row and rows of several groups."""
+    with ties, zeros, zero weights, groups in no row, rows of several groups and runs of one value
+    or several (a request's values share its group)."""
     rng = np.random.default_rng(trial)
-    n = int(rng.integers(1, 3000))
+    n_runs = int(rng.integers(1, 800))
+    lengths = rng.integers(1 if trial % 3 else 0, 8 if trial % 4 else 2, n_runs)
+    runs = rng.integers(0, 5, n_runs)  # group 4 is in no row
+    g = np.repeat(runs, lengths)
+    n = g.size
     v = np.round(rng.lognormal(-3.5, 0.6, n), int(rng.integers(3, 10)))
     if trial % 5 == 0:
         v[: n // 3] = 0.0
     w = rng.integers(0, 4, n) if trial % 2 else None
-    g = rng.integers(0, 5, n)  # group 4 is in no row
     rows = [[0], [1], [2], [3], [0, 1, 2, 3], []]
     qs = [50.0, 95.0, 99.0, 0.0, 100.0, 37.3]
-    blocks = _blocks(g, v, w, 257)
+    blocks = _blocks(lengths, runs, v, w, 257)
+    assert sum(b[2].size for b in blocks) == n
     got = selection.block_percentiles(lambda: iter(blocks), 5, rows, qs)
     for r, members in enumerate(rows):
         mine = np.isin(g, members)

@@ -103,6 +103,12 @@ class Columns:
             raise ValueError(f"{p} holds {a.size} values, meta.json says {want} (a truncated folder?)")
         return a
 
+    def open(self, name: str) -> ColumnFile:
+        """A per-chunk or per-value column opened for block reads (:class:`ColumnFile`). Raises
+        ValueError (one line) for a missing or short file."""
+        length = {"chunk_offsets_ns": self.chunks, "chunk_tokens": self.chunks}.get(name, self.itl_values)
+        return ColumnFile(self.path / f"{name}.npy", length)
+
     def read(self, name: str, start: int, stop: int) -> np.ndarray:
         """Values ``[start, stop)`` of a column, read from the file (no mapping: memory is the slice).
         Raises ValueError for a file shorter than that."""
@@ -118,6 +124,60 @@ class Columns:
         if out.size != stop - start:
             raise ValueError(f"{p} ends early (a truncated folder?)")
         return out
+
+
+class ColumnFile:
+    """One column opened for many block reads: the header is read once, each read is one
+    ``np.fromfile`` at an offset, and values at scattered positions come from a mapping of the block
+    alone (no copy of the rest; the mapping is dropped right after, so resident memory stays one
+    block). Use as a context manager, or :meth:`close`."""
+
+    def __init__(self, path: Path, length: int) -> None:
+        """Open ``path`` (an ``.npy`` file of ``length`` values). Raises ValueError (one line) for an
+        unreadable or short file."""
+        self.path = path
+        try:
+            self._f = open(path, "rb")  # noqa: SIM115 (closed by close())
+            np.lib.format.read_magic(self._f)
+            _, _, self.dtype = np.lib.format.read_array_header_1_0(self._f)
+            self.offset = self._f.tell()
+            size = os.fstat(self._f.fileno()).st_size
+        except OSError as exc:
+            raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+        except ValueError as exc:
+            raise ValueError(f"{path}: not a whole .npy file ({exc}; a truncated folder?)") from None
+        if size < self.offset + length * self.dtype.itemsize:
+            self._f.close()
+            raise ValueError(f"{path} ends early (a truncated folder?)")
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Values ``[start, stop)`` (a copy: memory is the slice)."""
+        self._f.seek(self.offset + start * self.dtype.itemsize)
+        out = np.fromfile(self._f, dtype=self.dtype, count=stop - start)
+        if out.size != stop - start:
+            raise ValueError(f"{self.path} ends early (a truncated folder?)")
+        return out
+
+    def at(self, start: int, stop: int, positions: np.ndarray) -> np.ndarray:
+        """Values at ``positions`` (int array, relative to ``start``) of the block ``[start, stop)``:
+        only the pages that hold them are read (a mapping of the block, dropped on return)."""
+        if positions.size == 0 or stop <= start:
+            return np.zeros(0, dtype=self.dtype)
+        block = np.memmap(self._f, dtype=self.dtype, mode="r", offset=self.offset + start * self.dtype.itemsize,
+                          shape=(stop - start,))
+        out = np.asarray(block[positions])  # a copy; the mapping goes with the last reference, here
+        del block
+        return out
+
+    def close(self) -> None:
+        """Close the file."""
+        self._f.close()
+
+    def __enter__(self) -> ColumnFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def is_columnar(path: str | Path) -> bool:
