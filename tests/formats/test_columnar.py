@@ -10,7 +10,9 @@ import pytest
 
 from servelens.core import selection
 from servelens.core.buckets import IslBuckets
+from servelens.core.decompose import counterfactual, observed_quantiles
 from servelens.core.summary import rows_from_samples
+from servelens.core.windows import BinnedSampleWindow, Mix, PerRequestWindow, SampleWindow
 from servelens.formats import columnar, columnar_write
 from servelens.formats.columnar import COLUMNS_DIR, columns_for, iter_columns, open_columns
 from servelens.formats.columnar_write import convert_jsonl, export_jsonl, write_columnar
@@ -271,8 +273,30 @@ def test_explain_reads_columns_as_records(run_dir: Path, tmp_path: Path) -> None
     write_results(other / "results.jsonl", random_records(300, seed=9))
     a, b = convert_jsonl(run_dir, tmp_path / "a.cols"), convert_jsonl(other, tmp_path / "b.cols")
     by_jsonl = from_results(str(run_dir / "results.jsonl"), str(other / "results.jsonl"))
-    by_cols = from_results(str(a), str(b))
-    assert by_cols.windows == by_jsonl.windows and by_cols.requests == by_jsonl.requests
+    every_value = from_results(str(a), str(b), values=True)
+    assert every_value.windows == by_jsonl.windows and every_value.requests == by_jsonl.requests
+    compact = from_results(str(a), str(b))
+    assert compact.requests == by_jsonl.requests
+    for m in ("TTFT", "duration"):
+        assert compact.windows[m] == by_jsonl.windows[m]
+    for x, y in zip(compact.windows["ITL"], by_jsonl.windows["ITL"], strict=True):
+        assert isinstance(x, BinnedSampleWindow) and isinstance(y, SampleWindow)
+        assert_same_samples(x, y)
+
+
+def assert_same_samples(a: PerRequestWindow, b: PerRequestWindow) -> None:
+    """Two per-request windows hold the same samples, whatever their form: counts, exact sums, every
+    request's size and sum, and every quantile (all, per bucket, a mixture of the buckets)."""
+    assert a.labels == b.labels and a.unbucketed == b.unbucketed
+    assert a.counts().tolist() == b.counts().tolist() and a.sums().tolist() == b.sums().tolist()
+    for x, y in zip(a.request_table(), b.request_table(), strict=True):
+        assert x.tolist() == y.tolist()
+    qs = (0.0, 0.01, 0.37, 0.5, 0.95, 0.99, 1.0)
+    for bucket in (None, *range(len(a.labels))):
+        assert observed_quantiles(a, qs, bucket) == observed_quantiles(b, qs, bucket)
+    counts = a.counts()
+    mix = Mix(a.labels, tuple(float(k + 1) if c > 0 else 0.0 for k, c in enumerate(counts)))
+    assert counterfactual(a, mix, qs) == counterfactual(b, mix, qs)
 
 
 def _explain(*argv: str) -> str:
@@ -288,7 +312,6 @@ def _explain(*argv: str) -> str:
 
 
 def test_explain_from_columns_is_the_record_path(tmp_path: Path) -> None:
-    from servelens.core.windows import SampleWindow
     from servelens.report.explain_windows import METRICS, from_results
 
     jsonl, cols = [], []
@@ -301,13 +324,15 @@ def test_explain_from_columns_is_the_record_path(tmp_path: Path) -> None:
     buckets = IslBuckets((1000, 4000, 8000, 16000))
     old = from_results(jsonl[0], jsonl[1], buckets)
     new = from_results(cols[0], cols[1], buckets)
-    itl = new.windows["ITL"][0]
-    assert isinstance(itl, SampleWindow) and isinstance(itl.buckets[0].values_s, np.ndarray)  # no records
+    assert isinstance(new.windows["ITL"][0], BinnedSampleWindow)  # no value held, no record
     for m in METRICS:
         for a, b in zip(old.windows[m], new.windows[m], strict=True):
-            assert isinstance(a, SampleWindow) and isinstance(b, SampleWindow)
-            assert a == b and a.sums().tolist() == b.sums().tolist()
-            assert [x.request_sums().tolist() for x in a.buckets] == [y.request_sums().tolist() for y in b.buckets]
+            assert isinstance(a, SampleWindow)
+            if m == "ITL":
+                assert isinstance(b, BinnedSampleWindow)
+            else:
+                assert isinstance(b, SampleWindow) and a == b and a.sums().tolist() == b.sums().tolist()
+            assert_same_samples(a, b)
     assert (old.before_s, old.after_s, old.requests) == (new.before_s, new.after_s, new.requests)
     assert from_results(cols[0], cols[1], buckets, slo=False).requests is None
     flags = ("--isl-buckets", "1000,4000,8000,16000", "--resamples", "200", "--slo-ttft", "1.0", "--slo-itl", "0.03")
@@ -316,3 +341,6 @@ def test_explain_from_columns_is_the_record_path(tmp_path: Path) -> None:
         assert got[0] == got[1].replace(".cols/results.cols", "/results.jsonl")
     plain = [_explain("--results", *paths, "--resamples", "200") for paths in (jsonl, cols)]
     assert plain[0] == plain[1].replace(".cols/results.cols", "/results.jsonl")
+    normal = [_explain("--results", *paths, "--intervals", "normal", "--format", "json") for paths in (jsonl, cols)]
+    assert normal[0] == normal[1].replace(".cols/results.cols", "/results.jsonl")
+    assert "normal approximation from per-request sums" in normal[0]

@@ -158,13 +158,21 @@ class ColumnFile:
             raise ValueError(f"{self.path} ends early (a truncated folder?)")
         return out
 
+    def view(self, start: int, stop: int) -> np.ndarray:
+        """Values ``[start, stop)`` mapped, not copied: numpy reads the page cache directly (no
+        ``read`` copy). The mapping lives as long as the array: drop it before the next block, so
+        that resident memory stays one block."""
+        if stop <= start:
+            return np.zeros(0, dtype=self.dtype)
+        return np.memmap(self._f, dtype=self.dtype, mode="r", offset=self.offset + start * self.dtype.itemsize,
+                         shape=(stop - start,))
+
     def at(self, start: int, stop: int, positions: np.ndarray) -> np.ndarray:
         """Values at ``positions`` (int array, relative to ``start``) of the block ``[start, stop)``:
         only the pages that hold them are read (a mapping of the block, dropped on return)."""
         if positions.size == 0 or stop <= start:
             return np.zeros(0, dtype=self.dtype)
-        block = np.memmap(self._f, dtype=self.dtype, mode="r", offset=self.offset + start * self.dtype.itemsize,
-                          shape=(stop - start,))
+        block = self.view(start, stop)
         out = np.asarray(block[positions])  # a copy; the mapping goes with the last reference, here
         del block
         return out
