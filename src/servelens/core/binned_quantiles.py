@@ -153,39 +153,35 @@ def mixture_quantiles(rows: Sequence[Sequence[Part]], qs: Sequence[float]) -> li
                 src = parts[p][0]
                 sources[id(src)] = src
                 want.setdefault(id(src), np.zeros((src.groups, NBINS), dtype=bool))[g, j] = True
-    in_bin = {key: _sorted_bins(*sources[key].gather(mask)) for key, mask in want.items()}
+    in_bin = {key: _sorted_bins(*sources[key].gather(mask), sources[key].groups) for key, mask in want.items()}
     out: list[list[float | None]] = [[None] * len(qs) for _ in rows]
     for t in targets:
         out[t.row][t.q] = _pick(rows[t.row], terms[t.row], in_bin, t)
     return [tuple(x) for x in out]
 
 
-def _sorted_bins(values: np.ndarray, groups: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """Gathered observations per bin (values and their groups, in no order)."""
-    bins = value_bins(values)
-    order = np.argsort(bins, kind="stable")  # 16-bit keys: a radix sort
-    values, groups, bins = values[order], groups[order], bins[order]
-    cuts = np.flatnonzero(np.diff(bins)) + 1
-    starts, stops = np.concatenate(([0], cuts)), np.concatenate((cuts, [bins.size]))
-    return {int(bins[a]): (values[a:b], groups[a:b]) for a, b in zip(starts.tolist(), stops.tolist(), strict=True)}
+def _sorted_bins(values: np.ndarray, groups: np.ndarray, n_groups: int) -> dict[tuple[int, int], np.ndarray]:
+    """Gathered observations per (bin, group), in no order within one."""
+    out: dict[tuple[int, int], np.ndarray] = {}
+    for g in range(n_groups):
+        mine = values[groups == g]
+        bins = value_bins(mine)
+        order = np.argsort(bins, kind="stable")  # 16-bit keys: a radix sort
+        mine, bins = mine[order], bins[order]
+        cuts = np.flatnonzero(np.diff(bins)) + 1
+        starts, stops = np.concatenate(([0], cuts)), np.concatenate((cuts, [bins.size]))
+        out.update(((int(bins[a]), g), mine[a:b]) for a, b in zip(starts.tolist(), stops.tolist(), strict=True)
+                   if b > a)
+    return out
 
 
 def _pick(parts: Sequence[Part], terms: Sequence[tuple[int, int, float]],
-          in_bin: dict[int, dict[int, tuple[np.ndarray, np.ndarray]]], t: _Target) -> float:
+          in_bin: dict[int, dict[tuple[int, int], np.ndarray]], t: _Target) -> float:
     """The value at the target's cumulative weight inside its bin (:func:`_select`)."""
-    index = {(p, g): k for k, (p, g, _) in enumerate(terms)}
-    vals_parts, ids_parts = [], []
-    for p, (src, _) in enumerate(parts):
-        v, g = in_bin.get(id(src), {}).get(t.bin, (np.zeros(0), np.zeros(0, dtype=np.int64)))
-        term = np.full(src.groups, -1, dtype=np.int64)
-        for (part, group), k in index.items():
-            if part == p:
-                term[group] = k
-        ids = np.take(term, g)
-        keep = ids >= 0
-        vals_parts.append(v[keep])
-        ids_parts.append(ids[keep])
-    values, ids = np.concatenate(vals_parts), np.concatenate(ids_parts)
+    empty = np.zeros(0)
+    got = [in_bin.get(id(parts[p][0]), {}).get((t.bin, g), empty) for p, g, _ in terms]
+    values = np.concatenate(got)
+    ids = np.repeat(np.arange(len(terms), dtype=np.int64), [v.size for v in got])
     if values.size == 0:  # cannot happen for counts that match the gathered values
         raise ValueError("a bin the counts say holds observations gathered none (counts and values differ)")
     below = np.array([parts[p][0].cumulative[g][t.bin - 1] if t.bin > 0 else 0.0 for p, g, _ in terms])
