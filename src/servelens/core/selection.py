@@ -44,6 +44,23 @@ def value_bins(values: np.ndarray) -> np.ndarray:
     return (v.view(np.uint32) >> 16).astype(np.uint16)
 
 
+def add_block_counts(
+    counts: np.ndarray, lengths: np.ndarray, runs: np.ndarray, bins: np.ndarray, weights: np.ndarray | None
+) -> None:
+    """Add a block's weight per (group, bin) to ``counts`` (``(groups, NBINS)`` int64, in place);
+    the block as in :data:`Block`. The keys span only the bins the block has (``group * span + bin -
+    lowest``), so the per-block count array is small (a block's ITL spans a few octaves, not 256)."""
+    if bins.size == 0:
+        return
+    low, high = int(bins.min()), int(bins.max())
+    span = high - low + 1
+    key = np.repeat(np.asarray(runs, dtype=np.int64) * span - low, lengths)
+    np.add(key, bins, out=key)  # int64 keys: bincount takes them without a copy
+    n = counts.shape[0] * span
+    got = np.bincount(key, minlength=n) if weights is None else np.bincount(key, weights, n).astype(np.int64)
+    counts[:, low:high + 1] += got.reshape(-1, span)
+
+
 def hits(
     any_bin: np.ndarray, want: np.ndarray, lengths: np.ndarray, runs: np.ndarray, bins: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -92,15 +109,9 @@ def block_percentiles(
     requests). Returns ``out[r][i]``, the percentile ``qs[i]`` of row ``r`` (None: the row has no
     weight). Memory: ``groups * NBINS`` counts plus the values of the bins the ranks fall in.
     """
-    counts = np.zeros(groups * NBINS, dtype=np.int64)
+    per_group = np.zeros((groups, NBINS), dtype=np.int64)
     for lengths, runs, bins, w, _ in blocks():
-        key = np.repeat(np.asarray(runs, dtype=np.int64) << BIN_BITS, lengths)
-        np.bitwise_or(key, bins, out=key)  # int64 keys (group, bin): bincount takes them without a copy
-        if w is None:
-            counts += np.bincount(key, minlength=groups * NBINS)
-        else:
-            counts += np.bincount(key, weights=w, minlength=groups * NBINS).astype(np.int64)
-    per_group = counts.reshape(groups, NBINS)
+        add_block_counts(per_group, lengths, runs, bins, w)
     targets: list[_Target] = []
     plan: list[list[tuple[float, int, int] | None]] = []  # per row and q: (virtual, target lo, target hi)
     for r, members in enumerate(rows):

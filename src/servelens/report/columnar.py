@@ -88,7 +88,7 @@ def _itl_blocks(c: Columns, rc: RequestColumns, groups: np.ndarray) -> Iterator[
                 def values_at(pos: np.ndarray, a: int = a, b: int = b) -> np.ndarray:
                     return value_file.at(a, b, pos)
 
-                yield (np.diff(starts[r0:r1 + 1]), groups[r0:r1], bin_file.read(a, b),
+                yield (np.diff(starts[r0:r1 + 1]), groups[r0:r1], bin_file.view(a, b),
                        weight_file.read(a, b) if weight_file is not None else None, values_at)
         finally:
             if weight_file is not None:

@@ -24,7 +24,7 @@ import numpy as np
 
 from servelens.core.binned_quantiles import BinnedValues
 from servelens.core.buckets import IslBuckets
-from servelens.core.selection import BIN_BITS, NBINS, hits
+from servelens.core.selection import NBINS, add_block_counts, hits
 from servelens.core.slo import SloRequest
 from servelens.core.timing import NS_PER_S
 from servelens.core.windows import BinnedSampleWindow, BucketSamples, SampleWindow
@@ -124,7 +124,7 @@ class ColumnRun:
         n = c.requests
         sizes, sums, slo_sums = np.zeros(n, dtype=np.int64), np.zeros(n), np.zeros(n)
         groups = self._groups()
-        counts = np.zeros((k_n + 2) * NBINS, dtype=np.int64)
+        counts = np.zeros((k_n + 2, NBINS), dtype=np.int64)
         with c.open("itl_s") as value_file, c.open("itl_bin") as bin_file:
             weight_file = c.open("itl_weight") if c.weighted else None
             try:
@@ -149,12 +149,7 @@ class ColumnRun:
                     sums[r0:r1] = np.where(use, block_sums, 0.0)
                     if slo:
                         slo_sums[r0:r1] = _sequential_sums(expanded, tok_start, np.where(use, tok, 0))
-                    key = np.repeat(groups[r0:r1] << BIN_BITS, lengths)
-                    np.bitwise_or(key, bins, out=key)
-                    if w is None:
-                        counts += np.bincount(key, minlength=counts.size)
-                    else:
-                        counts += np.bincount(key, weights=w, minlength=counts.size).astype(np.int64)
+                    add_block_counts(counts, lengths, groups[r0:r1], bins, w)
                     del vals, bins, expanded  # unmaps the block
             finally:
                 if weight_file is not None:
@@ -162,7 +157,7 @@ class ColumnRun:
         in_bucket = [self.ok & (self.key == k) for k in range(k_n)]
         window = BinnedSampleWindow(
             "ITL", self.labels, tuple(sizes[m] for m in in_bucket), tuple(sums[m] for m in in_bucket),
-            BinnedValues(counts.reshape(k_n + 2, NBINS)[:k_n].copy(), self._gather),
+            BinnedValues(counts[:k_n].copy(), self._gather),
             int(sizes[self.key < 0].sum()))
         return window, sizes, slo_sums
 
