@@ -178,7 +178,7 @@ class ColumnRun:
                     lo, hi = int(starts[r0]), int(starts[r1])
                     if lo == hi:
                         continue
-                    pos, g = hits(any_bin, full, np.diff(starts[r0:r1 + 1]), groups[r0:r1], bin_file.read(lo, hi))
+                    pos, g = hits(any_bin, full, np.diff(starts[r0:r1 + 1]), groups[r0:r1], bin_file.view(lo, hi))
                     v = value_file.at(lo, hi, pos)
                     if weight_file is not None:
                         w = weight_file.at(lo, hi, pos).astype(np.int64)
