@@ -18,8 +18,11 @@ since the verdict and the counterfactual then weigh the change differently.
 (``sum_b wA_b * H_b / n_b``, scaled to the later window's count): exact as a histogram, since the
 by-ISL histograms share ``le`` edges; its quantiles by Prometheus ``histogram_quantile``
 interpolation. From samples, every later sample of bucket ``b`` weighted ``wA_b / nB_b``; its
-quantiles are exact weighted quantiles (:func:`~servelens.core.quantiles.weighted_quantile`, the
-inverted CDF). **Bound**: the histogram counterfactual's cumulative share at each ``le`` edge
+quantiles are exact weighted quantiles (the inverted CDF of
+:func:`~servelens.core.quantiles.weighted_quantile`), found by selection over value bins
+(:func:`~servelens.core.binned_quantiles.mixture_quantiles`) so that samples too many to hold
+(a million requests' ITL) need not be held; :func:`explain` asks for every quantile at once.
+**Bound**: the histogram counterfactual's cumulative share at each ``le`` edge
 equals the reweighted samples' exactly, so both quantiles fall in the same ``le`` bucket
 ``(lo, hi]``: they differ by at most ``hi - lo``; past the last finite edge the histogram returns
 that edge, at or below the exact value. Sample quantiles here are all inverted-CDF (observed,

@@ -1,13 +1,18 @@
 """Uncertainty of the shift-share split of a mean latency change (see :mod:`servelens.core.decompose`).
 
-Two methods, by the kind of data:
+Three methods, by the kind of data and its size (:func:`split_intervals` chooses, and says why):
 
-**Per-request samples (bench results): bootstrap.** Each window is resampled on its own, whole
-requests with replacement, as many as it has (not per bucket: the bucket counts, hence the mix,
-vary between resamples as they would between runs). For ITL a request's tokens travel together.
-Every resample recomputes the split; an interval is the percentile interval of the resamples
-(``confidence``, default 95%). Seeded (``numpy.random.default_rng(seed)``): the same input and
-seed give the same intervals.
+**Per-request samples (bench results), up to** :data:`BOOTSTRAP_MAX_REQUESTS` **requests a window:
+bootstrap.** Each window is resampled on its own, whole requests with replacement, as many as it has
+(not per bucket: the bucket counts, hence the mix, vary between resamples as they would between
+runs). For ITL a request's tokens travel together. Every resample recomputes the split; an interval
+is the percentile interval of the resamples (``confidence``, default 95%). Seeded
+(``numpy.random.default_rng(seed)``): the same input and seed give the same intervals.
+
+**Per-request samples, larger windows: normal approximation from per-request sums** (:func:`delta_split`).
+The variance the bootstrap estimates, to first order, from exact per-bucket sums of squares of the
+requests' sums and sizes (delta method with the requests as units: a ratio estimator with
+cluster-robust variance for ITL); no draws, so a million requests cost one pass.
 
 **Histogram state (scrapes, Prometheus): normal approximation from counts.** The mean of bucket
 ``b`` is exact (``_sum / _count``); its variance is ``s_b**2 / u_b``, where ``u_b`` is the number of
