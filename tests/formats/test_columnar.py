@@ -150,21 +150,24 @@ def test_reader_holds_arrays_and_blocks_not_objects(run_dir: Path, tmp_path: Pat
     seen: list[tuple[np.dtype, int, int]] = []
     real = selection.block_percentiles
 
-    def spy(blocks, groups, rows, qs):  # type: ignore[no-untyped-def]
+    def spy(blocks, groups, rows, qs, counts=None):  # type: ignore[no-untyped-def]
         def watched():  # type: ignore[no-untyped-def]
             for lengths, runs, bins, w, values_at in blocks():
                 seen.append((bins.dtype, bins.ndim, bins.size))
                 assert runs.shape == lengths.shape and int(lengths.sum()) == bins.size  # a group per request
                 assert w is None or w.shape == bins.shape
                 yield lengths, runs, bins, w, values_at
-        return real(watched, groups, rows, qs)
+        return real(watched, groups, rows, qs, counts)
 
     monkeypatch.setattr(report_columnar, "block_percentiles", spy)
     monkeypatch.setattr(columnar, "BenchRecord", None)  # building a record would fail
-    report_columnar.rows_from_columns(cols, IslBuckets.default())
     longest = int(np.diff(open_columns(cols).column("itl_start")).max())
-    assert seen and all(d == np.uint16 and nd == 1 and size <= 1000 + longest for d, nd, size in seen)
-    assert sum(s for _, _, s in seen) == 2 * open_columns(cols).itl_values  # two passes, every value once each
+    for buckets, passes in ((IslBuckets.parse("1000,4000"), 2), (IslBuckets.default(), 1)):
+        seen.clear()
+        report_columnar.rows_from_columns(cols, buckets)
+        assert seen and all(d == np.uint16 and nd == 1 and size <= 1000 + longest for d, nd, size in seen)
+        # every value once a pass; with the buckets the writer counted (the default), pass 1 is its counts
+        assert sum(s for _, _, s in seen) == passes * open_columns(cols).itl_values
 
 
 def _blocks(lengths: np.ndarray, runs: np.ndarray, v: np.ndarray, w: np.ndarray | None,
@@ -344,3 +347,54 @@ def test_explain_from_columns_is_the_record_path(tmp_path: Path) -> None:
     normal = [_explain("--results", *paths, "--intervals", "normal", "--format", "json") for paths in (jsonl, cols)]
     assert normal[0] == normal[1].replace(".cols/results.cols", "/results.jsonl")
     assert "normal approximation from per-request sums" in normal[0]
+
+
+def _without_totals(cols: Path) -> None:
+    """Make ``cols`` a folder as written before the writer kept totals and bin counts."""
+    meta = json.loads((cols / "meta.json").read_text())
+    for key in ("itl_totals", "itl_bin_counts_buckets"):
+        meta.pop(key)
+    (cols / "meta.json").write_text(json.dumps(meta))
+    for name in ("itl_tokens.npy", "itl_sum_s.npy", columnar.BIN_COUNTS_FILE):
+        (cols / name).unlink()
+
+
+def test_what_the_writer_keeps_is_what_the_readers_compute(run_dir: Path, tmp_path: Path) -> None:
+    """Per request its ITL tokens and reduceat sum, per ISL bucket and bin its tokens: the same
+    integers and floats as one pass over the values computes, by every writer path."""
+    from servelens.report.explain_columns import ColumnRun
+
+    records = load_results(run_dir / "results.jsonl")
+    buckets = IslBuckets.parse("1000,4000,8000")
+    for cols in (write_columnar(tmp_path / "one", records, isl_buckets=buckets),
+                 convert_jsonl(run_dir, tmp_path / "two")):
+        c = open_columns(cols)
+        run = ColumnRun(str(cols), buckets if cols.name == "one" else IslBuckets.default())
+        tok, sums, _, counts = run._itl_pass(True, False, None)
+        assert c.column("itl_tokens").tolist() == tok.tolist()
+        assert c.column("itl_sum_s").tolist() == sums.tolist()
+        assert (c.bin_counts() == counts[:-1]).all() and c.bin_count_buckets == run.boundaries
+    assert open_columns(tmp_path / "two").bin_count_buckets == IslBuckets.default().boundaries  # no summary.json
+
+
+def test_folders_without_kept_totals_give_the_same_figures(tmp_path: Path) -> None:
+    """A folder written before the writer kept totals (or read with other buckets) is read with the
+    passes: the same table and the same explanation."""
+    records = [random_records(500, seed) for seed in (21, 22)]
+    folders = [write_columnar(tmp_path / f"new{k}", r) for k, r in enumerate(records)]
+    olds = [write_columnar(tmp_path / f"old{k}", r) for k, r in enumerate(records)]
+    for cols in olds:
+        _without_totals(cols)
+    buckets = IslBuckets.default()
+    for new, old in zip(folders, olds, strict=True):
+        assert report_columnar.rows_from_columns(new, buckets) == report_columnar.rows_from_columns(old, buckets)
+    for flags in ((), ("--isl-buckets", "1000,4000"), ("--slo-itl", "0.03")):
+        got = [_explain("--results", str(a), str(b), "--format", "json", *flags) for a, b in (folders, olds)]
+        assert got[0] == got[1].replace("/old", "/new")
+    with pytest.raises(ValueError, match="no itl_tokens"):
+        open_columns(olds[0]).column("itl_tokens")
+    with pytest.raises(ValueError, match=r"no itl_bin_counts\.npy"):
+        open_columns(olds[0]).bin_counts()
+    np.save(folders[0] / columnar.BIN_COUNTS_FILE, np.zeros((2, 5), dtype=np.int64))
+    with pytest.raises(ValueError, match="has shape"):
+        report_columnar.rows_from_columns(folders[0], buckets)

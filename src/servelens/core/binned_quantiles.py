@@ -153,14 +153,14 @@ def mixture_quantiles(rows: Sequence[Sequence[Part]], qs: Sequence[float]) -> li
                 src = parts[p][0]
                 sources[id(src)] = src
                 want.setdefault(id(src), np.zeros((src.groups, NBINS), dtype=bool))[g, j] = True
-    in_bin = {key: _sorted_bins(*sources[key].gather(mask), sources[key].groups) for key, mask in want.items()}
+    in_bin = {key: _by_cell(*sources[key].gather(mask), sources[key].groups) for key, mask in want.items()}
     out: list[list[float | None]] = [[None] * len(qs) for _ in rows]
     for t in targets:
         out[t.row][t.q] = _pick(rows[t.row], terms[t.row], in_bin, t)
     return [tuple(x) for x in out]
 
 
-def _sorted_bins(values: np.ndarray, groups: np.ndarray, n_groups: int) -> dict[tuple[int, int], np.ndarray]:
+def _by_cell(values: np.ndarray, groups: np.ndarray, n_groups: int) -> dict[tuple[int, int], np.ndarray]:
     """Gathered observations per (bin, group), in no order within one."""
     out: dict[tuple[int, int], np.ndarray] = {}
     for g in range(n_groups):

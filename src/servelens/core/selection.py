@@ -101,17 +101,26 @@ class _Target:
 
 
 def block_percentiles(
-    blocks: Callable[[], Iterable[Block]], groups: int, rows: Sequence[Sequence[int]], qs: Sequence[float]
+    blocks: Callable[[], Iterable[Block]], groups: int, rows: Sequence[Sequence[int]], qs: Sequence[float],
+    counts: np.ndarray | None = None,
 ) -> list[list[float | None]]:
-    """Exact percentiles ``qs`` (0..100) of each row's weighted values, reading ``blocks()`` twice.
+    """Exact percentiles ``qs`` (0..100) of each row's weighted values, reading ``blocks()`` twice,
+    or once when ``counts`` gives pass 1's result already (``(groups, NBINS)`` int64: the weight per
+    group and bin, e.g. kept by whoever wrote the values; it must be exactly that).
 
     ``rows[r]`` lists the groups (``0..groups-1``) of row ``r`` (a group in no row is left out: failed
     requests). Returns ``out[r][i]``, the percentile ``qs[i]`` of row ``r`` (None: the row has no
     weight). Memory: ``groups * NBINS`` counts plus the values of the bins the ranks fall in.
+    Raises ValueError for ``counts`` of another shape.
     """
-    per_group = np.zeros((groups, NBINS), dtype=np.int64)
-    for lengths, runs, bins, w, _ in blocks():
-        add_block_counts(per_group, lengths, runs, bins, w)
+    if counts is not None:
+        if counts.shape != (groups, NBINS):
+            raise ValueError(f"counts must have shape ({groups}, {NBINS}), got {counts.shape}")
+        per_group = counts
+    else:
+        per_group = np.zeros((groups, NBINS), dtype=np.int64)
+        for lengths, runs, bins, w, _ in blocks():
+            add_block_counts(per_group, lengths, runs, bins, w)
     targets: list[_Target] = []
     plan: list[list[tuple[float, int, int] | None]] = []  # per row and q: (virtual, target lo, target hi)
     for r, members in enumerate(rows):

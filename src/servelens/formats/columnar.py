@@ -50,6 +50,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from servelens.core.selection import NBINS
 from servelens.formats.results import RESULTS_FILE, BenchRecord
 
 log = logging.getLogger("servelens.results")
@@ -65,6 +66,9 @@ INT_FIELDS = ("index", "scheduled_ns", "send_ns", "wall_send_ns", "first_output_
               "isl_server", "osl_target", "osl", "cached_tokens", "http_status")
 BOOL_FIELDS = ("ok", "tokens_from_usage")
 FLOAT_FIELDS = ("ttft_s", "wall_send_s")
+BIN_COUNTS_FILE = "itl_bin_counts.npy"
+"""Tokens of the successful requests per ISL bucket and ITL value bin, shape ``(buckets + 1, NBINS)``
+int64 (the last row: no known ISL), for the buckets in ``meta.json``'s ``itl_bin_counts_buckets``."""
 
 
 def source_stamp(source: Path | None) -> dict[str, int] | None:
@@ -85,10 +89,28 @@ class Columns:
     itl_values: int
     weighted: bool
     source: dict[str, int] | None
+    totals: bool = False
+    bin_count_buckets: tuple[int, ...] | None = None
+
+    def bin_counts(self) -> np.ndarray:
+        """``itl_bin_counts.npy`` (:data:`BIN_COUNTS_FILE`). Raises ValueError (one line) when the
+        folder has none or it does not have the shape its buckets say."""
+        p = self.path / BIN_COUNTS_FILE
+        if self.bin_count_buckets is None:
+            raise ValueError(f"{self.path} has no {BIN_COUNTS_FILE} (written before servelens kept one)")
+        try:
+            a = np.load(p)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"cannot read {p}: {exc} (a truncated folder?)") from None
+        if a.shape != (len(self.bin_count_buckets) + 2, NBINS) or a.dtype != np.int64:
+            raise ValueError(f"{p} has shape {a.shape}, meta.json's buckets say {len(self.bin_count_buckets) + 2} rows")
+        return a
 
     def column(self, name: str) -> np.ndarray:
         """A whole column in memory (per-request ones: 8 bytes a request). Raises ValueError when its
         length is not the meta data's."""
+        if name in ("itl_tokens", "itl_sum_s") and not self.totals:
+            raise ValueError(f"{self.path} has no {name} (written before servelens kept one)")
         p = self.path / f"{name}.npy"
         try:
             a = np.load(p)
@@ -207,8 +229,10 @@ def open_columns(path: str | Path) -> Columns:
         got = meta.get("format") if isinstance(meta, dict) else None
         raise ValueError(f"{p}/meta.json: not a {FORMAT} folder (format {got!r})")
     try:
+        bounds = meta.get("itl_bin_counts_buckets")
         return Columns(p, int(meta["requests"]), int(meta["chunks"]), int(meta["itl_values"]),
-                       bool(meta["itl_weights"]), meta.get("source"))
+                       bool(meta["itl_weights"]), meta.get("source"), bool(meta.get("itl_totals", False)),
+                       tuple(int(b) for b in bounds) if bounds is not None else None)
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{p}/meta.json: missing or bad field {exc}") from None
 

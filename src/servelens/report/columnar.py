@@ -19,7 +19,7 @@ import numpy as np
 
 from servelens.core.buckets import IslBuckets
 from servelens.core.quantiles import percentile
-from servelens.core.selection import Block, block_percentiles
+from servelens.core.selection import NBINS, Block, block_percentiles
 from servelens.core.summary import ALL_LABEL, BucketRow
 from servelens.formats.columnar import NULL, Columns, open_columns
 
@@ -63,10 +63,12 @@ def request_columns(c: Columns) -> RequestColumns:
 
 
 def bucket_keys(rc: RequestColumns, buckets: IslBuckets, by: str) -> np.ndarray:
-    """Each request's bucket index (``len(buckets)``: no bucket, only in "all"), int64."""
+    """Each request's bucket index (``len(buckets)``: no bucket, only in "all": an unknown ISL, as
+    the JSONL path leaves a request without one out of every bucket), int64."""
     edges = np.asarray(buckets.boundaries, dtype=np.int64)
     if by == "isl":
-        return np.searchsorted(edges, rc.isl, side="left").astype(np.int64)
+        known = rc.isl != NULL
+        return np.where(known, np.searchsorted(edges, rc.isl, side="left"), len(buckets)).astype(np.int64)
     has = rc.cached != NULL
     uncached = np.maximum(rc.isl - np.where(has, rc.cached, 0), 0)
     return np.where(has, np.searchsorted(edges, uncached, side="left"), len(buckets)).astype(np.int64)
@@ -139,7 +141,10 @@ def rows_from_columns(path: str | Path, buckets: IslBuckets, by: str = "isl") ->
     nb = len(buckets)
     groups = np.where(rc.ok, keys, nb + 1)  # failed requests: a group in no row
     rows = [[j] for j in range(nb)] + [list(range(nb + 1))]
-    itl = block_percentiles(lambda: _itl_blocks(c, rc, groups), nb + 2, rows, ITL_QS)
+    counts = None
+    if by == "isl" and c.bin_count_buckets == buckets.boundaries:  # pass 1 done by the writer
+        counts = np.concatenate((c.bin_counts(), np.zeros((1, NBINS), dtype=np.int64)))
+    itl = block_percentiles(lambda: _itl_blocks(c, rc, groups), nb + 2, rows, ITL_QS, counts)
     out = [_row(label, keys == j, rc, itl[j]) for j, label in enumerate(buckets.labels)]
     out.append(_row(ALL_LABEL, np.ones(keys.size, dtype=bool), rc, itl[nb]))
     return out

@@ -49,6 +49,7 @@ class ColumnRun:
         self.ttft = c.column("ttft_s")
         self.send, self.end = c.column("send_ns"), c.column("end_ns")
         self.itl_start = c.column("itl_start")
+        self.boundaries = buckets.boundaries
         edges = np.asarray(buckets.boundaries, dtype=np.int64)
         self.key = np.where(isl != NULL, np.searchsorted(edges, isl, side="left"), -1).astype(np.int64)
         if c.requests and int(isl[isl != NULL].min(initial=0)) < 0:
@@ -117,14 +118,44 @@ class ColumnRun:
     def itl_window(self, slo: bool = False) -> tuple[BinnedSampleWindow, np.ndarray, np.ndarray]:
         """The ITL window held compactly (module docstring), and per request its token count and,
         with ``slo``, the sum of its values in Python's order (failed requests: 0 and 0; the sums
-        all 0 without ``slo``), from one pass over the ITL columns in blocks of about
-        :data:`BLOCK` values. Raises ValueError (one line) for a
+        all 0 without ``slo``). What the writer kept is read, not recomputed: the per-request token
+        counts and sums (``itl_tokens``, ``itl_sum_s``) and, for the same ISL buckets, the tokens
+        per bucket and bin (``itl_bin_counts.npy``); what it did not keep comes from one pass over
+        the ITL columns in blocks of about :data:`BLOCK` values. Raises ValueError (one line) for a
         truncated folder."""
+        c, k_n = self.c, len(self.labels)
+        n = c.requests
+        need_sums = slo or not c.totals
+        counts = None
+        if c.bin_count_buckets == self.boundaries:
+            counts = np.concatenate((c.bin_counts(), np.zeros((1, NBINS), dtype=np.int64)))
+        slo_sums = np.zeros(n)
+        if need_sums or counts is None:
+            tok, block_sums, slo_sums, counts = self._itl_pass(need_sums, slo, counts)
+        if not need_sums:  # kept by the writer
+            tok, block_sums = c.column("itl_tokens"), c.column("itl_sum_s")
+        sizes = np.where(self.ok, tok, 0)
+        sums = np.where(self.ok, block_sums, 0.0)
+        in_bucket = [self.ok & (self.key == k) for k in range(k_n)]
+        window = BinnedSampleWindow(
+            "ITL", self.labels, tuple(sizes[m] for m in in_bucket), tuple(sums[m] for m in in_bucket),
+            BinnedValues(counts[:k_n].copy(), self._gather),
+            int(sizes[self.key < 0].sum()))
+        return window, sizes, slo_sums
+
+    def _itl_pass(
+        self, sums_too: bool, slo: bool, counts: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """One pass over the ITL columns: per request its tokens, with ``sums_too`` the
+        ``numpy.add.reduceat`` sum of its values (else 0) and with ``slo`` their sum in Python's
+        order (else 0); the tokens per group and bin (:meth:`_groups`) unless ``counts`` has them."""
         c, starts, k_n = self.c, self.itl_start, len(self.labels)
         n = c.requests
-        sizes, sums, slo_sums = np.zeros(n, dtype=np.int64), np.zeros(n), np.zeros(n)
+        tok_all, sums, slo_sums = np.zeros(n, dtype=np.int64), np.zeros(n), np.zeros(n)
         groups = self._groups()
-        counts = np.zeros((k_n + 2, NBINS), dtype=np.int64)
+        count = counts is None
+        if counts is None:
+            counts = np.zeros((k_n + 2, NBINS), dtype=np.int64)
         with c.open("itl_s") as value_file, c.open("itl_bin") as bin_file:
             weight_file = c.open("itl_weight") if c.weighted else None
             try:
@@ -132,34 +163,33 @@ class ColumnRun:
                     lo, hi = int(starts[r0]), int(starts[r1])
                     if lo == hi:
                         continue
-                    vals, bins = value_file.view(lo, hi), bin_file.view(lo, hi)  # mapped: no copy
                     lengths = np.diff(starts[r0:r1 + 1])
                     w = weight_file.read(lo, hi).astype(np.int64) if weight_file is not None else None
                     if w is not None:  # a value standing for several tokens counts that often
                         cw = np.concatenate(([0], np.cumsum(w)))
                         local = starts[r0:r1 + 1] - lo
-                        tok, tok_start, expanded = cw[local[1:]] - cw[local[:-1]], cw[local[:-1]], np.repeat(vals, w)
+                        tok, tok_start = cw[local[1:]] - cw[local[:-1]], cw[local[:-1]]
                     else:
-                        tok, tok_start, expanded = lengths, starts[r0:r1] - lo, vals
-                    use = self.ok[r0:r1]
-                    sizes[r0:r1] = np.where(use, tok, 0)
-                    some = tok > 0
-                    block_sums = np.zeros(r1 - r0)
-                    block_sums[some] = np.add.reduceat(expanded, tok_start[some])  # each request's own values
-                    sums[r0:r1] = np.where(use, block_sums, 0.0)
-                    if slo:
-                        slo_sums[r0:r1] = _sequential_sums(expanded, tok_start, np.where(use, tok, 0))
-                    add_block_counts(counts, lengths, groups[r0:r1], bins, w)
-                    del vals, bins, expanded  # unmaps the block
+                        tok, tok_start = lengths, starts[r0:r1] - lo
+                    tok_all[r0:r1] = tok
+                    if sums_too or slo:
+                        vals = value_file.view(lo, hi)  # mapped: no copy
+                        expanded = np.repeat(vals, w) if w is not None else vals
+                        some = tok > 0
+                        if sums_too and some.any():
+                            sums[r0:r1][some] = np.add.reduceat(expanded, tok_start[some])  # its own values
+                        if slo:
+                            use = self.ok[r0:r1]
+                            slo_sums[r0:r1] = _sequential_sums(expanded, tok_start, np.where(use, tok, 0))
+                        del vals, expanded  # unmaps the block
+                    if count:
+                        bins = bin_file.view(lo, hi)
+                        add_block_counts(counts, lengths, groups[r0:r1], bins, w)
+                        del bins
             finally:
                 if weight_file is not None:
                     weight_file.close()
-        in_bucket = [self.ok & (self.key == k) for k in range(k_n)]
-        window = BinnedSampleWindow(
-            "ITL", self.labels, tuple(sizes[m] for m in in_bucket), tuple(sums[m] for m in in_bucket),
-            BinnedValues(counts[:k_n].copy(), self._gather),
-            int(sizes[self.key < 0].sum()))
-        return window, sizes, slo_sums
+        return tok_all, sums, slo_sums, counts
 
     def _gather(self, want: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Every ITL value (repeated by its weight) of a successful request whose (bucket, bin) is
