@@ -10,14 +10,11 @@ from typing import Any
 
 from servelens.cli.main import HelpFormatter
 from servelens.core.buckets import IslBuckets
-from servelens.core.capacity import verdict_line
 from servelens.core.slo import Slo, parse_threshold
 from servelens.core.uncertainty import BOOTSTRAP_MAX_REQUESTS, INTERVALS
 from servelens.core.windows import ExplainError, window_mix
 from servelens.formats.mix_file import read_mix, write_mix
 from servelens.prometheus.names import DEFAULT_PREFIX, MetricNames
-from servelens.report import capacity_report
-from servelens.report.capacity_output import capacity_dict
 from servelens.report.explain import ExplainOptions, explain_windows
 from servelens.report.explain_output import render_text, to_json
 from servelens.report.explain_windows import METRICS, WindowPairs, from_prometheus, from_results, from_scrapes
@@ -136,6 +133,10 @@ def read_windows(args: argparse.Namespace) -> WindowPairs:
 def _with_capacity(args: argparse.Namespace, pairs: WindowPairs, out: str) -> str:
     """The explanation with each window's capacity analysis: lines after the text, or a
     ``capacity`` field (``before``, ``after``) in the JSON."""
+    from servelens.core.capacity import verdict_line  # scipy: imported only when asked (half a second)
+    from servelens.report import capacity_report
+    from servelens.report.capacity_output import capacity_dict
+
     names = MetricNames(args.metrics_prefix)
     if args.results:
         buckets = pairs.buckets or IslBuckets.from_labels(pairs.labels)
