@@ -22,6 +22,10 @@ on the columns at every size, its explain up to ``--baseline-explain-up-to`` (it
 per-value windows need ~30 GB at a million requests), and whether its table is the same and its
 verdict lines are.
 
+The generated folders carry the writer's per-request ITL totals and bin counts for the default ISL
+buckets (what the bench writes for its own buckets); ``report`` and ``explain`` are also timed with
+``--isl-buckets 1000,4000,16000``, where those counts do not serve and the passes over the bins run.
+
 Every measurement records the 1-minute load average just before it (the machine is shared).
 
 Usage: ``python benchmarks/results_scale.py [--requests 20000,100000,1000000] [--jsonl-up-to 100000]
@@ -50,6 +54,8 @@ from servelens.formats.columnar_write import ColumnarWriter
 from servelens.formats.results import BenchRecord, encode_record
 
 BATCH = 50_000
+OTHER = "1000,4000,16000"
+"""ISL buckets other than the generated runs' own (the default ones the writer counts values for)."""
 MEASURE = ("import resource, subprocess, sys, time; t = time.perf_counter(); "
            "p = subprocess.run(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.PIPE); "
            "w = time.perf_counter() - t; u = resource.getrusage(resource.RUSAGE_CHILDREN); "
@@ -177,12 +183,15 @@ def main() -> int:
             row: dict[str, Any] = {"requests": n, "generate_s": gen_s, "cols_bytes": size_bytes(run / "results.cols")}
             print(f"{n:,} requests (generated in {gen_s:.0f} s)", file=sys.stderr)
             new = timed(row, "new", ["report", "--results", cols, "--format", "csv"])
+            # buckets other than the run's: the writer's bin counts do not serve, both passes run
+            timed(row, "new_other", ["report", "--results", cols, "--format", "csv", "--isl-buckets", OTHER])
             if base:
                 got = timed(row, "base", ["report", "--results", cols, "--format", "csv"], base)
                 row["base_same_table"] = got == new
             if n <= a.explain_up_to:  # both windows the same run: the cost of reading two, verdict "none"
                 ex = timed(row, "explain", ["explain", "--results", cols, cols])
                 row["explain_method"] = [x for x in ex.decode().splitlines() if x.startswith("uncertainty:")]
+                timed(row, "explain_other", ["explain", "--results", cols, cols, "--isl-buckets", OTHER])
                 if n <= a.bootstrap_up_to:
                     boot = timed(row, "explain_boot", ["explain", "--results", cols, cols, "--intervals", "bootstrap"])
                     row["explain_boot_same_verdicts"] = verdicts(boot) == verdicts(ex)
@@ -217,21 +226,22 @@ def main() -> int:
 def print_tables(results: list[dict[str, Any]]) -> None:
     """The tables for docs/benchmarks.md: wall, CPU, peak RSS (load average at the start)."""
     print("| requests | JSONL | columns | report, JSONL path | report, columns, previous code | report, columns "
-          "| same table |\n|---|---|---|---|---|---|---|")
+          "| report, columns, other buckets | same table |\n|---|---|---|---|---|---|---|---|")
     for r in results:
         same = [str(r[k]) for k in ("same_table", "base_same_table") if k in r]
         jsonl = f"{r['jsonl_bytes'] / 1e9:.2f} GB" if "jsonl_bytes" in r else "not written"
         print(f"| {r['requests']:,} | {jsonl} | {r['cols_bytes'] / 1e9:.2f} GB | {cell(r, 'old')} | {cell(r, 'base')} "
-              f"| {cell(r, 'new')} | {', '.join(same) or 'n/a'} |")
+              f"| {cell(r, 'new')} | {cell(r, 'new_other')} | {', '.join(same) or 'n/a'} |")
     print("\n| requests | explain, JSONL path | explain, columns, previous code | explain, columns, "
-          "--intervals bootstrap | explain, columns | same output / verdicts |\n|---|---|---|---|---|---|")
+          "--intervals bootstrap | explain, columns | explain, columns, other buckets | same output / verdicts |"
+          "\n|---|---|---|---|---|---|---|")
     for r in results:
         if "explain_wall_s" not in r:
             continue
         same = [f"{k}: {r[k]}" for k in ("explain_same", "explain_base_same_verdicts", "explain_boot_same_verdicts")
                 if k in r]
         print(f"| {r['requests']:,} | {cell(r, 'explain_old')} | {cell(r, 'explain_base')} | {cell(r, 'explain_boot')} "
-              f"| {cell(r, 'explain')} | {'; '.join(same) or 'n/a'} |")
+              f"| {cell(r, 'explain')} | {cell(r, 'explain_other')} | {'; '.join(same) or 'n/a'} |")
     for r in results:
         if "convert_wall_s" in r:
             print(f"\n--convert of {r['requests']:,} requests: {r['convert_wall_s']:.1f} s "
