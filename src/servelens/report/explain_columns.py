@@ -4,12 +4,14 @@
 The same windows as :func:`servelens.report.explain_windows.from_results` builds from records
 (the tests compare them value for value): TTFT and request duration from per-request columns
 (8 bytes a request each, held whole). ITL, ~365 values a request, is not held: :meth:`ColumnRun.itl_window`
-reads the ``itl_s``, ``itl_bin`` (and ``itl_weight``) columns once, in blocks of requests, and keeps
-per request its token count and sum (``numpy.add.reduceat`` of its values, as
+keeps per request its token count and sum (``numpy.add.reduceat`` of its values, as
 :meth:`~servelens.core.windows.BucketSamples.request_sums` of the record path) and per bucket the
 tokens per value bin: a :class:`~servelens.core.windows.BinnedSampleWindow`, 16 bytes a request and
-2 MiB of counts, whose quantiles read the values of a few bins in one more pass
-(:func:`~servelens.core.selection.hits`: the bins alone are tested, the request only for hits).
+2 MiB of counts, whose quantiles read the values of a few bins in one pass over the bins
+(:func:`~servelens.core.selection.hits`: the bins alone are tested, the request only for hits). The
+totals and counts are the writer's (``itl_tokens``, ``itl_sum_s``, ``itl_bin_counts.npy``) where it
+kept them for these buckets, else one pass over ``itl_s``, ``itl_bin`` (and ``itl_weight``) in blocks
+of requests computes them.
 :meth:`ColumnRun.itl` still builds the window of every value (``servelens report --compare`` resamples
 quantiles and needs them). The SLOs' per-request mean ITL is the request's values added one after
 another as Python's ``sum`` does (the same float as the records'), over their count; it is computed
