@@ -274,8 +274,8 @@ def delta_split(
 BOOTSTRAP_MAX_REQUESTS = 10_000
 """``intervals="auto"`` bootstraps while each window has at most this many requests and uses the
 normal approximation (:func:`delta_split`) above. Why there: the bootstrap's work is
-``resamples x requests`` draws per window and metric (2e7 at 10,000 requests, about a second for the
-three metrics of two windows here) and grows with the requests, while the normal approximation costs
+``resamples x requests`` draws per window and metric (2e7 at 10,000 requests: ~1.5 s for the three
+metrics of two windows here, 3 s at 20,000) and grows with the requests, while the normal approximation costs
 one pass over the per-request sums; and at 10,000 requests the central limit theorem holds for a mean
 of latencies with a finite variance, so the two agree (measured in the tests on 4,000 requests a
 window: within the bootstrap's own resampling noise). Small windows keep the bootstrap, which needs
