@@ -12,11 +12,25 @@ report), checks that the two tables are identical where both exist, and times th
 are extrapolated linearly from the two largest measured sizes (marked so). Files are deleted after.
 
 With ``--explain-up-to N`` it also times ``servelens explain --results RUN RUN`` (both windows the
-same run, default flags) on the columns and, where there is one, on the JSONL, and checks that the
-two outputs are the same.
+same run, default flags: the intervals' method is chosen by size) on the columns and, where there is
+one, on the JSONL, and checks that the two outputs are the same; with ``--bootstrap-up-to N`` also
+with ``--intervals bootstrap`` (what the default was before a million requests were in reach).
+
+``--baseline-src DIR`` runs the previous code side by side: the ``src`` folder of an earlier commit
+(``git archive COMMIT src | tar -x -C DIR``), as ``PYTHONPATH=DIR/src python -m servelens``: its report
+on the columns at every size, its explain up to ``--baseline-explain-up-to`` (its bootstrap and
+per-value windows need ~30 GB at a million requests), and whether its table is the same and its
+verdict lines are.
+
+The generated folders carry the writer's per-request ITL totals and bin counts for the default ISL
+buckets (what the bench writes for its own buckets); ``report`` and ``explain`` are also timed with
+``--isl-buckets 1000,4000,16000``, where those counts do not serve and the passes over the bins run.
+
+Every measurement records the 1-minute load average just before it (the machine is shared).
 
 Usage: ``python benchmarks/results_scale.py [--requests 20000,100000,1000000] [--jsonl-up-to 100000]
-[--explain-up-to 100000] [--dir /work/tmp] [--keep] [--json out.json]``
+[--explain-up-to 1000000] [--bootstrap-up-to 20000] [--baseline-src DIR] [--baseline-explain-up-to 100000]
+[--dir /work/tmp] [--keep] [--json out.json]``
 """
 
 from __future__ import annotations
@@ -40,6 +54,8 @@ from servelens.formats.columnar_write import ColumnarWriter
 from servelens.formats.results import BenchRecord, encode_record
 
 BATCH = 50_000
+OTHER = "1000,4000,16000"
+"""ISL buckets other than the generated runs' own (the default ones the writer counts values for)."""
 MEASURE = ("import resource, subprocess, sys, time; t = time.perf_counter(); "
            "p = subprocess.run(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.PIPE); "
            "w = time.perf_counter() - t; u = resource.getrusage(resource.RUSAGE_CHILDREN); "
@@ -101,11 +117,13 @@ def generate(n: int, cols: Path, jsonl: Path | None, seed: int = 20) -> None:
     assert set(fields) == set(INT_FIELDS + BOOL_FIELDS)
 
 
-def measure(args: list[str]) -> tuple[float, float, bytes, float]:
+def measure(args: list[str], src: str | None = None) -> tuple[float, float, bytes, float]:
     """Wall time (s), peak RSS (MiB), stdout and CPU time (user + system, s) of one ``servelens``
-    subprocess (the CPU time is the figure a loaded machine moves least)."""
+    subprocess (the CPU time is the figure a loaded machine moves least); ``src``: run the code of
+    that ``src`` folder instead (``PYTHONPATH``)."""
     cmd = [sys.executable, "-c", MEASURE, sys.executable, "-m", "servelens", *args]
-    p = subprocess.run(cmd, capture_output=True, check=False)
+    env = dict(os.environ, PYTHONPATH=src) if src else None
+    p = subprocess.run(cmd, capture_output=True, check=False, env=env)
     tail = p.stderr.decode().strip().splitlines()
     wall, rss, rc, cpu = tail[-1].split()[1:]
     if int(rc) != 0:
@@ -113,18 +131,45 @@ def measure(args: list[str]) -> tuple[float, float, bytes, float]:
     return float(wall), int(rss) / 1024, p.stdout, float(cpu)
 
 
+def timed(row: dict[str, Any], key: str, args: list[str], src: str | None = None) -> bytes:
+    """Measure one command into ``row`` as ``key_wall_s``, ``key_cpu_s``, ``key_rss_mib``, ``key_load1``."""
+    row[f"{key}_load1"] = os.getloadavg()[0]
+    wall, rss, out, cpu = measure(args, src)
+    row |= {f"{key}_wall_s": wall, f"{key}_cpu_s": cpu, f"{key}_rss_mib": rss}
+    print(f"  {key}: {wall:.2f} s wall, {cpu:.2f} s CPU, {rss:,.0f} MiB", file=sys.stderr)
+    return out
+
+
+def verdicts(out: bytes) -> list[str]:
+    """The verdict lines of explain's text output (the first lines, up to the first blank one)."""
+    return out.decode().split("\n\n")[0].splitlines()
+
+
+def cell(r: dict[str, Any], key: str) -> str:
+    """``wall, CPU, RSS (load)`` of a measurement, or ``not run``."""
+    if f"{key}_wall_s" not in r:
+        return "not run"
+    return (f"{r[key + '_wall_s']:.2f} s, {r[key + '_cpu_s']:.2f} s, {r[key + '_rss_mib']:,.0f} MiB "
+            f"({r[key + '_load1']:.1f})")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", default="20000,100000,1000000")
     ap.add_argument("--jsonl-up-to", type=int, default=100_000)
-    ap.add_argument("--explain-up-to", type=int, default=100_000,
+    ap.add_argument("--explain-up-to", type=int, default=1_000_000,
                     help="also time servelens explain (both windows this run) up to this many requests")
+    ap.add_argument("--bootstrap-up-to", type=int, default=20_000,
+                    help="also time explain --intervals bootstrap up to this many requests")
+    ap.add_argument("--baseline-src", default=None, help="a src folder of earlier code to run side by side")
+    ap.add_argument("--baseline-explain-up-to", type=int, default=100_000)
     ap.add_argument("--dir", default=None, help="where the files go (default: a temporary folder)")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     sizes = sorted(int(x) for x in a.requests.split(","))
     root = Path(tempfile.mkdtemp(prefix="results_scale_", dir=a.dir))
+    base = a.baseline_src
     results: list[dict[str, Any]] = []
     try:
         for n in sizes:
@@ -134,31 +179,37 @@ def main() -> int:
             t = time.perf_counter()
             generate(n, run / "results.cols", jsonl)
             gen_s = time.perf_counter() - t
-            load = os.getloadavg()[0]
-            new = measure(["report", "--results", str(run / "results.cols"), "--format", "csv"])
-            row: dict[str, Any] = {"requests": n, "generate_s": gen_s, "load1": load,
-                                   "cols_bytes": size_bytes(run / "results.cols"),
-                                   "new_wall_s": new[0], "new_rss_mib": new[1], "new_cpu_s": new[3]}
+            cols = str(run / "results.cols")
+            row: dict[str, Any] = {"requests": n, "generate_s": gen_s, "cols_bytes": size_bytes(run / "results.cols")}
+            print(f"{n:,} requests (generated in {gen_s:.0f} s)", file=sys.stderr)
+            new = timed(row, "new", ["report", "--results", cols, "--format", "csv"])
+            # buckets other than the run's: the writer's bin counts do not serve, both passes run
+            timed(row, "new_other", ["report", "--results", cols, "--format", "csv", "--isl-buckets", OTHER])
+            if base:
+                got = timed(row, "base", ["report", "--results", cols, "--format", "csv"], base)
+                row["base_same_table"] = got == new
             if n <= a.explain_up_to:  # both windows the same run: the cost of reading two, verdict "none"
-                cols = str(run / "results.cols")
-                ex = measure(["explain", "--results", cols, cols])
-                row |= {"explain_wall_s": ex[0], "explain_rss_mib": ex[1], "explain_cpu_s": ex[3]}
+                ex = timed(row, "explain", ["explain", "--results", cols, cols])
+                row["explain_method"] = [x for x in ex.decode().splitlines() if x.startswith("uncertainty:")]
+                timed(row, "explain_other", ["explain", "--results", cols, cols, "--isl-buckets", OTHER])
+                if n <= a.bootstrap_up_to:
+                    boot = timed(row, "explain_boot", ["explain", "--results", cols, cols, "--intervals", "bootstrap"])
+                    row["explain_boot_same_verdicts"] = verdicts(boot) == verdicts(ex)
+                if base and n <= a.baseline_explain_up_to:
+                    old = timed(row, "explain_base", ["explain", "--results", cols, cols], base)
+                    row["explain_base_same_verdicts"] = verdicts(old) == verdicts(ex)
                 if jsonl is not None:
-                    ex_old = measure(["explain", "--results", str(jsonl), str(jsonl)])
-                    row |= {"explain_old_wall_s": ex_old[0], "explain_old_rss_mib": ex_old[1],
-                            "explain_old_cpu_s": ex_old[3],
-                            "explain_same": ex_old[2] == ex[2].replace(cols.encode(), str(jsonl).encode())}
+                    ex_old = timed(row, "explain_old", ["explain", "--results", str(jsonl), str(jsonl)])
+                    row["explain_same"] = ex_old == ex.replace(cols.encode(), str(jsonl).encode())
             if jsonl is not None:
-                old = measure(["report", "--results", str(jsonl), "--format", "csv"])
-                row |= {"jsonl_bytes": jsonl.stat().st_size, "old_wall_s": old[0], "old_rss_mib": old[1],
-                        "old_cpu_s": old[3],
-                        "same_table": old[2] == new[2], "load1_after": os.getloadavg()[0]}
+                old = timed(row, "old", ["report", "--results", str(jsonl), "--format", "csv"])
+                row |= {"jsonl_bytes": jsonl.stat().st_size, "same_table": old == new}
                 if n == max(s for s in sizes if s <= a.jsonl_up_to):
                     shutil.rmtree(run / "results.cols")
                     conv = measure(["report", "--results", str(jsonl), "--convert"])
                     cached = measure(["report", "--results", str(jsonl), "--format", "csv"])
                     row |= {"convert_wall_s": conv[0], "convert_rss_mib": conv[1], "convert_cpu_s": conv[3],
-                            "after_convert_wall_s": cached[0], "after_convert_same": cached[2] == new[2]}
+                            "after_convert_wall_s": cached[0], "after_convert_same": cached[2] == new}
                 jsonl.unlink()
             shutil.rmtree(run)
             results.append(row)
@@ -166,48 +217,40 @@ def main() -> int:
     finally:
         if not a.keep:
             shutil.rmtree(root, ignore_errors=True)
-    measured = [r for r in results if "old_wall_s" in r]
-    if len(measured) >= 2:  # linear in requests, from the two largest measured sizes
-        r0, r1 = measured[-2], measured[-1]
-        for r in results:
-            if "old_wall_s" not in r:
-                for key in ("old_wall_s", "old_rss_mib", "old_cpu_s", "jsonl_bytes"):
-                    slope = (r1[key] - r0[key]) / (r1["requests"] - r0["requests"])
-                    r[key + "_extrapolated"] = r1[key] + slope * (r["requests"] - r1["requests"])
-    print("| requests | load 1 min | JSONL | columns | JSONL path: wall, CPU, peak RSS | columns: wall, CPU, peak RSS "
-          "| ratio CPU, RSS | same table |\n|---|---|---|---|---|---|---|---|")
+    print_tables(results)
+    if a.json:
+        Path(a.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+def print_tables(results: list[dict[str, Any]]) -> None:
+    """The tables for docs/benchmarks.md: wall, CPU, peak RSS (load average at the start)."""
+    print("| requests | JSONL | columns | report, JSONL path | report, columns, previous code | report, columns "
+          "| report, columns, other buckets | same table |\n|---|---|---|---|---|---|---|---|")
     for r in results:
-        ext = "old_wall_s" not in r
-        if ext and "old_wall_s_extrapolated" not in r:  # one JSONL size: nothing to extrapolate from
-            print(f"| {r['requests']:,} | {r['load1']:.2f} | not run | {r['cols_bytes'] / 1e9:.2f} GB | not run "
-                  f"| {r['new_wall_s']:.2f} s, {r['new_cpu_s']:.2f} s, {r['new_rss_mib']:,.0f} MiB | n/a | n/a |")
+        same = [str(r[k]) for k in ("same_table", "base_same_table") if k in r]
+        jsonl = f"{r['jsonl_bytes'] / 1e9:.2f} GB" if "jsonl_bytes" in r else "not written"
+        print(f"| {r['requests']:,} | {jsonl} | {r['cols_bytes'] / 1e9:.2f} GB | {cell(r, 'old')} | {cell(r, 'base')} "
+              f"| {cell(r, 'new')} | {cell(r, 'new_other')} | {', '.join(same) or 'n/a'} |")
+    print("\n| requests | explain, JSONL path | explain, columns, previous code | explain, columns, "
+          "--intervals bootstrap | explain, columns | explain, columns, other buckets | same output / verdicts |"
+          "\n|---|---|---|---|---|---|---|")
+    for r in results:
+        if "explain_wall_s" not in r:
             continue
-        sfx = "_extrapolated" if ext else ""
-        ow, orss, ob = r["old_wall_s" + sfx], r["old_rss_mib" + sfx], r["jsonl_bytes" + sfx]
-        ocpu = r["old_cpu_s" + sfx]
-        mark = " (extrapolated)" if ext else ""
-        print(f"| {r['requests']:,} | {r['load1']:.2f} | {ob / 1e9:.2f} GB{mark} | {r['cols_bytes'] / 1e9:.2f} GB "
-              f"| {ow:.1f} s, {ocpu:.1f} s, {orss:,.0f} MiB{mark} | {r['new_wall_s']:.2f} s, {r['new_cpu_s']:.2f} s, "
-              f"{r['new_rss_mib']:,.0f} MiB | {ocpu / r['new_cpu_s']:.0f}x, {orss / r['new_rss_mib']:.0f}x "
-              f"| {r.get('same_table', 'n/a (no JSONL)')} |")
-    print("\n| requests | explain, JSONL path: wall, CPU, peak RSS | explain, columns: wall, CPU, peak RSS "
-          "| ratio CPU | same output |\n|---|---|---|---|---|")
-    for r in results:
-        if "explain_wall_s" in r:
-            old_ex = (f"{r['explain_old_wall_s']:.1f} s, {r['explain_old_cpu_s']:.1f} s, "
-                      f"{r['explain_old_rss_mib']:,.0f} MiB" if "explain_old_wall_s" in r else "not run")
-            ratio = f"{r['explain_old_cpu_s'] / r['explain_cpu_s']:.1f}x" if "explain_old_cpu_s" in r else "n/a"
-            print(f"| {r['requests']:,} | {old_ex} | {r['explain_wall_s']:.1f} s, {r['explain_cpu_s']:.1f} s, "
-                  f"{r['explain_rss_mib']:,.0f} MiB | {ratio} | {r.get('explain_same', 'n/a (no JSONL)')} |")
+        same = [f"{k}: {r[k]}" for k in ("explain_same", "explain_base_same_verdicts", "explain_boot_same_verdicts")
+                if k in r]
+        print(f"| {r['requests']:,} | {cell(r, 'explain_old')} | {cell(r, 'explain_base')} | {cell(r, 'explain_boot')} "
+              f"| {cell(r, 'explain')} | {cell(r, 'explain_other')} | {'; '.join(same) or 'n/a'} |")
     for r in results:
         if "convert_wall_s" in r:
             print(f"\n--convert of {r['requests']:,} requests: {r['convert_wall_s']:.1f} s "
                   f"({r['convert_cpu_s']:.1f} s CPU), "
                   f"{r['convert_rss_mib']:,.0f} MiB peak; the report of that JSONL afterwards (reads the "
                   f"columns): {r['after_convert_wall_s']:.2f} s, same table: {r['after_convert_same']}")
-    if a.json:
-        Path(a.json).write_text(json.dumps(results, indent=1))
-    return 0
+    for r in results:
+        for line in r.get("explain_method", [])[:1]:
+            print(f"\n{r['requests']:,} requests, explain's {line}")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,9 @@ import pytest
 
 from servelens.core import selection
 from servelens.core.buckets import IslBuckets
+from servelens.core.decompose import counterfactual, observed_quantiles
 from servelens.core.summary import rows_from_samples
+from servelens.core.windows import BinnedSampleWindow, Mix, PerRequestWindow, SampleWindow
 from servelens.formats import columnar, columnar_write
 from servelens.formats.columnar import COLUMNS_DIR, columns_for, iter_columns, open_columns
 from servelens.formats.columnar_write import convert_jsonl, export_jsonl, write_columnar
@@ -148,49 +150,64 @@ def test_reader_holds_arrays_and_blocks_not_objects(run_dir: Path, tmp_path: Pat
     seen: list[tuple[np.dtype, int, int]] = []
     real = selection.block_percentiles
 
-    def spy(blocks, groups, rows, qs):  # type: ignore[no-untyped-def]
+    def spy(blocks, groups, rows, qs, counts=None):  # type: ignore[no-untyped-def]
         def watched():  # type: ignore[no-untyped-def]
-            for g, bins, w, values_at in blocks():
+            for lengths, runs, bins, w, values_at in blocks():
                 seen.append((bins.dtype, bins.ndim, bins.size))
-                assert g.shape == bins.shape and g.dtype == np.int64 and (w is None or w.shape == bins.shape)
-                yield g, bins, w, values_at
-        return real(watched, groups, rows, qs)
+                assert runs.shape == lengths.shape and int(lengths.sum()) == bins.size  # a group per request
+                assert w is None or w.shape == bins.shape
+                yield lengths, runs, bins, w, values_at
+        return real(watched, groups, rows, qs, counts)
 
     monkeypatch.setattr(report_columnar, "block_percentiles", spy)
     monkeypatch.setattr(columnar, "BenchRecord", None)  # building a record would fail
-    report_columnar.rows_from_columns(cols, IslBuckets.default())
     longest = int(np.diff(open_columns(cols).column("itl_start")).max())
-    assert seen and all(d == np.uint16 and nd == 1 and size <= 1000 + longest for d, nd, size in seen)
-    assert sum(s for _, _, s in seen) == 2 * open_columns(cols).itl_values  # two passes, every value once each
+    for buckets, passes in ((IslBuckets.parse("1000,4000"), 2), (IslBuckets.default(), 1)):
+        seen.clear()
+        report_columnar.rows_from_columns(cols, buckets)
+        assert seen and all(d == np.uint16 and nd == 1 and size <= 1000 + longest for d, nd, size in seen)
+        # every value once a pass; with the buckets the writer counted (the default), pass 1 is its counts
+        assert sum(s for _, _, s in seen) == passes * open_columns(cols).itl_values
 
 
-def _blocks(g: np.ndarray, v: np.ndarray, w: np.ndarray | None, size: int) -> list[selection.Block]:
+def _blocks(lengths: np.ndarray, runs: np.ndarray, v: np.ndarray, w: np.ndarray | None,
+            size: int) -> list[selection.Block]:
+    """Blocks of about ``size`` values cut at run boundaries."""
     out: list[selection.Block] = []
-    for a in range(0, v.size, size):
-        part = v[a:a + size]
+    ends = np.cumsum(lengths)
+    r0 = 0
+    while r0 < runs.size:
+        r1 = max(int(np.searchsorted(ends, ends[r0] - lengths[r0] + size, side="right")), r0 + 1)
+        a, b = int(ends[r0] - lengths[r0]), int(ends[r1 - 1])
+        part = v[a:b]
 
         def values_at(pos: np.ndarray, part: np.ndarray = part) -> np.ndarray:
             return part[pos]
 
-        out.append((selection.group_key(g[a:a + size]), selection.value_bins(part),
-                    None if w is None else w[a:a + size], values_at))
+        out.append((lengths[r0:r1], runs[r0:r1], selection.value_bins(part), None if w is None else w[a:b], values_at))
+        r0 = r1
     return out
 
 
 @pytest.mark.parametrize("trial", range(40))
 def test_block_percentiles_equal_numpy_on_the_expanded_values(trial: int) -> None:
     """Exact by definition: numpy's percentile of ``np.repeat(values, weights)`` of each row's groups,
-    with ties, zeros, zero weights, groups in no row and rows of several groups."""
+    with ties, zeros, zero weights, groups in no row, rows of several groups and runs of one value
+    or several (a request's values share its group)."""
     rng = np.random.default_rng(trial)
-    n = int(rng.integers(1, 3000))
+    n_runs = int(rng.integers(1, 800))
+    lengths = rng.integers(1 if trial % 3 else 0, 8 if trial % 4 else 2, n_runs)
+    runs = rng.integers(0, 5, n_runs)  # group 4 is in no row
+    g = np.repeat(runs, lengths)
+    n = g.size
     v = np.round(rng.lognormal(-3.5, 0.6, n), int(rng.integers(3, 10)))
     if trial % 5 == 0:
         v[: n // 3] = 0.0
     w = rng.integers(0, 4, n) if trial % 2 else None
-    g = rng.integers(0, 5, n)  # group 4 is in no row
     rows = [[0], [1], [2], [3], [0, 1, 2, 3], []]
     qs = [50.0, 95.0, 99.0, 0.0, 100.0, 37.3]
-    blocks = _blocks(g, v, w, 257)
+    blocks = _blocks(lengths, runs, v, w, 257)
+    assert sum(b[2].size for b in blocks) == n
     got = selection.block_percentiles(lambda: iter(blocks), 5, rows, qs)
     for r, members in enumerate(rows):
         mine = np.isin(g, members)
@@ -259,8 +276,30 @@ def test_explain_reads_columns_as_records(run_dir: Path, tmp_path: Path) -> None
     write_results(other / "results.jsonl", random_records(300, seed=9))
     a, b = convert_jsonl(run_dir, tmp_path / "a.cols"), convert_jsonl(other, tmp_path / "b.cols")
     by_jsonl = from_results(str(run_dir / "results.jsonl"), str(other / "results.jsonl"))
-    by_cols = from_results(str(a), str(b))
-    assert by_cols.windows == by_jsonl.windows and by_cols.requests == by_jsonl.requests
+    every_value = from_results(str(a), str(b), values=True)
+    assert every_value.windows == by_jsonl.windows and every_value.requests == by_jsonl.requests
+    compact = from_results(str(a), str(b))
+    assert compact.requests == by_jsonl.requests
+    for m in ("TTFT", "duration"):
+        assert compact.windows[m] == by_jsonl.windows[m]
+    for x, y in zip(compact.windows["ITL"], by_jsonl.windows["ITL"], strict=True):
+        assert isinstance(x, BinnedSampleWindow) and isinstance(y, SampleWindow)
+        assert_same_samples(x, y)
+
+
+def assert_same_samples(a: PerRequestWindow, b: PerRequestWindow) -> None:
+    """Two per-request windows hold the same samples, whatever their form: counts, exact sums, every
+    request's size and sum, and every quantile (all, per bucket, a mixture of the buckets)."""
+    assert a.labels == b.labels and a.unbucketed == b.unbucketed
+    assert a.counts().tolist() == b.counts().tolist() and a.sums().tolist() == b.sums().tolist()
+    for x, y in zip(a.request_table(), b.request_table(), strict=True):
+        assert x.tolist() == y.tolist()
+    qs = (0.0, 0.01, 0.37, 0.5, 0.95, 0.99, 1.0)
+    for bucket in (None, *range(len(a.labels))):
+        assert observed_quantiles(a, qs, bucket) == observed_quantiles(b, qs, bucket)
+    counts = a.counts()
+    mix = Mix(a.labels, tuple(float(k + 1) if c > 0 else 0.0 for k, c in enumerate(counts)))
+    assert counterfactual(a, mix, qs) == counterfactual(b, mix, qs)
 
 
 def _explain(*argv: str) -> str:
@@ -276,7 +315,6 @@ def _explain(*argv: str) -> str:
 
 
 def test_explain_from_columns_is_the_record_path(tmp_path: Path) -> None:
-    from servelens.core.windows import SampleWindow
     from servelens.report.explain_windows import METRICS, from_results
 
     jsonl, cols = [], []
@@ -289,13 +327,15 @@ def test_explain_from_columns_is_the_record_path(tmp_path: Path) -> None:
     buckets = IslBuckets((1000, 4000, 8000, 16000))
     old = from_results(jsonl[0], jsonl[1], buckets)
     new = from_results(cols[0], cols[1], buckets)
-    itl = new.windows["ITL"][0]
-    assert isinstance(itl, SampleWindow) and isinstance(itl.buckets[0].values_s, np.ndarray)  # no records
+    assert isinstance(new.windows["ITL"][0], BinnedSampleWindow)  # no value held, no record
     for m in METRICS:
         for a, b in zip(old.windows[m], new.windows[m], strict=True):
-            assert isinstance(a, SampleWindow) and isinstance(b, SampleWindow)
-            assert a == b and a.sums().tolist() == b.sums().tolist()
-            assert [x.request_sums().tolist() for x in a.buckets] == [y.request_sums().tolist() for y in b.buckets]
+            assert isinstance(a, SampleWindow)
+            if m == "ITL":
+                assert isinstance(b, BinnedSampleWindow)
+            else:
+                assert isinstance(b, SampleWindow) and a == b and a.sums().tolist() == b.sums().tolist()
+            assert_same_samples(a, b)
     assert (old.before_s, old.after_s, old.requests) == (new.before_s, new.after_s, new.requests)
     assert from_results(cols[0], cols[1], buckets, slo=False).requests is None
     flags = ("--isl-buckets", "1000,4000,8000,16000", "--resamples", "200", "--slo-ttft", "1.0", "--slo-itl", "0.03")
@@ -304,3 +344,57 @@ def test_explain_from_columns_is_the_record_path(tmp_path: Path) -> None:
         assert got[0] == got[1].replace(".cols/results.cols", "/results.jsonl")
     plain = [_explain("--results", *paths, "--resamples", "200") for paths in (jsonl, cols)]
     assert plain[0] == plain[1].replace(".cols/results.cols", "/results.jsonl")
+    normal = [_explain("--results", *paths, "--intervals", "normal", "--format", "json") for paths in (jsonl, cols)]
+    assert normal[0] == normal[1].replace(".cols/results.cols", "/results.jsonl")
+    assert "normal approximation from per-request sums" in normal[0]
+
+
+def _without_totals(cols: Path) -> None:
+    """Make ``cols`` a folder as written before the writer kept totals and bin counts."""
+    meta = json.loads((cols / "meta.json").read_text())
+    for key in ("itl_totals", "itl_bin_counts_buckets"):
+        meta.pop(key)
+    (cols / "meta.json").write_text(json.dumps(meta))
+    for name in ("itl_tokens.npy", "itl_sum_s.npy", columnar.BIN_COUNTS_FILE):
+        (cols / name).unlink()
+
+
+def test_what_the_writer_keeps_is_what_the_readers_compute(run_dir: Path, tmp_path: Path) -> None:
+    """Per request its ITL tokens and reduceat sum, per ISL bucket and bin its tokens: the same
+    integers and floats as one pass over the values computes, by every writer path."""
+    from servelens.report.explain_columns import ColumnRun
+
+    records = load_results(run_dir / "results.jsonl")
+    buckets = IslBuckets.parse("1000,4000,8000")
+    for cols in (write_columnar(tmp_path / "one", records, isl_buckets=buckets),
+                 convert_jsonl(run_dir, tmp_path / "two")):
+        c = open_columns(cols)
+        run = ColumnRun(str(cols), buckets if cols.name == "one" else IslBuckets.default())
+        tok, sums, _, counts = run._itl_pass(True, False, None)
+        assert c.column("itl_tokens").tolist() == tok.tolist()
+        assert c.column("itl_sum_s").tolist() == sums.tolist()
+        assert (c.bin_counts() == counts[:-1]).all() and c.bin_count_buckets == run.boundaries
+    assert open_columns(tmp_path / "two").bin_count_buckets == IslBuckets.default().boundaries  # no summary.json
+
+
+def test_folders_without_kept_totals_give_the_same_figures(tmp_path: Path) -> None:
+    """A folder written before the writer kept totals (or read with other buckets) is read with the
+    passes: the same table and the same explanation."""
+    records = [random_records(500, seed) for seed in (21, 22)]
+    folders = [write_columnar(tmp_path / f"new{k}", r) for k, r in enumerate(records)]
+    olds = [write_columnar(tmp_path / f"old{k}", r) for k, r in enumerate(records)]
+    for cols in olds:
+        _without_totals(cols)
+    buckets = IslBuckets.default()
+    for new, old in zip(folders, olds, strict=True):
+        assert report_columnar.rows_from_columns(new, buckets) == report_columnar.rows_from_columns(old, buckets)
+    for flags in ((), ("--isl-buckets", "1000,4000"), ("--slo-itl", "0.03")):
+        got = [_explain("--results", str(a), str(b), "--format", "json", *flags) for a, b in (folders, olds)]
+        assert got[0] == got[1].replace("/old", "/new")
+    with pytest.raises(ValueError, match="no itl_tokens"):
+        open_columns(olds[0]).column("itl_tokens")
+    with pytest.raises(ValueError, match=r"no itl_bin_counts\.npy"):
+        open_columns(olds[0]).bin_counts()
+    np.save(folders[0] / columnar.BIN_COUNTS_FILE, np.zeros((2, 5), dtype=np.int64))
+    with pytest.raises(ValueError, match="has shape"):
+        report_columnar.rows_from_columns(folders[0], buckets)

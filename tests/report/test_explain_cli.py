@@ -104,6 +104,23 @@ def test_flags_that_do_not_fit_are_one_line(runs: dict[str, str]) -> None:
     one_line_error(["--results", runs["a"], runs["b"], "--slo-ttft", "fast"], "SLO threshold 'fast'")
     one_line_error(["--results", runs["a"], runs["b"], "--quantile", "95"], "--quantile must be within (0, 1)")
     one_line_error(["--metrics", runs["s0"]], "expected 4 arguments")
+    one_line_error(["--metrics", runs["s0"], runs["s1"], runs["s0"], runs["s1"], "--intervals", "bootstrap"],
+                   "--intervals bootstrap needs per-request samples")
+    one_line_error(["--results", runs["a"], runs["b"], "--intervals", "jackknife"], "invalid choice: 'jackknife'")
+
+
+def test_the_output_names_the_interval_method(runs: dict[str, str]) -> None:
+    """The uncertainty line says which method made the intervals and why; both are there for results."""
+    for flag, starts, why in (("auto", "bootstrap over requests", "each window having at most 10,000 requests"),
+                              ("bootstrap", "bootstrap over requests", "(as asked)"),
+                              ("normal", "normal approximation from per-request sums", "(as asked)")):
+        rc, out, _ = cli("--results", runs["a"], runs["b"], "--metric", "ttft", "--intervals", flag,
+                         "--resamples", "100")
+        line = next(x for x in out.splitlines() if x.startswith("uncertainty: "))
+        assert rc == 0 and line.startswith(f"uncertainty: {starts}") and why in line, line
+    rc, out, _ = cli("--metrics", runs["s0"], runs["s1"], runs["s0"], runs["s1"], "--metric", "ttft",
+                     "--intervals", "normal")
+    assert rc == 0 and "uncertainty: normal approximation from histogram counts" in out
 
 
 def test_a_bucket_empty_in_one_window_is_stated(runs: dict[str, str]) -> None:

@@ -162,7 +162,7 @@ async def run_bench(config: BenchConfig) -> BenchResult:
         if config.output_dir:  # before the server scrape: an interrupt or a failed scrape loses nothing
             results_path = write_results(Path(config.output_dir) / RESULTS_FILE, done)
             # the same requests as columns: what servelens report reads fast (formats/columnar.py)
-            write_columnar(Path(config.output_dir) / COLUMNS_DIR, done, results_path)
+            write_columnar(Path(config.output_dir) / COLUMNS_DIR, done, results_path, IslBuckets(config.isl_buckets))
         server_rows = None
         server_uncached = None
         server_error = None

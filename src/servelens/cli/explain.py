@@ -10,13 +10,11 @@ from typing import Any
 
 from servelens.cli.main import HelpFormatter
 from servelens.core.buckets import IslBuckets
-from servelens.core.capacity import verdict_line
 from servelens.core.slo import Slo, parse_threshold
+from servelens.core.uncertainty import BOOTSTRAP_MAX_REQUESTS, INTERVALS
 from servelens.core.windows import ExplainError, window_mix
 from servelens.formats.mix_file import read_mix, write_mix
 from servelens.prometheus.names import DEFAULT_PREFIX, MetricNames
-from servelens.report import capacity_report
-from servelens.report.capacity_output import capacity_dict
 from servelens.report.explain import ExplainOptions, explain_windows
 from servelens.report.explain_output import render_text, to_json
 from servelens.report.explain_windows import METRICS, WindowPairs, from_prometheus, from_results, from_scrapes
@@ -80,6 +78,11 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--resamples", type=int, default=2000, metavar="N",
                    help="bootstrap resamples, results files (default 2000)")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="bootstrap seed (default: 0)")
+    p.add_argument("--intervals", choices=INTERVALS, default="auto",
+                   help="results files: how the intervals are made: the bootstrap over requests, or the normal "
+                   f"approximation from per-request sums; auto bootstraps up to {BOOTSTRAP_MAX_REQUESTS:,} requests "
+                   "a window and uses the normal approximation above (default: auto; the output's uncertainty "
+                   "line names the method)"),
     p.add_argument("--reference-mix", metavar="FILE",
                    help="also show both windows at this bucket mix (a YAML file of shares per ISL bucket; "
                    "default: none)")
@@ -130,6 +133,10 @@ def read_windows(args: argparse.Namespace) -> WindowPairs:
 def _with_capacity(args: argparse.Namespace, pairs: WindowPairs, out: str) -> str:
     """The explanation with each window's capacity analysis: lines after the text, or a
     ``capacity`` field (``before``, ``after``) in the JSON."""
+    from servelens.core.capacity import verdict_line  # scipy: imported only when asked (half a second)
+    from servelens.report import capacity_report
+    from servelens.report.capacity_output import capacity_dict
+
     names = MetricNames(args.metrics_prefix)
     if args.results:
         buckets = pairs.buckets or IslBuckets.from_labels(pairs.labels)
@@ -157,6 +164,9 @@ def run(args: argparse.Namespace) -> int:
         raise ExplainError(f"--quantile must be within (0, 1), got {args.quantile}")
     if not 0 < args.confidence < 1:
         raise ExplainError(f"--confidence must be within (0, 1), got {args.confidence}")
+    if args.intervals == "bootstrap" and not args.results:
+        raise ExplainError("--intervals bootstrap needs per-request samples (--results); histograms have the normal "
+                           "approximation from counts")
     if args.resamples < 10:
         raise ExplainError(f"--resamples must be >= 10, got {args.resamples}")
     reference = read_mix(args.reference_mix) if args.reference_mix else None
@@ -174,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
         slo = Slo(parse_threshold(args.slo_ttft, buckets) if args.slo_ttft else None,
                   parse_threshold(args.slo_itl, buckets) if args.slo_itl else None)
     options = ExplainOptions(headline=args.quantile, confidence=args.confidence, resamples=args.resamples,
-                             seed=args.seed, reference=reference, slo=slo, metrics=metrics)
+                             seed=args.seed, reference=reference, slo=slo, metrics=metrics, intervals=args.intervals)
     report = explain_windows(pairs, options)
     if args.write_mix:
         earlier = pairs.windows["TTFT"][0]

@@ -18,8 +18,11 @@ since the verdict and the counterfactual then weigh the change differently.
 (``sum_b wA_b * H_b / n_b``, scaled to the later window's count): exact as a histogram, since the
 by-ISL histograms share ``le`` edges; its quantiles by Prometheus ``histogram_quantile``
 interpolation. From samples, every later sample of bucket ``b`` weighted ``wA_b / nB_b``; its
-quantiles are exact weighted quantiles (:func:`~servelens.core.quantiles.weighted_quantile`, the
-inverted CDF). **Bound**: the histogram counterfactual's cumulative share at each ``le`` edge
+quantiles are exact weighted quantiles (the inverted CDF of
+:func:`~servelens.core.quantiles.weighted_quantile`), found by selection over value bins
+(:func:`~servelens.core.binned_quantiles.mixture_quantiles`) so that samples too many to hold
+(a million requests' ITL) need not be held; :func:`explain` asks for every quantile at once.
+**Bound**: the histogram counterfactual's cumulative share at each ``le`` edge
 equals the reweighted samples' exactly, so both quantiles fall in the same ``le`` bucket
 ``(lo, hi]``: they differ by at most ``hi - lo``; past the last finite edge the histogram returns
 that edge, at or below the exact value. Sample quantiles here are all inverted-CDF (observed,
@@ -44,14 +47,15 @@ from functools import reduce
 
 import numpy as np
 
-from servelens.core.quantiles import weighted_quantiles
+from servelens.core.binned_quantiles import Part, mixture_quantiles
 from servelens.core.summary import CumulativeHistogram
-from servelens.core.uncertainty import Interval, SplitIntervals, bootstrap_split, normal_split, split_arrays
+from servelens.core.uncertainty import Interval, SplitIntervals, split_arrays, split_intervals
 from servelens.core.windows import (
+    PER_REQUEST,
     ExplainError,
     HistogramWindow,
     Mix,
-    SampleWindow,
+    PerRequestWindow,
     Window,
     aligned_mix,
     check_pair,
@@ -90,10 +94,6 @@ class Counterfactual:
     histogram: CumulativeHistogram | None = None
 
 
-def _none(x: float) -> float | None:
-    return None if x is None or math.isnan(x) else float(x)
-
-
 def _parts(window: Window, mix: Mix, fallback: Window | None) -> list[tuple[float, int, Window]]:
     """Per bucket with a share: (share, bucket index, window that holds its data)."""
     mix = aligned_mix(mix, window.labels)
@@ -126,7 +126,7 @@ def counterfactual(
     """
     parts = _parts(window, mix, fallback)
     mix = aligned_mix(mix, window.labels)
-    mean = math.fsum(share * float(w.sums()[i] / w.counts()[i]) for share, i, w in parts)
+    mean = _mixture_mean(parts)
     if isinstance(window, HistogramWindow):
         total = float(window.counts().sum())
         cum = np.zeros(len(window.edges))
@@ -139,30 +139,42 @@ def counterfactual(
             hsum += scale * h.sum
         hist = CumulativeHistogram(tuple(zip(window.edges, (float(c) for c in cum), strict=True)), hsum)
         return Counterfactual(mix, mean, tuple(quantiles), tuple(hist.quantile(q) for q in quantiles), hist)
-    values: list[np.ndarray] = []
-    weights: list[np.ndarray] = []
+    return Counterfactual(mix, mean, tuple(quantiles), mixture_quantiles([_mixture_row(parts)], quantiles)[0])
+
+
+def _mixture_mean(parts: list[tuple[float, int, Window]]) -> float:
+    """The mean at the mix: ``sum_b share_b * m_b``, exactly rounded."""
+    return math.fsum(share * float(w.sums()[i] / w.counts()[i]) for share, i, w in parts)
+
+
+def _mixture_row(parts: list[tuple[float, int, Window]]) -> list[Part]:
+    """The counterfactual as a weighted mixture: every observation of bucket ``i`` of its window
+    weighted ``share / count`` (one part per window that lends data)."""
+    by: dict[int, tuple[PerRequestWindow, np.ndarray]] = {}
     for share, i, w in parts:
-        assert isinstance(w, SampleWindow)
-        vals = np.asarray(w.buckets[i].values_s, dtype=float)
-        values.append(vals)
-        weights.append(np.full(vals.size, share / vals.size))
-    v_all, w_all = (np.concatenate(values), np.concatenate(weights)) if values else (np.zeros(0), np.zeros(0))
-    qs = tuple(_none(x) for x in weighted_quantiles(v_all, w_all, quantiles))
-    return Counterfactual(mix, mean, tuple(quantiles), qs)
+        assert isinstance(w, PER_REQUEST)
+        weights = by.setdefault(id(w), (w, np.zeros(len(w.labels))))[1]
+        weights[i] = share / float(w.counts()[i])
+    return [(w.binned, weights) for w, weights in by.values()]
+
+
+def _bucket_rows(window: PerRequestWindow) -> list[list[Part]]:
+    """Mixture rows of every observation, then of each bucket's alone (weights 1)."""
+    k = len(window.labels)
+    return [[(window.binned, np.ones(k))]] + [[(window.binned, np.eye(k)[i])] for i in range(k)]
 
 
 def observed_quantiles(
     window: Window, quantiles: Sequence[float], bucket: int | None = None
 ) -> tuple[float | None, ...]:
     """A window's quantiles over all its buckets (``bucket`` None) or one bucket (s; None where
-    empty): ``histogram_quantile`` of the summed histograms, or inverted-CDF sample quantiles."""
+    empty): ``histogram_quantile`` of the summed histograms, or inverted-CDF sample quantiles
+    (:func:`~servelens.core.binned_quantiles.mixture_quantiles`, weights 1)."""
     if isinstance(window, HistogramWindow):
         hists = window.histograms if bucket is None else (window.histograms[bucket],)
         h = reduce(CumulativeHistogram.plus, hists)
         return tuple(h.quantile(q) for q in quantiles)
-    chosen = window.buckets if bucket is None else (window.buckets[bucket],)
-    values = np.concatenate([np.asarray(b.values_s, dtype=float) for b in chosen])
-    return tuple(_none(x) for x in weighted_quantiles(values, np.ones(values.size), quantiles))
+    return mixture_quantiles([_bucket_rows(window)[0 if bucket is None else bucket + 1]], quantiles)[0]
 
 
 @dataclass(frozen=True)
@@ -272,17 +284,11 @@ def decide_verdict(
     return "both" if mix and lat else "mix" if mix else "latency" if lat else "none"
 
 
-def _units(w: Window) -> np.ndarray:
-    if isinstance(w, HistogramWindow):
-        return w.units()
-    return np.array([b.request_sizes().size for b in w.buckets], dtype=float)
-
-
 def _bucket_change(i: int, a: Window, b: Window, ci: SplitIntervals) -> str:
     n_a, n_b = a.counts()[i], b.counts()[i]
     if n_a <= 0 or n_b <= 0:
         return ONLY_AFTER if n_a <= 0 else ONLY_BEFORE
-    if min(_units(a)[i], _units(b)[i]) < MIN_BUCKET_REQUESTS:
+    if min(a.units()[i], b.units()[i]) < MIN_BUCKET_REQUESTS:
         return TOO_FEW
     low, high = ci.bucket_change[i]
     return SLOWER if low > 0 else FASTER if high < 0 else UNCHANGED
@@ -296,6 +302,7 @@ def explain(
     resamples: int = 2000,
     seed: int = 0,
     min_share: float = 0.1,
+    intervals: str = "auto",
 ) -> Explanation:
     """Explain the change of one metric from ``before`` to ``after`` (module docstring).
 
@@ -304,23 +311,32 @@ def explain(
         quantiles: the all-requests and per-bucket quantiles to show (0.95 for p95).
         confidence: interval level; resamples, seed: the bootstrap's (sample windows only).
         min_share: the verdict's materiality threshold (:func:`decide_verdict`).
+        intervals: ``auto``, ``bootstrap`` or ``normal``
+            (:func:`~servelens.core.uncertainty.split_intervals`: which method, and the switch rule).
 
     Raises ExplainError for windows that cannot be compared (:func:`~servelens.core.windows.check_pair`);
-    ValueError for a bad ``confidence``, ``resamples`` or ``min_share``.
+    ValueError for a bad ``confidence``, ``resamples``, ``min_share`` or ``intervals``.
     """
     check_pair(before, after)
     n_a, n_b, s_a, s_b = before.counts(), after.counts(), before.sums(), after.sums()
     mix_b, lat_b, m_a, m_b = split_arrays(n_a, s_a, n_b, s_b)
     judged = max(1, int(((n_a > 0) & (n_b > 0)).sum()))
     bucket_conf = 1 - (1 - confidence) / judged  # Bonferroni over the buckets (module docstring)
-    if isinstance(before, SampleWindow) and isinstance(after, SampleWindow):
-        ci = bootstrap_split(before, after, resamples, seed, confidence, bucket_conf)
-    else:
-        assert isinstance(before, HistogramWindow) and isinstance(after, HistogramWindow)
-        ci = normal_split(before, after, confidence, bucket_conf)
+    ci = split_intervals(before, after, intervals, resamples, seed, confidence, bucket_conf)
     mix_s, lat_s = float(mix_b.sum()), float(lat_b.sum())
-    cf = counterfactual(after, window_mix(before), quantiles, fallback=before)
-    qa, qb = observed_quantiles(before, quantiles), observed_quantiles(after, quantiles)
+    if isinstance(before, PER_REQUEST) and isinstance(after, PER_REQUEST):  # every quantile from one pass a window
+        parts = _parts(after, window_mix(before), before)
+        got = mixture_quantiles([*_bucket_rows(before), *_bucket_rows(after), _mixture_row(parts)], quantiles)
+        k = len(before.labels)
+        per_a, per_b = got[1:k + 1], got[k + 2:2 * k + 2]
+        qa, qb = got[0], got[k + 1]
+        cf = Counterfactual(aligned_mix(window_mix(before), after.labels), _mixture_mean(parts), tuple(quantiles),
+                            got[-1])
+    else:
+        cf = counterfactual(after, window_mix(before), quantiles, fallback=before)
+        qa, qb = observed_quantiles(before, quantiles), observed_quantiles(after, quantiles)
+        per_a = [observed_quantiles(before, quantiles, i) for i in range(len(before.labels))]
+        per_b = [observed_quantiles(after, quantiles, i) for i in range(len(before.labels))]
     w_a, w_b = n_a / n_a.sum(), n_b / n_b.sum()
     buckets, notes = [], []
     for i, label in enumerate(before.labels):
@@ -347,8 +363,8 @@ def explain(
             latency_effect_s=float(lat_b[i]),
             latency_effect_ci_s=ci.bucket_latency[i],
             change=change,
-            quantiles_before_s=observed_quantiles(before, quantiles, i) if n_a[i] > 0 else (None,) * len(quantiles),
-            quantiles_after_s=observed_quantiles(after, quantiles, i) if n_b[i] > 0 else (None,) * len(quantiles),
+            quantiles_before_s=per_a[i] if n_a[i] > 0 else (None,) * len(quantiles),
+            quantiles_after_s=per_b[i] if n_b[i] > 0 else (None,) * len(quantiles),
         ))
     for name, n in (("earlier", before.unbucketed), ("later", after.unbucketed)):
         if n:
@@ -363,7 +379,7 @@ def explain(
     return Explanation(
         metric=before.metric,
         labels=before.labels,
-        exact=isinstance(before, SampleWindow),
+        exact=isinstance(before, PER_REQUEST),
         count_before=float(n_a.sum()),
         count_after=float(n_b.sum()),
         mean_before_s=mean_a,

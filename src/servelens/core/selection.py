@@ -21,20 +21,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-Block = tuple[np.ndarray, np.ndarray, "np.ndarray | None", "Callable[[np.ndarray], np.ndarray]"]
-"""``(group_keys, bins, weights, values_at)`` of ``b`` values: each value's group (``0..groups-1``)
-shifted left by :data:`BIN_BITS` (int64; :func:`group_key`, so that the key is one OR),
-its :func:`value_bins` (uint16), int weights (None: 1 each), and a function giving the float64 values
-(s, >= 0) at positions (int array into the block): pass 2 asks only for the values it keeps."""
+Block = tuple[np.ndarray, np.ndarray, np.ndarray, "np.ndarray | None", "Callable[[np.ndarray], np.ndarray]"]
+"""``(lengths, groups, bins, weights, values_at)`` of ``b`` values that come in ``r`` runs (a request's
+values are a run): ``lengths`` (r,) int64, the values of each run (summing to ``b``); ``groups`` (r,)
+int64, each run's group (``0..groups-1``); ``bins`` (b,) the values' :func:`value_bins` (uint16);
+int ``weights`` (b,) (None: 1 each); and a function giving the float64 values (s, >= 0) at positions
+(int array into the block): pass 2 asks only for the values it keeps. A group per run, not per
+value, so that pass 2 never builds a per-value group array."""
 
 NBINS = 1 << 15
 """Bins per group: every non-negative float32 has one (128 per octave)."""
 BIN_BITS = 15
-
-
-def group_key(groups: np.ndarray) -> np.ndarray:
-    """The first field of a :data:`Block` for int groups: ``groups << BIN_BITS`` as int64."""
-    return np.asarray(groups, dtype=np.int64) << BIN_BITS
 
 
 def value_bins(values: np.ndarray) -> np.ndarray:
@@ -45,6 +42,37 @@ def value_bins(values: np.ndarray) -> np.ndarray:
     if bool((v < 0).any()) or bool(np.isnan(v).any()):
         raise ValueError("values must be >= 0 and not NaN")
     return (v.view(np.uint32) >> 16).astype(np.uint16)
+
+
+def add_block_counts(
+    counts: np.ndarray, lengths: np.ndarray, runs: np.ndarray, bins: np.ndarray, weights: np.ndarray | None
+) -> None:
+    """Add a block's weight per (group, bin) to ``counts`` (``(groups, NBINS)`` int64, in place);
+    the block as in :data:`Block`. The keys span only the bins the block has (``group * span + bin -
+    lowest``), so the per-block count array is small (a block's ITL spans a few octaves, not 256)."""
+    if bins.size == 0:
+        return
+    low, high = int(bins.min()), int(bins.max())
+    span = high - low + 1
+    key = np.repeat(np.asarray(runs, dtype=np.int64) * span - low, lengths)
+    np.add(key, bins, out=key)  # int64 keys: bincount takes them without a copy
+    n = counts.shape[0] * span
+    got = np.bincount(key, minlength=n) if weights is None else np.bincount(key, weights, n).astype(np.int64)
+    counts[:, low:high + 1] += got.reshape(-1, span)
+
+
+def hits(
+    any_bin: np.ndarray, want: np.ndarray, lengths: np.ndarray, runs: np.ndarray, bins: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Positions in a block (:data:`Block`) whose (group, bin) is wanted, and their groups: the bins
+    alone are tested first (``any_bin``, shape ``(NBINS,)``: wanted in some group), one table look-up a
+    value; the group is found only for those (the run that holds the position), then ``want``
+    (``(groups, NBINS)`` bool) decides. Returns ``(positions, groups)``, int64 arrays."""
+    hit = np.flatnonzero(np.take(any_bin, bins))
+    run = np.searchsorted(np.cumsum(lengths), hit, side="right")
+    g = np.asarray(runs, dtype=np.int64)[run]
+    keep = want[g, bins[hit]]
+    return hit[keep], g[keep]
 
 
 def numpy_linear(lo: float, hi: float, virtual: float) -> float:
@@ -73,22 +101,26 @@ class _Target:
 
 
 def block_percentiles(
-    blocks: Callable[[], Iterable[Block]], groups: int, rows: Sequence[Sequence[int]], qs: Sequence[float]
+    blocks: Callable[[], Iterable[Block]], groups: int, rows: Sequence[Sequence[int]], qs: Sequence[float],
+    counts: np.ndarray | None = None,
 ) -> list[list[float | None]]:
-    """Exact percentiles ``qs`` (0..100) of each row's weighted values, reading ``blocks()`` twice.
+    """Exact percentiles ``qs`` (0..100) of each row's weighted values, reading ``blocks()`` twice,
+    or once when ``counts`` gives pass 1's result already (``(groups, NBINS)`` int64: the weight per
+    group and bin, e.g. kept by whoever wrote the values; it must be exactly that).
 
     ``rows[r]`` lists the groups (``0..groups-1``) of row ``r`` (a group in no row is left out: failed
     requests). Returns ``out[r][i]``, the percentile ``qs[i]`` of row ``r`` (None: the row has no
     weight). Memory: ``groups * NBINS`` counts plus the values of the bins the ranks fall in.
+    Raises ValueError for ``counts`` of another shape.
     """
-    counts = np.zeros(groups * NBINS, dtype=np.int64)
-    for g, bins, w, _ in blocks():
-        key = g | bins  # int64 keys: bincount takes them without a copy
-        if w is None:
-            counts += np.bincount(key, minlength=groups * NBINS)
-        else:
-            counts += np.bincount(key, weights=w, minlength=groups * NBINS).astype(np.int64)
-    per_group = counts.reshape(groups, NBINS)
+    if counts is not None:
+        if counts.shape != (groups, NBINS):
+            raise ValueError(f"counts must have shape ({groups}, {NBINS}), got {counts.shape}")
+        per_group = counts
+    else:
+        per_group = np.zeros((groups, NBINS), dtype=np.int64)
+        for lengths, runs, bins, w, _ in blocks():
+            add_block_counts(per_group, lengths, runs, bins, w)
     targets: list[_Target] = []
     plan: list[list[tuple[float, int, int] | None]] = []  # per row and q: (virtual, target lo, target hi)
     for r, members in enumerate(rows):
@@ -122,16 +154,16 @@ def _pick(
     want = np.zeros((groups, NBINS), dtype=bool)
     for t in targets:
         want[list(rows[t.row]), t.bin] = True
-    flat = want.reshape(-1)
+    any_bin: np.ndarray = np.asarray(want.any(axis=0))
     got_g: list[np.ndarray] = []
     got_b: list[np.ndarray] = []
     got_v: list[np.ndarray] = []
     got_w: list[np.ndarray] = []
     weighted = False
     small = np.uint8 if groups <= 256 else np.int64  # what is kept: 11 bytes a value unweighted
-    for g, bins, w, values_at in blocks():
-        hit = np.flatnonzero(flat[g | bins])
-        got_g.append((g[hit] >> BIN_BITS).astype(small))
+    for lengths, runs, bins, w, values_at in blocks():
+        hit, g = hits(any_bin, want, lengths, runs, bins)
+        got_g.append(g.astype(small))
         got_b.append(bins[hit])
         got_v.append(values_at(hit))
         if w is not None:
@@ -152,7 +184,9 @@ def _pick(
         key = (t.row, t.bin)
         if key not in cache:
             if t.row not in in_row:
-                in_row[t.row] = np.isin(gs, list(rows[t.row]))
+                member = np.zeros(groups, dtype=bool)
+                member[list(rows[t.row])] = True
+                in_row[t.row] = member[gs]
             sel = (bs == t.bin) & in_row[t.row]
             if ws is None:  # one token each: the rank is an index into the sorted values
                 cache[key] = (np.sort(vs[sel]), None)

@@ -1,13 +1,18 @@
 """Uncertainty of the shift-share split of a mean latency change (see :mod:`servelens.core.decompose`).
 
-Two methods, by the kind of data:
+Three methods, by the kind of data and its size (:func:`split_intervals` chooses, and says why):
 
-**Per-request samples (bench results): bootstrap.** Each window is resampled on its own, whole
-requests with replacement, as many as it has (not per bucket: the bucket counts, hence the mix,
-vary between resamples as they would between runs). For ITL a request's tokens travel together.
-Every resample recomputes the split; an interval is the percentile interval of the resamples
-(``confidence``, default 95%). Seeded (``numpy.random.default_rng(seed)``): the same input and
-seed give the same intervals.
+**Per-request samples (bench results), up to** :data:`BOOTSTRAP_MAX_REQUESTS` **requests a window:
+bootstrap.** Each window is resampled on its own, whole requests with replacement, as many as it has
+(not per bucket: the bucket counts, hence the mix, vary between resamples as they would between
+runs). For ITL a request's tokens travel together. Every resample recomputes the split; an interval
+is the percentile interval of the resamples (``confidence``, default 95%). Seeded
+(``numpy.random.default_rng(seed)``): the same input and seed give the same intervals.
+
+**Per-request samples, larger windows: normal approximation from per-request sums** (:func:`delta_split`).
+The variance the bootstrap estimates, to first order, from exact per-bucket sums of squares of the
+requests' sums and sizes (delta method with the requests as units: a ratio estimator with
+cluster-robust variance for ITL); no draws, so a million requests cost one pass.
 
 **Histogram state (scrapes, Prometheus): normal approximation from counts.** The mean of bucket
 ``b`` is exact (``_sum / _count``); its variance is ``s_b**2 / u_b``, where ``u_b`` is the number of
@@ -32,13 +37,13 @@ deltas (two scrapes, or :func:`servelens.report.sources.exact_counts`) for hones
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from statistics import NormalDist
 
 import numpy as np
 
 from servelens.core.summary import CumulativeHistogram
-from servelens.core.windows import HistogramWindow, SampleWindow
+from servelens.core.windows import HistogramWindow, PerRequestWindow
 
 Interval = tuple[float, float]
 """``(low, high)`` in seconds; ``(nan, nan)`` where undefined (a bucket seen in one window only)."""
@@ -97,23 +102,12 @@ def z_value(confidence: float) -> float:
 # ---------------------------------------------------------------- bootstrap (samples)
 
 
-def _requests(w: SampleWindow) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per request: bucket index, sum of its observations, their number."""
-    ks, sums, sizes = [], [], []
-    for k, b in enumerate(w.buckets):
-        n = b.request_sizes()
-        ks.append(np.full(n.size, k, dtype=np.int64))
-        sums.append(b.request_sums())
-        sizes.append(n.astype(float))
-    return np.concatenate(ks), np.concatenate(sums), np.concatenate(sizes)
-
-
 def resampled_counts_sums(
-    w: SampleWindow, resamples: int, rng: np.random.Generator
+    w: PerRequestWindow, resamples: int, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray]:
     """Bootstrap resamples of a window's per-bucket observation counts and sums, each of shape
     ``(resamples, buckets)``: whole requests drawn with replacement, as many as the window has."""
-    k, sums, sizes = _requests(w)
+    k, sizes, sums = w.request_table()
     n_req, n_k = k.size, len(w.labels)
     counts = np.zeros((resamples, n_k))
     totals = np.zeros((resamples, n_k))
@@ -147,8 +141,8 @@ def _pct(x: np.ndarray, alpha: float) -> list[Interval]:
 
 
 def bootstrap_split(
-    before: SampleWindow,
-    after: SampleWindow,
+    before: PerRequestWindow,
+    after: PerRequestWindow,
     resamples: int = 2000,
     seed: int = 0,
     confidence: float = 0.95,
@@ -178,6 +172,157 @@ def bootstrap_split(
         method=f"bootstrap over requests, {resamples} resamples, seed {seed}, {confidence:.0%} percentile intervals"
         + _per_bucket(1 - bucket_alpha, confidence),
     )
+
+
+# ---------------------------------------------------------------- normal approximation (samples)
+
+
+@dataclass(frozen=True)
+class _Moments:
+    """One window's sufficient statistics per bucket: observations ``S``, requests, and, with
+    ``s_i`` a request's observations and ``r_i = y_i - m_b * s_i`` its sum's residual from the bucket
+    mean, ``Q = sum s_i**2``, ``P = sum s_i * r_i``, ``R = sum r_i**2`` (shape (buckets,) each)."""
+
+    s: np.ndarray
+    q: np.ndarray
+    p: np.ndarray
+    r: np.ndarray
+
+    @classmethod
+    def of(cls, w: PerRequestWindow, means: np.ndarray) -> _Moments:
+        k, sizes, sums = w.request_table()
+        n_k = len(w.labels)
+        resid = sums - means[k] * sizes
+        return cls(np.bincount(k, sizes, n_k), np.bincount(k, sizes * sizes, n_k),
+                   np.bincount(k, sizes * resid, n_k), np.bincount(k, resid * resid, n_k))
+
+    def variance(self, g: np.ndarray, h: np.ndarray) -> float:
+        """First-order variance of a statistic whose derivatives are ``g`` (by each bucket's share)
+        and ``h`` (by each bucket's mean): the sum over requests of their squared influence."""
+        total = float(self.s.sum())
+        if total <= 0:
+            return 0.0
+        w = self.s / total
+        gc = g - float(w @ g)  # a share moves at the others' expense
+        with np.errstate(invalid="ignore", divide="ignore"):
+            per = (gc**2 * self.q / total**2 + 2 * gc * h * self.p / (total * self.s) + h**2 * self.r / self.s**2)
+        return float(np.where(self.s > 0, per, 0.0).sum())
+
+
+def delta_split(
+    before: PerRequestWindow,
+    after: PerRequestWindow,
+    confidence: float = 0.95,
+    bucket_confidence: float | None = None,
+) -> SplitIntervals:
+    """Normal-approximation intervals for the split from per-request sums (delta method); the
+    per-bucket ones at ``bucket_confidence`` (default ``confidence``). Windows must be non-empty.
+
+    The requests are the independent units (as the bootstrap resamples them): a bucket's mean is the
+    ratio ``Y_b / S_b`` of its requests' summed latency to their observations (one each for TTFT and
+    duration, a request's tokens for ITL), its share ``S_b / S``. Each request ``i`` of bucket ``b``
+    moves a statistic with derivatives ``G`` (by the shares) and ``H`` (by the means) by its
+    influence ``u_i = s_i (G_b - sum_c w_c G_c) / S + H_b r_i / S_b``, ``r_i = y_i - m_b s_i``; the
+    statistic's variance is the sum of ``u_i**2`` over both windows' requests (independent windows).
+    That is the variance the bootstrap estimates, to first order (the infinitesimal jackknife), with
+    exact per-bucket sums of squares (:class:`_Moments`) and no draws: cluster-robust for ITL, whose
+    tokens of one request move together. An interval is ``value +- z * sd``.
+
+    Raises ValueError for a confidence outside (0, 1).
+    """
+    z = z_value(confidence)
+    zb = z if bucket_confidence is None else z_value(bucket_confidence)
+    n_a, n_b = before.counts(), after.counts()
+    mix, lat, m_a, m_b = split_arrays(n_a, before.sums(), n_b, after.sums())
+    w_a, w_b = n_a / n_a.sum(), n_b / n_b.sum()
+    mom_a, mom_b = _Moments.of(before, m_a), _Moments.of(after, m_b)
+    d = m_b - m_a
+    zero = np.zeros(len(n_a))
+
+    def var(g_a: np.ndarray, h_a: np.ndarray, g_b: np.ndarray, h_b: np.ndarray) -> float:
+        # a bucket seen in one window borrows the other's mean: the derivative by it goes to the window with the data
+        own_a = np.where(n_a > 0, h_a, 0.0) + np.where(n_b > 0, 0.0, h_b)
+        own_b = np.where(n_b > 0, h_b, 0.0) + np.where(n_a > 0, 0.0, h_a)
+        return mom_a.variance(g_a, own_a) + mom_b.variance(g_b, own_b)
+
+    def around(value: float, variance: float, z: float) -> Interval:
+        sd = math.sqrt(max(variance, 0.0))
+        return value - z * sd, value + z * sd
+
+    var_mix = var(-m_a, w_b - w_a, m_a, zero)
+    var_lat = var(zero, -w_b, d, w_b)
+    both = (n_a > 0) & (n_b > 0)
+    bucket_latency, bucket_change = [], []
+    for b in range(len(n_a)):
+        one = np.zeros(len(n_a))
+        one[b] = 1.0
+        bucket_latency.append(around(float(lat[b]), var(zero, -w_b * one, d[b] * one, w_b * one), zb))
+        bucket_change.append(around(float(d[b]), var(zero, -one, zero, one), zb) if both[b] else (math.nan, math.nan))
+    return SplitIntervals(
+        mix=around(float(mix.sum()), var_mix, z),
+        latency=around(float(lat.sum()), var_lat, z),
+        bucket_latency=tuple(bucket_latency),
+        bucket_change=tuple(bucket_change),
+        method=f"normal approximation from per-request sums (delta method, requests as units), {confidence:.0%} "
+        "intervals" + _per_bucket(confidence if bucket_confidence is None else bucket_confidence, confidence),
+    )
+
+
+# ---------------------------------------------------------------- which method
+
+
+BOOTSTRAP_MAX_REQUESTS = 10_000
+"""``intervals="auto"`` bootstraps while each window has at most this many requests and uses the
+normal approximation (:func:`delta_split`) above. Why there: the bootstrap's work is
+``resamples x requests`` draws per window and metric (2e7 at 10,000 requests: ~1.5 s for the three
+metrics of two windows here, 3 s at 20,000) and grows with the requests, while the normal approximation costs
+one pass over the per-request sums; and at 10,000 requests the central limit theorem holds for a mean
+of latencies with a finite variance, so the two agree (measured in the tests on 4,000 requests a
+window: within the bootstrap's own resampling noise). Small windows keep the bootstrap, which needs
+no normality."""
+
+INTERVALS = ("auto", "bootstrap", "normal")
+"""How the split's intervals are made for per-request samples (:func:`split_intervals`)."""
+
+
+def split_intervals(
+    before: PerRequestWindow | HistogramWindow,
+    after: PerRequestWindow | HistogramWindow,
+    intervals: str = "auto",
+    resamples: int = 2000,
+    seed: int = 0,
+    confidence: float = 0.95,
+    bucket_confidence: float | None = None,
+) -> SplitIntervals:
+    """The split's intervals by the method ``intervals`` asks for: for per-request samples
+    ``bootstrap``, ``normal`` (:func:`delta_split`) or ``auto`` (the bootstrap while each window has at
+    most :data:`BOOTSTRAP_MAX_REQUESTS` requests, the normal approximation above); histograms have
+    only the normal approximation from counts (``auto`` or ``normal``). ``method`` says which, and why.
+
+    Raises ValueError for an unknown ``intervals``, or ``bootstrap`` asked of histograms (and as the
+    methods raise).
+    """
+    if intervals not in INTERVALS:
+        raise ValueError(f"intervals must be one of {', '.join(INTERVALS)}, got {intervals!r}")
+    if isinstance(before, HistogramWindow) or isinstance(after, HistogramWindow):
+        if intervals == "bootstrap":
+            raise ValueError("the bootstrap needs per-request samples (bench results); histograms have the "
+                             "normal approximation from counts")
+        assert isinstance(before, HistogramWindow) and isinstance(after, HistogramWindow)
+        return normal_split(before, after, confidence, bucket_confidence)
+    largest = int(max(before.units().sum(), after.units().sum()))
+    if intervals == "auto":
+        use = "bootstrap" if largest <= BOOTSTRAP_MAX_REQUESTS else "normal"
+        why = (f"; the bootstrap, each window having at most {BOOTSTRAP_MAX_REQUESTS:,} requests" if use == "bootstrap"
+               else f"; not the bootstrap: a window has {largest:,} requests, over {BOOTSTRAP_MAX_REQUESTS:,}, where "
+               "the central limit theorem holds and the bootstrap's draws would cost resamples x requests")
+    else:
+        use, why = intervals, " (as asked)"
+    if use == "bootstrap":
+        got = bootstrap_split(before, after, resamples, seed, confidence, bucket_confidence)
+    else:
+        got = delta_split(before, after, confidence, bucket_confidence)
+    return replace(got, method=got.method + why)
 
 
 # ---------------------------------------------------------------- normal approximation (histograms)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from servelens.core.binned_quantiles import BinnedValues, in_memory
 from servelens.core.buckets import IslBuckets
 from servelens.core.summary import CumulativeHistogram, RequestSample
 
@@ -132,12 +133,101 @@ class SampleWindow:
         return np.array([b.count for b in self.buckets], dtype=float)
 
     def sums(self) -> np.ndarray:
-        """Sum of the observations per bucket (s), shape (buckets,)."""
+        """Sum of the observations per bucket (s), shape (buckets,): the exactly rounded sum
+        (``math.fsum``) of its requests' sums (:meth:`BucketSamples.request_sums`); with one
+        observation a request, of the observations themselves."""
         return self._sums.copy()
 
     @functools.cached_property
     def _sums(self) -> np.ndarray:  # exact sums cost a pass over every value: once per window
-        return np.array([_fsum(b.values_s) for b in self.buckets], dtype=float)
+        return np.array([_fsum(b.request_sums()) for b in self.buckets], dtype=float)
+
+    def units(self) -> np.ndarray:
+        """Requests per bucket (the independent units of the uncertainty), shape (buckets,)."""
+        return np.array([b.request_sizes().size for b in self.buckets], dtype=float)
+
+    def request_table(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per request of every bucket: its bucket index (int64), observations (float) and their sum (s)."""
+        return _request_table([b.request_sizes() for b in self.buckets], [b.request_sums() for b in self.buckets])
+
+    @functools.cached_property
+    def binned(self) -> BinnedValues:
+        """The observations by bucket and value bin, for exact quantiles (:mod:`servelens.core.binned_quantiles`)."""
+        return in_memory([np.asarray(b.values_s, dtype=float) for b in self.buckets])
+
+
+def _request_table(
+    sizes: Sequence[np.ndarray], sums: Sequence[np.ndarray]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    ks = [np.full(n.size, k, dtype=np.int64) for k, n in enumerate(sizes)]
+    return np.concatenate(ks), np.concatenate(sizes).astype(float), np.concatenate(sums).astype(float)
+
+
+@dataclass(frozen=True, eq=False)
+class BinnedSampleWindow:
+    """One metric in one window as per-request samples held compactly: per bucket each request's
+    observation count and sum, and the observations' counts per value bin with a reader of the
+    values (``values.gather``), for windows too large to hold every value (a million requests' ITL:
+    ~365 M values, 2.9 GB as float64). Figures and uncertainty are those of a :class:`SampleWindow`
+    of the same observations: means from the same per-request sums, quantiles by exact selection
+    (:func:`servelens.core.binned_quantiles.mixture_quantiles`), resampling of the same requests.
+
+    Attributes:
+        metric, labels, unbucketed: as :class:`SampleWindow`.
+        sizes: per bucket, observations per request, shape (requests,), int64 (0 allowed).
+        sums_s: per bucket, each request's sum (s), shape (requests,), float64:
+            :meth:`BucketSamples.request_sums` of its observations (``numpy.add.reduceat``).
+        values: the observations by bucket and value bin; ``values.counts[b].sum()`` is
+            ``sizes[b].sum()``.
+
+    Raises ExplainError for lengths that differ, negative sizes, sums that are negative or not
+    finite, or value counts that do not add up to the sizes.
+    """
+
+    metric: str
+    labels: tuple[str, ...]
+    sizes: tuple[np.ndarray, ...]
+    sums_s: tuple[np.ndarray, ...]
+    values: BinnedValues
+    unbucketed: int = 0
+
+    def __post_init__(self) -> None:
+        _check_labels(self.labels, len(self.sizes))
+        if len(self.sums_s) != len(self.sizes) or self.values.groups != len(self.sizes):
+            raise ExplainError("sizes, sums and value counts must have one entry per ISL bucket")
+        per_bin = self.values.counts.sum(axis=1)
+        for k, (n, s) in enumerate(zip(self.sizes, self.sums_s, strict=True)):
+            if n.shape != s.shape or (n.size and int(n.min()) < 0):
+                raise ExplainError("each request needs one size >= 0 and one sum")
+            if s.size and (not np.all(np.isfinite(s)) or float(s.min()) < 0):
+                raise ExplainError("latency samples must be finite and >= 0 seconds")
+            if int(n.sum()) != int(per_bin[k]):
+                raise ExplainError(f"sizes add up to {int(n.sum())} observations, value counts to {int(per_bin[k])}")
+
+    def counts(self) -> np.ndarray:
+        """Observations per bucket, shape (buckets,)."""
+        return np.array([int(n.sum()) for n in self.sizes], dtype=float)
+
+    def sums(self) -> np.ndarray:
+        """Sum of the observations per bucket (s), shape (buckets,), as :meth:`SampleWindow.sums`."""
+        return self._sums.copy()
+
+    @functools.cached_property
+    def _sums(self) -> np.ndarray:
+        return np.array([_fsum(s) for s in self.sums_s], dtype=float)
+
+    def units(self) -> np.ndarray:
+        """Requests per bucket, shape (buckets,)."""
+        return np.array([n.size for n in self.sizes], dtype=float)
+
+    def request_table(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """As :meth:`SampleWindow.request_table`."""
+        return _request_table(list(self.sizes), list(self.sums_s))
+
+    @property
+    def binned(self) -> BinnedValues:
+        """The observations by bucket and value bin."""
+        return self.values
 
 
 @dataclass(frozen=True)
@@ -203,8 +293,13 @@ class HistogramWindow:
         return np.array(self.requests, dtype=float) if self.requests is not None else self.counts()
 
 
-Window = SampleWindow | HistogramWindow
-"""A window of either kind; an analysis takes two of the same kind."""
+PerRequestWindow = SampleWindow | BinnedSampleWindow
+"""Per-request samples, held whole or compactly: exact figures; the two compare with each other."""
+PER_REQUEST = (SampleWindow, BinnedSampleWindow)
+"""The classes of :data:`PerRequestWindow`, for ``isinstance``."""
+
+Window = SampleWindow | BinnedSampleWindow | HistogramWindow
+"""A window of either kind (per-request samples or histograms); an analysis takes two of the same kind."""
 
 
 @dataclass(frozen=True)
@@ -262,7 +357,7 @@ def window_mix(window: Window) -> Mix:
 def check_pair(before: Window, after: Window) -> None:
     """Check that two windows can be compared: the same kind, metric, buckets (and ``le`` edges),
     and observations in each. Raises ExplainError with a one-line reason."""
-    if type(before) is not type(after):
+    if isinstance(before, HistogramWindow) != isinstance(after, HistogramWindow):
         raise ExplainError("both windows must come from the same kind of source (samples or histograms)")
     if before.metric != after.metric:
         raise ExplainError(f"the windows hold different metrics: {before.metric} and {after.metric}")

@@ -50,6 +50,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from servelens.core.selection import NBINS
 from servelens.formats.results import RESULTS_FILE, BenchRecord
 
 log = logging.getLogger("servelens.results")
@@ -65,6 +66,9 @@ INT_FIELDS = ("index", "scheduled_ns", "send_ns", "wall_send_ns", "first_output_
               "isl_server", "osl_target", "osl", "cached_tokens", "http_status")
 BOOL_FIELDS = ("ok", "tokens_from_usage")
 FLOAT_FIELDS = ("ttft_s", "wall_send_s")
+BIN_COUNTS_FILE = "itl_bin_counts.npy"
+"""Tokens of the successful requests per ISL bucket and ITL value bin, shape ``(buckets + 1, NBINS)``
+int64 (the last row: no known ISL), for the buckets in ``meta.json``'s ``itl_bin_counts_buckets``."""
 
 
 def source_stamp(source: Path | None) -> dict[str, int] | None:
@@ -85,10 +89,28 @@ class Columns:
     itl_values: int
     weighted: bool
     source: dict[str, int] | None
+    totals: bool = False
+    bin_count_buckets: tuple[int, ...] | None = None
+
+    def bin_counts(self) -> np.ndarray:
+        """``itl_bin_counts.npy`` (:data:`BIN_COUNTS_FILE`). Raises ValueError (one line) when the
+        folder has none or it does not have the shape its buckets say."""
+        p = self.path / BIN_COUNTS_FILE
+        if self.bin_count_buckets is None:
+            raise ValueError(f"{self.path} has no {BIN_COUNTS_FILE} (written before servelens kept one)")
+        try:
+            a = np.load(p)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"cannot read {p}: {exc} (a truncated folder?)") from None
+        if a.shape != (len(self.bin_count_buckets) + 2, NBINS) or a.dtype != np.int64:
+            raise ValueError(f"{p} has shape {a.shape}, meta.json's buckets say {len(self.bin_count_buckets) + 2} rows")
+        return a
 
     def column(self, name: str) -> np.ndarray:
         """A whole column in memory (per-request ones: 8 bytes a request). Raises ValueError when its
         length is not the meta data's."""
+        if name in ("itl_tokens", "itl_sum_s") and not self.totals:
+            raise ValueError(f"{self.path} has no {name} (written before servelens kept one)")
         p = self.path / f"{name}.npy"
         try:
             a = np.load(p)
@@ -102,6 +124,12 @@ class Columns:
         if a.ndim != 1 or a.size != want:
             raise ValueError(f"{p} holds {a.size} values, meta.json says {want} (a truncated folder?)")
         return a
+
+    def open(self, name: str) -> ColumnFile:
+        """A per-chunk or per-value column opened for block reads (:class:`ColumnFile`). Raises
+        ValueError (one line) for a missing or short file."""
+        length = {"chunk_offsets_ns": self.chunks, "chunk_tokens": self.chunks}.get(name, self.itl_values)
+        return ColumnFile(self.path / f"{name}.npy", length)
 
     def read(self, name: str, start: int, stop: int) -> np.ndarray:
         """Values ``[start, stop)`` of a column, read from the file (no mapping: memory is the slice).
@@ -118,6 +146,68 @@ class Columns:
         if out.size != stop - start:
             raise ValueError(f"{p} ends early (a truncated folder?)")
         return out
+
+
+class ColumnFile:
+    """One column opened for many block reads: the header is read once, each read is one
+    ``np.fromfile`` at an offset, and values at scattered positions come from a mapping of the block
+    alone (no copy of the rest; the mapping is dropped right after, so resident memory stays one
+    block). Use as a context manager, or :meth:`close`."""
+
+    def __init__(self, path: Path, length: int) -> None:
+        """Open ``path`` (an ``.npy`` file of ``length`` values). Raises ValueError (one line) for an
+        unreadable or short file."""
+        self.path = path
+        try:
+            self._f = open(path, "rb")  # noqa: SIM115 (closed by close())
+            np.lib.format.read_magic(self._f)
+            _, _, self.dtype = np.lib.format.read_array_header_1_0(self._f)
+            self.offset = self._f.tell()
+            size = os.fstat(self._f.fileno()).st_size
+        except OSError as exc:
+            raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+        except ValueError as exc:
+            raise ValueError(f"{path}: not a whole .npy file ({exc}; a truncated folder?)") from None
+        if size < self.offset + length * self.dtype.itemsize:
+            self._f.close()
+            raise ValueError(f"{path} ends early (a truncated folder?)")
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Values ``[start, stop)`` (a copy: memory is the slice)."""
+        self._f.seek(self.offset + start * self.dtype.itemsize)
+        out = np.fromfile(self._f, dtype=self.dtype, count=stop - start)
+        if out.size != stop - start:
+            raise ValueError(f"{self.path} ends early (a truncated folder?)")
+        return out
+
+    def view(self, start: int, stop: int) -> np.ndarray:
+        """Values ``[start, stop)`` mapped, not copied: numpy reads the page cache directly (no
+        ``read`` copy). The mapping lives as long as the array: drop it before the next block, so
+        that resident memory stays one block."""
+        if stop <= start:
+            return np.zeros(0, dtype=self.dtype)
+        return np.memmap(self._f, dtype=self.dtype, mode="r", offset=self.offset + start * self.dtype.itemsize,
+                         shape=(stop - start,))
+
+    def at(self, start: int, stop: int, positions: np.ndarray) -> np.ndarray:
+        """Values at ``positions`` (int array, relative to ``start``) of the block ``[start, stop)``:
+        only the pages that hold them are read (a mapping of the block, dropped on return)."""
+        if positions.size == 0 or stop <= start:
+            return np.zeros(0, dtype=self.dtype)
+        block = self.view(start, stop)
+        out = np.asarray(block[positions])  # a copy; the mapping goes with the last reference, here
+        del block
+        return out
+
+    def close(self) -> None:
+        """Close the file."""
+        self._f.close()
+
+    def __enter__(self) -> ColumnFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def is_columnar(path: str | Path) -> bool:
@@ -139,8 +229,10 @@ def open_columns(path: str | Path) -> Columns:
         got = meta.get("format") if isinstance(meta, dict) else None
         raise ValueError(f"{p}/meta.json: not a {FORMAT} folder (format {got!r})")
     try:
+        bounds = meta.get("itl_bin_counts_buckets")
         return Columns(p, int(meta["requests"]), int(meta["chunks"]), int(meta["itl_values"]),
-                       bool(meta["itl_weights"]), meta.get("source"))
+                       bool(meta["itl_weights"]), meta.get("source"), bool(meta.get("itl_totals", False)),
+                       tuple(int(b) for b in bounds) if bounds is not None else None)
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{p}/meta.json: missing or bad field {exc}") from None
 

@@ -1,6 +1,11 @@
 """Writing a ``results.cols`` folder (the layout: :mod:`servelens.formats.columnar`): record by record
 as the bench finishes (:class:`ColumnarWriter`), in numpy batches (:meth:`ColumnarWriter.add_arrays`:
-the converter, the benchmark's generator), or converted from a ``results.jsonl`` (:func:`convert_jsonl`)."""
+the converter, the benchmark's generator), or converted from a ``results.jsonl`` (:func:`convert_jsonl`).
+
+Besides the columns the writer keeps what the readers would otherwise recompute from every ITL value,
+while the values pass through it anyway: per request its ITL token count and sum (``itl_tokens``,
+``itl_sum_s``), and the tokens of successful requests per ISL bucket and value bin
+(``itl_bin_counts.npy``) for the run's ISL buckets."""
 
 from __future__ import annotations
 
@@ -14,9 +19,11 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from servelens.core.selection import value_bins
+from servelens.core.buckets import IslBuckets
+from servelens.core.selection import NBINS, add_block_counts, value_bins
 from servelens.core.timing import NS_PER_S, itl_per_chunk
 from servelens.formats.columnar import (
+    BIN_COUNTS_FILE,
     BOOL_FIELDS,
     COLUMNS_DIR,
     FLOAT_FIELDS,
@@ -27,7 +34,7 @@ from servelens.formats.columnar import (
     iter_columns,
     source_stamp,
 )
-from servelens.formats.results import RESULTS_FILE, BenchRecord, iter_results, write_results
+from servelens.formats.results import RESULTS_FILE, BenchRecord, iter_results, summary_isl_buckets, write_results
 
 _FLUSH = 16384  # requests buffered before the chunk columns go to disk
 
@@ -64,12 +71,17 @@ def _int(v: int | None) -> int:
 class ColumnarWriter:
     """Writes ``results.cols/`` one record at a time (:meth:`add`), the chunk columns in batches.
 
-    ``source``: the JSONL file the records come from (its size and mtime go to ``meta.json``).
+    ``source``: the JSONL file the records come from (its size and mtime go to ``meta.json``);
+    ``isl_buckets``: the buckets of ``itl_bin_counts.npy`` (default: :meth:`IslBuckets.default`).
     Use as a context manager; the folder is complete when it closes.
     """
 
-    def __init__(self, path: str | Path, source: str | Path | None = None) -> None:
+    def __init__(self, path: str | Path, source: str | Path | None = None,
+                 isl_buckets: IslBuckets | None = None) -> None:
         self.path = Path(path)
+        self.buckets = isl_buckets or IslBuckets.default()
+        self.edges = np.asarray(self.buckets.boundaries, dtype=np.int64)
+        self.bin_counts = np.zeros((len(self.buckets.labels) + 2, NBINS), dtype=np.int64)
         self.path.mkdir(parents=True, exist_ok=True)
         (self.path / "meta.json").unlink(missing_ok=True)  # incomplete until closed
         self.source = Path(source) if source is not None else None
@@ -78,7 +90,8 @@ class ColumnarWriter:
         for name, dtype in ((*((f, np.int64) for f in INT_FIELDS), *((f, np.bool_) for f in BOOL_FIELDS),
                              *((f, np.float64) for f in FLOAT_FIELDS), ("chunk_start", np.int64),
                              ("itl_start", np.int64), ("chunk_offsets_ns", np.int64), ("chunk_tokens", np.int32),
-                             ("itl_s", np.float64), ("itl_bin", np.uint16), ("itl_weight", np.int32))):
+                             ("itl_s", np.float64), ("itl_bin", np.uint16), ("itl_weight", np.int32),
+                             ("itl_tokens", np.int64), ("itl_sum_s", np.float64))):
             self.cols[name] = _Column(self.path / f"{name}.npy", dtype)
         self.cols["chunk_start"].append([0])
         self.cols["itl_start"].append([0])
@@ -151,12 +164,39 @@ class ColumnarWriter:
         self.cols["itl_bin"].append(value_bins(per))
         self.cols["itl_weight"].append(w)
         self.weighted = self.weighted or bool((w != 1).any())
+        self._totals(fields["ok"], fields["isl_server"], fields["isl_target"], itl_counts, per, w)
         ok = fields["ok"]
         self.text.write(b"".join(text) if text is not None else b"".join(
             b'[null,"success","",""]\n' if k else b'[null,"error","",""]\n' for k in ok.tolist()))
         assert b == len(ok)
 
+    def _totals(self, ok: Any, server: Any, target: Any, lengths: Any, values: np.ndarray, weights: np.ndarray) -> None:
+        """Per request of a batch its ITL tokens and sum (``numpy.add.reduceat`` of its values, each
+        repeated by its weight: the per-request sums the readers use), and the bin counts."""
+        ok = np.asarray(ok, dtype=bool)
+        server, target = np.asarray(server, dtype=np.int64), np.asarray(target, dtype=np.int64)
+        isl = np.where(server != NULL, server, target)
+        nb = len(self.buckets.labels)
+        groups = np.where(ok, np.where(isl != NULL, np.searchsorted(self.edges, isl, side="left"), nb), nb + 1)
+        lengths = np.asarray(lengths, dtype=np.int64)
+        w = np.asarray(weights, dtype=np.int64)
+        cw = np.concatenate(([0], np.cumsum(w)))
+        ends = np.cumsum(lengths)
+        tok = cw[ends] - cw[ends - lengths]
+        expanded = np.repeat(values, w) if bool((w != 1).any()) else values
+        sums = np.zeros(lengths.size)
+        some = tok > 0
+        if some.any():
+            sums[some] = np.add.reduceat(expanded, (cw[ends - lengths])[some])
+        self.cols["itl_tokens"].append(tok)
+        self.cols["itl_sum_s"].append(sums)
+        add_block_counts(self.bin_counts, lengths, groups, value_bins(values), w)
+
     def _flush(self) -> None:
+        rows = self.rows
+        itl = np.concatenate(self.itl) if self.itl else np.zeros(0)
+        weights = np.concatenate(self.weights) if self.weights else np.zeros(0, np.int32)
+        self._totals(rows["ok"], rows["isl_server"], rows["isl_target"], [a.size for a in self.itl], itl, weights)
         for f, values in self.rows.items():
             self.cols[f].append(values)
             values.clear()
@@ -164,10 +204,9 @@ class ColumnarWriter:
         self.cols["itl_start"].append(self.itl_ends)
         self.cols["chunk_offsets_ns"].append(self.offsets)
         self.cols["chunk_tokens"].append(self.tokens)
-        itl = np.concatenate(self.itl) if self.itl else np.zeros(0)
         self.cols["itl_s"].append(itl)
         self.cols["itl_bin"].append(value_bins(itl))
-        self.cols["itl_weight"].append(np.concatenate(self.weights) if self.weights else np.zeros(0))
+        self.cols["itl_weight"].append(weights)
         for buf in (self.chunk_ends, self.itl_ends, self.offsets, self.tokens, self.itl, self.weights):
             buf.clear()
 
@@ -179,8 +218,9 @@ class ColumnarWriter:
         self.text.close()
         if not self.weighted:
             (self.path / "itl_weight.npy").unlink()
+        np.save(self.path / BIN_COUNTS_FILE, self.bin_counts[:-1])  # the failed requests' row is not kept
         write_meta(self.path, self.cols["ok"].n, self.cols["chunk_offsets_ns"].n, self.cols["itl_s"].n,
-                   self.weighted, self.source)
+                   self.weighted, self.source, self.buckets.boundaries)
         return self.path
 
     def __enter__(self) -> ColumnarWriter:
@@ -219,16 +259,22 @@ def _itl_arrays(counts: np.ndarray, offsets: np.ndarray, tokens: np.ndarray) -> 
 
 
 def write_meta(path: Path, requests: int, chunks: int, itl_values: int, weighted: bool,
-               source: Path | None = None) -> None:
-    """Write ``meta.json`` (the last file written: a folder without it is incomplete)."""
-    meta = {"format": FORMAT, "requests": requests, "chunks": chunks, "itl_values": itl_values,
-            "itl_weights": weighted, "source": source_stamp(source)}
+               source: Path | None = None, bin_count_buckets: tuple[int, ...] | None = None) -> None:
+    """Write ``meta.json`` (the last file written: a folder without it is incomplete);
+    ``bin_count_buckets``: the boundaries of ``itl_bin_counts.npy``, and that ``itl_tokens`` and
+    ``itl_sum_s`` are there (None: neither is)."""
+    meta: dict[str, Any] = {"format": FORMAT, "requests": requests, "chunks": chunks, "itl_values": itl_values,
+                            "itl_weights": weighted, "source": source_stamp(source)}
+    if bin_count_buckets is not None:
+        meta |= {"itl_totals": True, "itl_bin_counts_buckets": list(bin_count_buckets)}
     (path / "meta.json").write_bytes(msgspec.json.encode(meta))
 
 
-def write_columnar(path: str | Path, records: Iterable[BenchRecord], source: str | Path | None = None) -> Path:
-    """Write ``records`` as a ``results.cols`` folder at ``path``. Returns the folder."""
-    with ColumnarWriter(path, source) as w:
+def write_columnar(path: str | Path, records: Iterable[BenchRecord], source: str | Path | None = None,
+                   isl_buckets: IslBuckets | None = None) -> Path:
+    """Write ``records`` as a ``results.cols`` folder at ``path`` (``isl_buckets``: those of its bin
+    counts, default :meth:`IslBuckets.default`). Returns the folder."""
+    with ColumnarWriter(path, source, isl_buckets) as w:
         for r in records:
             w.add(r)
     return w.path
@@ -242,7 +288,8 @@ def convert_jsonl(src: str | Path, dst: str | Path | None = None) -> Path:
         p = p / RESULTS_FILE
     out = Path(dst) if dst is not None else p.parent / COLUMNS_DIR
     enc = msgspec.json.Encoder()
-    with ColumnarWriter(out, p) as w:
+    bounds = summary_isl_buckets(p)  # the run's own buckets, as the report will use them
+    with ColumnarWriter(out, p, IslBuckets(bounds) if bounds else None) as w:
         batch: list[BenchRecord] = []
 
         def flush() -> None:  # a batch at a time: the ITL values of simple requests in one numpy pass

@@ -48,7 +48,7 @@ def compare_results(
 ) -> RunComparison:
     """Compare two bench results files (or folders) bucketed alike (``buckets``, else the runs' own,
     which must agree). Raises ExplainError or ValueError (one line) for bad input."""
-    pairs = from_results(baseline, candidate, buckets)
+    pairs = from_results(baseline, candidate, buckets, values=True)
     metrics = {}
     for m in ("TTFT", "ITL"):
         a, b = pairs.windows[m]

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 
 from servelens.core.decompose import DEFAULT_QUANTILES, Counterfactual, Explanation, counterfactual, explain
 from servelens.core.slo import Attainment, AttainmentBounds, Slo, attainment, histogram_attainment
+from servelens.core.uncertainty import INTERVALS
 from servelens.core.verdict import verdict_line
 from servelens.core.windows import ExplainError, HistogramWindow, Mix, Window, aligned_mix
 from servelens.report.explain_windows import METRICS, WindowPairs
@@ -24,6 +25,8 @@ class ExplainOptions:
     Attributes:
         quantiles: the quantiles shown (0.95 for p95); headline: the one the verdict line names.
         confidence: interval level; resamples, seed: the bootstrap's (bench results only).
+        intervals: ``auto``, ``bootstrap`` or ``normal``: how the intervals of bench results are made
+            (:func:`~servelens.core.uncertainty.split_intervals`; histograms have the normal approximation).
         min_share: the verdict's materiality threshold (:func:`~servelens.core.decompose.decide_verdict`).
         reference: a reference mix: both windows are also shown at it (None: not shown).
         slo: SLO thresholds (None: no attainment).
@@ -36,6 +39,7 @@ class ExplainOptions:
     resamples: int = 2000
     seed: int = 0
     min_share: float = 0.1
+    intervals: str = "auto"
     reference: Mix | None = None
     slo: Slo | None = None
     metrics: tuple[str, ...] = METRICS
@@ -44,6 +48,8 @@ class ExplainOptions:
         unknown = [m for m in self.metrics if m not in METRICS]
         if unknown or not self.metrics:
             raise ExplainError(f"unknown metric {', '.join(unknown) or '(none)'}: choose from {', '.join(METRICS)}")
+        if self.intervals not in INTERVALS:
+            raise ExplainError(f"unknown intervals {self.intervals!r}: choose from {', '.join(INTERVALS)}")
         if not any(abs(q - self.headline) < 1e-12 for q in self.quantiles):
             object.__setattr__(self, "quantiles", tuple(sorted({*self.quantiles, self.headline})))
 
@@ -131,7 +137,8 @@ def explain_windows(pairs: WindowPairs, options: ExplainOptions | None = None) -
         if empty is not None and metric != "TTFT":
             results.append(MetricResult(metric, None, f"{metric}: not explained, {empty}", skipped=empty))
             continue
-        e = explain(before, after, opts.quantiles, opts.confidence, opts.resamples, opts.seed, opts.min_share)
+        e = explain(before, after, opts.quantiles, opts.confidence, opts.resamples, opts.seed, opts.min_share,
+                    opts.intervals)
         ref = None
         if opts.reference is not None:
             ref, note = _reference(before, after, opts.reference, opts.quantiles)

@@ -3,12 +3,19 @@
 
 The same windows as :func:`servelens.report.explain_windows.from_results` builds from records
 (the tests compare them value for value): TTFT and request duration from per-request columns
-(8 bytes a request each), ITL from the ``itl_s`` column read in blocks of requests, every value a
-successful request's token gap (``np.repeat`` by ``itl_weight`` where chunks held several tokens),
-request after request within each bucket. What it holds is the windows' values themselves
-(8 bytes an observation: for ITL, 8 bytes a token); the SLOs' per-request mean ITL is numpy's sum
-of the request's values, added one after another as Python's ``sum`` does (the same float),
-over their count; it is computed only when asked (``servelens explain`` with an SLO).
+(8 bytes a request each, held whole). ITL, ~365 values a request, is not held: :meth:`ColumnRun.itl_window`
+keeps per request its token count and sum (``numpy.add.reduceat`` of its values, as
+:meth:`~servelens.core.windows.BucketSamples.request_sums` of the record path) and per bucket the
+tokens per value bin: a :class:`~servelens.core.windows.BinnedSampleWindow`, 16 bytes a request and
+2 MiB of counts, whose quantiles read the values of a few bins in one pass over the bins
+(:func:`~servelens.core.selection.hits`: the bins alone are tested, the request only for hits). The
+totals and counts are the writer's (``itl_tokens``, ``itl_sum_s``, ``itl_bin_counts.npy``) where it
+kept them for these buckets, else one pass over ``itl_s``, ``itl_bin`` (and ``itl_weight``) in blocks
+of requests computes them.
+:meth:`ColumnRun.itl` still builds the window of every value (``servelens report --compare`` resamples
+quantiles and needs them). The SLOs' per-request mean ITL is the request's values added one after
+another as Python's ``sum`` does (the same float as the records'), over their count; it is computed
+only when asked (``servelens explain`` with an SLO).
 """
 
 from __future__ import annotations
@@ -17,14 +24,18 @@ import math
 
 import numpy as np
 
+from servelens.core.binned_quantiles import BinnedValues
 from servelens.core.buckets import IslBuckets
+from servelens.core.selection import NBINS, add_block_counts, hits
 from servelens.core.slo import SloRequest
 from servelens.core.timing import NS_PER_S
-from servelens.core.windows import BucketSamples, SampleWindow
+from servelens.core.windows import BinnedSampleWindow, BucketSamples, SampleWindow
 from servelens.formats.columnar import NULL, Columns, open_columns
+from servelens.report.columnar import block_cuts
 
-BLOCK = 1 << 22
-"""ITL values read per block (about; cut at request boundaries)."""
+BLOCK = 1 << 20
+"""ITL values read per block (about; cut at request boundaries): small enough for the allocator to reuse
+(:data:`servelens.report.columnar.BLOCK`)."""
 
 
 class ColumnRun:
@@ -40,6 +51,7 @@ class ColumnRun:
         self.ttft = c.column("ttft_s")
         self.send, self.end = c.column("send_ns"), c.column("end_ns")
         self.itl_start = c.column("itl_start")
+        self.boundaries = buckets.boundaries
         edges = np.asarray(buckets.boundaries, dtype=np.int64)
         self.key = np.where(isl != NULL, np.searchsorted(edges, isl, side="left"), -1).astype(np.int64)
         if c.requests and int(isl[isl != NULL].min(initial=0)) < 0:
@@ -99,9 +111,120 @@ class ColumnRun:
         unbucketed = int(sizes[self.key < 0].sum())
         return SampleWindow("ITL", self.labels, buckets, unbucketed), sizes, sums
 
+    def _groups(self) -> np.ndarray:
+        """Each request's group for the value bins: its bucket, ``len(labels)`` for a successful
+        request in no bucket, ``len(labels) + 1`` for a failed one (int64, shape (requests,))."""
+        k_n = len(self.labels)
+        return np.where(self.ok, np.where(self.key >= 0, self.key, k_n), k_n + 1).astype(np.int64)
+
+    def itl_window(self, slo: bool = False) -> tuple[BinnedSampleWindow, np.ndarray, np.ndarray]:
+        """The ITL window held compactly (module docstring), and per request its token count and,
+        with ``slo``, the sum of its values in Python's order (failed requests: 0 and 0; the sums
+        all 0 without ``slo``). What the writer kept is read, not recomputed: the per-request token
+        counts and sums (``itl_tokens``, ``itl_sum_s``) and, for the same ISL buckets, the tokens
+        per bucket and bin (``itl_bin_counts.npy``); what it did not keep comes from one pass over
+        the ITL columns in blocks of about :data:`BLOCK` values. Raises ValueError (one line) for a
+        truncated folder."""
+        c, k_n = self.c, len(self.labels)
+        n = c.requests
+        need_sums = slo or not c.totals
+        counts = None
+        if c.bin_count_buckets == self.boundaries:
+            counts = np.concatenate((c.bin_counts(), np.zeros((1, NBINS), dtype=np.int64)))
+        slo_sums = np.zeros(n)
+        if need_sums or counts is None:
+            tok, block_sums, slo_sums, counts = self._itl_pass(need_sums, slo, counts)
+        if not need_sums:  # kept by the writer
+            tok, block_sums = c.column("itl_tokens"), c.column("itl_sum_s")
+        sizes = np.where(self.ok, tok, 0)
+        sums = np.where(self.ok, block_sums, 0.0)
+        in_bucket = [self.ok & (self.key == k) for k in range(k_n)]
+        window = BinnedSampleWindow(
+            "ITL", self.labels, tuple(sizes[m] for m in in_bucket), tuple(sums[m] for m in in_bucket),
+            BinnedValues(counts[:k_n].copy(), self._gather),
+            int(sizes[self.key < 0].sum()))
+        return window, sizes, slo_sums
+
+    def _itl_pass(
+        self, sums_too: bool, slo: bool, counts: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """One pass over the ITL columns: per request its tokens, with ``sums_too`` the
+        ``numpy.add.reduceat`` sum of its values (else 0) and with ``slo`` their sum in Python's
+        order (else 0); the tokens per group and bin (:meth:`_groups`) unless ``counts`` has them."""
+        c, starts, k_n = self.c, self.itl_start, len(self.labels)
+        n = c.requests
+        tok_all, sums, slo_sums = np.zeros(n, dtype=np.int64), np.zeros(n), np.zeros(n)
+        groups = self._groups()
+        count = counts is None
+        if counts is None:
+            counts = np.zeros((k_n + 2, NBINS), dtype=np.int64)
+        with c.open("itl_s") as value_file, c.open("itl_bin") as bin_file:
+            weight_file = c.open("itl_weight") if c.weighted else None
+            try:
+                for r0, r1 in block_cuts(starts, BLOCK):
+                    lo, hi = int(starts[r0]), int(starts[r1])
+                    if lo == hi:
+                        continue
+                    lengths = np.diff(starts[r0:r1 + 1])
+                    w = weight_file.read(lo, hi).astype(np.int64) if weight_file is not None else None
+                    if w is not None:  # a value standing for several tokens counts that often
+                        cw = np.concatenate(([0], np.cumsum(w)))
+                        local = starts[r0:r1 + 1] - lo
+                        tok, tok_start = cw[local[1:]] - cw[local[:-1]], cw[local[:-1]]
+                    else:
+                        tok, tok_start = lengths, starts[r0:r1] - lo
+                    tok_all[r0:r1] = tok
+                    if sums_too or slo:
+                        vals = value_file.view(lo, hi)  # mapped: no copy
+                        expanded = np.repeat(vals, w) if w is not None else vals
+                        some = tok > 0
+                        if sums_too and some.any():
+                            sums[r0:r1][some] = np.add.reduceat(expanded, tok_start[some])  # its own values
+                        if slo:
+                            use = self.ok[r0:r1]
+                            slo_sums[r0:r1] = _sequential_sums(expanded, tok_start, np.where(use, tok, 0))
+                        del vals, expanded  # unmaps the block
+                    if count:
+                        bins = bin_file.view(lo, hi)
+                        add_block_counts(counts, lengths, groups[r0:r1], bins, w)
+                        del bins
+            finally:
+                if weight_file is not None:
+                    weight_file.close()
+        return tok_all, sums, slo_sums, counts
+
+    def _gather(self, want: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Every ITL value (repeated by its weight) of a successful request whose (bucket, bin) is
+        wanted (``(buckets, NBINS)`` bool), with its bucket: one pass over the bins, values read
+        only where they are kept (:data:`~servelens.core.binned_quantiles.Gather`)."""
+        c, starts, k_n = self.c, self.itl_start, len(self.labels)
+        full = np.zeros((k_n + 2, NBINS), dtype=bool)
+        full[:k_n] = want
+        any_bin = np.asarray(full.any(axis=0))
+        groups = self._groups()
+        got_v, got_g = [np.zeros(0)], [np.zeros(0, dtype=np.int64)]
+        with c.open("itl_s") as value_file, c.open("itl_bin") as bin_file:
+            weight_file = c.open("itl_weight") if c.weighted else None
+            try:
+                for r0, r1 in block_cuts(starts, BLOCK):
+                    lo, hi = int(starts[r0]), int(starts[r1])
+                    if lo == hi:
+                        continue
+                    pos, g = hits(any_bin, full, np.diff(starts[r0:r1 + 1]), groups[r0:r1], bin_file.view(lo, hi))
+                    v = value_file.at(lo, hi, pos)
+                    if weight_file is not None:
+                        w = weight_file.at(lo, hi, pos).astype(np.int64)
+                        v, g = np.repeat(v, w), np.repeat(g, w)
+                    got_v.append(v)
+                    got_g.append(g)
+            finally:
+                if weight_file is not None:
+                    weight_file.close()
+        return np.concatenate(got_v), np.concatenate(got_g)
+
     def slo_requests(self, sizes: np.ndarray, sums: np.ndarray) -> tuple[SloRequest, ...]:
         """What the SLOs judge of each request (:func:`~servelens.formats.results.to_slo_request`);
-        ``sizes``, ``sums`` from :meth:`itl` (``with_sums``)."""
+        ``sizes``, ``sums`` from :meth:`itl_window` (``slo``) or :meth:`itl` (``with_sums``)."""
         server, target = self.c.column("isl_server"), self.c.column("isl_target")
         isl = np.where(server != NULL, server, target).tolist()
         with np.errstate(invalid="ignore", divide="ignore"):

@@ -117,16 +117,21 @@ def span_s(records: Sequence[BenchRecord]) -> float:
     return (max(r.end_ns for r in records) - min(r.send_ns for r in records)) / NS_PER_S
 
 
-def from_results(before: str, after: str, buckets: IslBuckets | None = None, slo: bool = True) -> WindowPairs:
+def from_results(
+    before: str, after: str, buckets: IslBuckets | None = None, slo: bool = True, values: bool = False
+) -> WindowPairs:
     """The windows of two bench results files (``results.jsonl`` or their folders), bucketed with
     ``buckets`` or, when None, the runs' own boundaries (which must agree). ``slo`` False: a run read
     from its columns leaves ``requests`` None (they cost a pass over every token; the SLOs need them).
+    A run read from its columns has a compact ITL window
+    (:class:`~servelens.core.windows.BinnedSampleWindow`) unless ``values`` asks for every value
+    (a :class:`~servelens.core.windows.SampleWindow`, 8 bytes a token: what ``--compare`` resamples).
 
     Raises ExplainError or ValueError (one line) for a missing, empty or malformed file, or runs
     bucketed differently.
     """
     chosen = run_buckets(before, after, buckets)
-    got = [_run_windows(path, chosen, slo) for path in (before, after)]
+    got = [_run_windows(path, chosen, slo, values) for path in (before, after)]
     windows = {m: (got[0][0][m], got[1][0][m]) for m in METRICS}
     ra, rb = got[0][2], got[1][2]
     return WindowPairs(chosen.labels, windows, f"results {before}", f"results {after}", got[0][1], got[1][1],
@@ -134,7 +139,7 @@ def from_results(before: str, after: str, buckets: IslBuckets | None = None, slo
 
 
 def _run_windows(
-    path: str, buckets: IslBuckets, slo: bool
+    path: str, buckets: IslBuckets, slo: bool, values: bool
 ) -> tuple[dict[str, Window], float, tuple[SloRequest, ...] | None]:
     """One run's windows, its span (s) and SLO requests: from its columns when it has fresh ones
     (:mod:`servelens.report.explain_columns`, no records), else from its records."""
@@ -143,7 +148,8 @@ def _run_windows(
         run = ColumnRun(str(cols), buckets)
         if run.c.requests == 0:
             raise ExplainError(f"{path}: no requests in it (an empty results file)")
-        itl, sizes, sums = run.itl(with_sums=slo)
+        itl: Window
+        itl, sizes, sums = run.itl(with_sums=slo) if values else run.itl_window(slo)
         return ({"TTFT": run.ttft_window(), "ITL": itl, "duration": run.duration_window()}, run.span_s(),
                 run.slo_requests(sizes, sums) if slo else None)
     recs = read_records(path)

@@ -71,6 +71,23 @@ def clustered_window(seed: int, mix: Weights, n: int, tokens: int, slow: Slow = 
     return SampleWindow("ITL", BUCKETS.labels, tuple(buckets))
 
 
+def varied_window(seed: int, mix: Weights, n: int, slow: Slow = None) -> SampleWindow:
+    """``n`` requests with 1 to ~200 observations each (ITL-like, lengths lognormal): each request
+    has its own level (lognormal around the bucket median), longer requests a little slower (as
+    attention over a longer context costs), and its tokens vary a little around its level; so a
+    bucket's mean is a ratio of sums whose numerator and denominator move together."""
+    rng = np.random.default_rng(seed)
+    counts = rng.multinomial(n, np.array(mix) / sum(mix))
+    med = medians_s(slow)
+    buckets = []
+    for k, c in enumerate(counts):
+        sizes = np.minimum(np.ceil(rng.lognormal(3.0, 1.0, c)), 200).astype(np.int64)
+        levels = rng.lognormal(math.log(med[k]), SIGMA, c) * (1 + sizes / 400)
+        values = np.repeat(levels, sizes) * rng.lognormal(0.0, 0.05, int(sizes.sum()))
+        buckets.append(BucketSamples(values, sizes))
+    return SampleWindow("ITL", BUCKETS.labels, tuple(buckets))
+
+
 def binned(w: SampleWindow, edges: Sequence[float] = TTFT_EDGES_S) -> HistogramWindow:
     """The same window as histograms with ``le`` ``edges`` (what a scrape pair would give)."""
     hists = []
