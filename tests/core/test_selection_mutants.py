@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from servelens.core.selection import BIN_BITS, Block, block_percentiles, group_key, numpy_linear, value_bins
+from servelens.core.selection import Block, block_percentiles, numpy_linear, value_bins
 
 QS = [0.0, 25.0, 50.0, 95.0, 100.0]
 
@@ -18,7 +18,8 @@ def block(groups: list[int], values: list[float], weights: list[int] | None = No
     def values_at(pos: np.ndarray) -> np.ndarray:
         return v[pos]
 
-    return (group_key(np.array(groups)), value_bins(v), None if weights is None else np.array(weights), values_at)
+    return (np.ones(len(groups), np.int64), np.array(groups, np.int64), value_bins(v),
+            None if weights is None else np.array(weights), values_at)
 
 
 def expected(values: list[float], weights: list[int], q: float) -> float:
@@ -75,8 +76,3 @@ def test_value_bins_are_the_top_bits_of_the_float32() -> None:
             value_bins(np.array(bad))
         assert str(e.value) == "values must be >= 0 and not NaN"
 
-
-def test_group_key_of_a_narrow_int_type_is_an_int64_shift() -> None:
-    got = group_key(np.array([0, 1, 3, 255], dtype=np.uint8))
-    assert got.dtype == np.int64
-    assert got.tolist() == [0, 1 << BIN_BITS, 3 << BIN_BITS, 255 << BIN_BITS]
