@@ -279,9 +279,22 @@ class Relay:
         self.task = asyncio.create_task(relay_stream(self.request, self.out, self.upstream, self.meter, self.headers,
                                                      self.metrics.state))
 
+    async def until(self, event: asyncio.Event) -> None:
+        """Until ``event`` is set; fails at once when the relay ended first (with its error, if it raised)."""
+        assert self.task is not None
+        waiter = asyncio.ensure_future(event.wait())
+        try:
+            async with asyncio.timeout(GUARD_S):
+                await asyncio.wait({waiter, self.task}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        if not event.is_set():
+            self.task.result()
+            raise AssertionError("the relay returned before the awaited step")
+
     async def pumping(self) -> None:
-        async with asyncio.timeout(GUARD_S):
-            await self.upstream.pumping.wait()
+        """Until the relay pumps the upstream (it sent what it had to before)."""
+        await self.until(self.upstream.pumping)
 
     async def done(self) -> web.StreamResponse:
         assert self.task is not None
@@ -497,13 +510,11 @@ async def test_reading_pauses_only_over_the_high_water_mark_and_resumes_once_the
     r.upstream.arrives(E1)  # the buffer at the mark exactly: not over it
     await loop_turn()
     r.upstream.arrives(E2)  # over it
-    async with asyncio.timeout(GUARD_S):
-        await r.protocol.draining.wait()
+    await r.until(r.protocol.draining)
     assert r.trace == [("send", HEAD), ("send", frame(E1)), ("measure", 1), ("send", frame(E2)), ("upstream paused",),
                        ("measure", 1), ("drain waits",)]
     r.client.client_reads()
-    async with asyncio.timeout(GUARD_S):
-        await r.conn.resumed.wait()
+    await r.until(r.conn.resumed)
     r.upstream.arrives(DONE, end=True)  # under the mark again
     await r.done()
     assert r.trace[7:] == [("upstream resumed",), ("measure", 1), ("send", frame(DONE) + FINAL)]
@@ -519,8 +530,7 @@ async def test_client_that_stops_reading_and_closes_is_noticed_while_the_relay_w
         r.start()
         await r.pumping()
         r.upstream.arrives(E1)
-        async with asyncio.timeout(GUARD_S):
-            await r.protocol.draining.wait()
+        await r.until(r.protocol.draining)
         r.client.close()  # closed its side, its buffer never drains: noticed within CLOSING_CHECK_S
         await r.done()
         assert r.out == CANCELLED and r.disconnected == 1
@@ -540,13 +550,27 @@ async def test_final_send_waiting_for_the_client_completes_when_it_reads_everyth
     await r.pumping()
     r.client.client_reads()
     r.upstream.arrives(E1 + E3 + DONE, end=True)
-    async with asyncio.timeout(GUARD_S):
-        await r.protocol.draining.wait()
+    await r.until(r.protocol.draining)
     r.client.client_reads()  # it got the end of the stream, then closed
     r.client.close()
     await r.done()
     assert r.client.sends == [HEAD, frame(E1 + E3 + DONE) + FINAL]
     assert r.out == success(2) and r.disconnected == 0
+
+
+async def test_client_that_closes_while_the_final_send_waits_is_counted_gone(clock: Clock) -> None:
+    r = Relay(high=10)
+    r.start()
+    await r.pumping()
+    r.client.client_reads()
+    r.upstream.arrives(E1 + E3 + DONE, end=True)
+    await r.until(r.protocol.draining)
+    r.client.close()  # closed its side without reading the end: noticed within CLOSING_CHECK_S
+    await r.done()
+    assert r.client.sends == [HEAD, frame(E1 + E3 + DONE) + FINAL] and r.trace[-2:] == [("drain waits",), ("close",)]
+    # counted cancelled, with the OSL the stream had when its end was sent
+    assert r.out == Outcome(status="error", error_type="cancelled", http_status=499, osl=2, osl_source="chunks")
+    assert r.disconnected == 1
 
 
 # -- the upstream cutting the stream -----------------------------------------------------------------------
@@ -653,13 +677,11 @@ async def test_measurement_bug_then_the_client_leaving_is_logged_once(
     big = b'data: {"choices":[{"index":0,"delta":{"content":"' + b"x" * 70_000 + b'"},"finish_reason":null}]}\n\n'
     r = Relay(held=(big,), high=1000, breaks=2)
     r.start()
-    async with asyncio.timeout(GUARD_S):
-        await r.protocol.draining.wait()
+    await r.until(r.protocol.draining)
     r.protocol.draining.clear()
     r.upstream.arrives(E2 * 20)
     r.client.client_reads()
-    async with asyncio.timeout(GUARD_S):
-        await r.meter.failed.wait()
+    await r.until(r.meter.failed)
     r.client.close()
     await r.done()
     assert r.client.sends == [HEAD + frame(big), frame(E2 * 20)]
