@@ -22,6 +22,7 @@ ends the body goes out with the final chunk (one send each). How the stream coun
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Coroutine
@@ -47,6 +48,14 @@ CLOSING_CHECK_S = 0.05
 (seconds): a client gone with unread data is noticed within this, and the upstream request closed."""
 
 
+class _Relayed(web.StreamResponse):
+    """The relay's response: the relay sends its head (with the bytes that came with the upstream's
+    headers, or alone at once, or with the whole body and the final chunk), not ``prepare()``: aiohttp's
+    StreamResponse (3.14) sends its head at ``prepare()``, which made a head and a first read two sends."""
+
+    _send_headers_immediately = False
+
+
 async def relay_stream(
     request: web.Request, out: Outcome, up: UpstreamResponse, meter: StreamMeter, headers: CIMultiDict[str],
     state: FrontendState,
@@ -59,7 +68,7 @@ async def relay_stream(
     go out with the client's headers, and the read that ends the body goes out with the final
     chunk (one send each).
     """
-    resp = web.StreamResponse(status=up.status, reason=up.reason, headers=headers)
+    resp = _Relayed(status=up.status, reason=up.reason, headers=headers)
     strip = meter.strip != STRIP_NONE
     feed = meter.feed
 
@@ -99,12 +108,7 @@ async def relay_stream(
     except Exception:
         if not resp.prepared:
             raise  # nothing sent yet: the caller answers with a 500 error object
-        # a bug of ours after the headers went out (metering the bytes that came with the
-        # upstream's headers): cut the stream; an error response here would be written into it
-        log.exception("internal error relaying a stream")
-        out.fail("internal", 200)
-        request_gone(request)
-        return resp
+        return _cut_by_a_bug(request, resp, out)  # (metering the bytes that came with the upstream's headers)
     transport = request.transport
     if transport is None or transport.is_closing():
         state.client_disconnected()
@@ -189,11 +193,8 @@ async def relay_stream(
             log.error("internal error measuring a stream", exc_info=bug)
         state.client_disconnected()
         return resp
-    except Exception:  # a bug of ours after the headers went out: cut the stream
-        log.exception("internal error relaying a stream")
-        out.fail("internal", 200)
-        request_gone(request)
-        return resp
+    except Exception:  # a bug of ours: cut the stream
+        return _cut_by_a_bug(request, resp, out)
     out.osl = meter.osl
     out.osl_source = "usage" if meter.osl_from_usage else "chunks"
     out.cached_tokens = meter.cached_tokens
@@ -211,6 +212,21 @@ async def relay_stream(
             return resp
     out.status, out.error_type = meter.outcome()
     out.http_status = 200
+    return resp
+
+
+def _cut_by_a_bug(request: web.Request, resp: web.StreamResponse, out: Outcome) -> web.StreamResponse:
+    """A bug of ours once the response was prepared: logged with the exception being handled and counted
+    ``internal``; the head goes out if it has not yet (a whole body that came with the upstream's headers
+    waits for the end to go with it), then the stream is cut: the client sees a 200 stream cut short, as
+    an upstream cut would show (an error response here would be written into the stream)."""
+    log.exception("internal error relaying a stream")
+    out.fail("internal", 200)
+    writer = resp._payload_writer
+    if writer is not None:
+        with contextlib.suppress(ConnectionError):  # (the client may be gone too)
+            writer.send_headers()  # a no-op once the head went out
+    request_gone(request)
     return resp
 
 
