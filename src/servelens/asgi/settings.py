@@ -70,11 +70,15 @@ class AsgiSettings:
         names = model if model is not None else env(ENV_MODEL)
         if isinstance(names, str):
             names = [m.strip() for m in names.split(",") if m.strip()]
-        spec = isl_buckets if isl_buckets is not None else env(ENV_ISL_BUCKETS)
+        # (set but empty is an error, as ``--isl-buckets ''`` is: not the defaults in silence)
+        spec = isl_buckets if isl_buckets is not None else environ.get(ENV_ISL_BUCKETS)
         buckets = cls.isl_buckets
         if spec is not None:
             where = "isl_buckets" if isl_buckets is not None else ENV_ISL_BUCKETS
-            if spec.lower() == "off":
+            if not spec.strip():
+                raise ValueError(f"{where}={spec!r} is empty: give boundaries in tokens (e.g. 512,1024,2048) or "
+                                 "'off' to turn the by-ISL metrics off")
+            if spec.strip().lower() == "off":
                 buckets = None
             else:
                 try:
