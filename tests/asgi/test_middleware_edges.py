@@ -4,11 +4,61 @@ never speed."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
 import pytest
 from prometheus_client import CollectorRegistry
 
 from servelens.asgi import MetricsMiddleware
-from servelens.asgi.testing import TinyApp, lifespan
+from servelens.asgi.testing import Message, Scope, TinyApp, call, lifespan
+
+CHAT = "/v1/chat/completions"
+
+
+def ev(obj: object) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+def tok(text: str, reason: str | None = None) -> bytes:
+    return ev({"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": reason}]})
+
+
+class ScriptedApp:
+    """An ASGI app answering every request with the event stream ``events`` (one body message each);
+    ``bodies``: the request bodies it read."""
+
+    def __init__(self, events: list[bytes]) -> None:
+        self.events = events
+        self.bodies: list[bytes] = []
+
+    async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Message]],
+                       send: Callable[[Message], Awaitable[None]]) -> None:
+        body = b""
+        while True:
+            m = await receive()
+            body += m.get("body", b"")
+            if not m.get("more_body"):
+                break
+        self.bodies.append(body)
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")]})
+        for e in self.events:
+            await send({"type": "http.response.body", "body": e, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _v(reg: CollectorRegistry, name: str, **labels: str) -> float:
+    return reg.get_sample_value("servelens_" + name, labels) or 0.0
+
+
+def _requests(reg: CollectorRegistry) -> float:
+    return sum(s.value for m in reg.collect() for s in m.samples if s.name == "servelens_requests_total")
+
+
+def _body(**extra: Any) -> dict[str, Any]:
+    return {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True, **extra}
 
 
 @pytest.mark.parametrize("value", ["", "  "])
@@ -27,3 +77,21 @@ def test_isl_buckets_variable_unset_or_off() -> None:
     assert unset.error is None and unset.settings.isl_buckets == "512,1024,2048,4096,8192,16384"
     off = MetricsMiddleware(TinyApp(), registry=CollectorRegistry(), environ={"SERVELENS_ISL_BUCKETS": " off "})
     assert off.error is None and off.settings.isl_buckets is None
+
+
+async def test_absurd_usage_is_unknown_osl_from_chunks() -> None:
+    """completion_tokens 10**18 and prompt_tokens 10**15 are junk (above 2**31 - 1): OSL is the 3 counted
+    chunks, output_tokens_total grows by 3, no ISL bucket."""
+    final = ev({"choices": [], "usage": {"prompt_tokens": 10**15, "completion_tokens": 10**18,
+                                         "total_tokens": 10**15 + 10**18}})
+    app = ScriptedApp([tok("a"), tok("b"), tok("c", "stop"), final, b"data: [DONE]\n\n"])
+    reg = CollectorRegistry()
+    mw = MetricsMiddleware(app, registry=reg, isl_buckets="512,1024", environ={}, model="tiny")
+    got = await call(mw, CHAT, _body(stream_options={"include_usage": True}))
+    assert got.status == 200 and got.body == b"".join(app.events)
+    assert _v(reg, "requests_total", model="tiny", endpoint="chat_completions", request_type="stream",
+              status="success", error_type="") == 1
+    assert _v(reg, "output_sequence_tokens_sum", model="tiny") == 3
+    assert _v(reg, "output_tokens_total", model="tiny") == 3
+    assert _v(reg, "input_sequence_tokens_count", model="tiny") == 0
+    assert _v(reg, "isl_bucket_assignments_total", model="tiny", source="unknown") == 1
