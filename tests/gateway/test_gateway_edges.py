@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 import aiohttp
+import pytest
 
 from servelens.gateway.testing import (
     FAKE_MODEL,
@@ -59,5 +60,35 @@ async def test_absurd_usage_is_unknown_osl_from_chunks(fake: ScriptedUpstream, h
         assert value(s, n.output_tokens, model=FAKE_MODEL) == 3
         assert value(s, n.isl + "_count", model=FAKE_MODEL) == 0
         assert total(s, n.ttft_by_isl + "_count") == 0
-        assert gw.metrics.state.models[FAKE_MODEL].isl_sources["unknown"] == 1
+        assert gw.metrics.state.models[FAKE_MODEL].isl_sources == {
+            "first_chunk_usage": 0, "final_usage": 0, "tokenizer": 0, "unknown": 1}
         assert inflight(gw.metrics) == 0
+
+
+@pytest.mark.parametrize("stream", ["true", 1, "yes", 1.0])
+async def test_lax_true_stream_is_relayed_and_measured_as_a_stream(fake: ScriptedUpstream,
+                                                                   http: aiohttp.ClientSession, stream: Any) -> None:
+    """vLLM and SGLang (pydantic) read "true" and 1 as a stream: so does the gateway (was: 400 invalid_type)."""
+    _, direct = await post(http, fake.url, chat(stream=stream))
+    async with run_gateway(fake.url) as gw:
+        status, body = await post(http, gw.url, chat(stream=stream))
+        assert status == 200 and body == direct
+        sent = fake.completions()[-1].json
+        assert sent["stream"] == stream and sent["stream_options"] == {"include_usage": True,
+                                                                       "continuous_usage_stats": True}
+        await gw.gateway.wait_finished(1)
+        assert requests_total(gw.metrics, status="success", request_type="stream") == 1
+        s, n = samples(gw.metrics), gw.metrics.names
+        assert value(s, n.ttft_by_isl + "_count", model=FAKE_MODEL, isl_bucket="513-1024") == 1
+        assert requests_total(gw.metrics) == 1
+
+
+@pytest.mark.parametrize("stream", ["false", 0, "no"])
+async def test_lax_false_stream_is_unary(fake: ScriptedUpstream, http: aiohttp.ClientSession, stream: Any) -> None:
+    async with run_gateway(fake.url) as gw:
+        status, _ = await post(http, gw.url, chat(stream=stream))
+        assert status == 200  # (the scripted upstream reads only a falsy "stream" as unary: 0, and "false"
+        sent = fake.completions()[-1].json  # as raw truthy, so the reply's shape is not checked here)
+        assert "stream_options" not in sent
+        await gw.gateway.wait_finished(1)
+        assert requests_total(gw.metrics, request_type="unary") == 1 and requests_total(gw.metrics) == 1

@@ -37,7 +37,7 @@ class Exchange:
         metrics, accounting: where the request is counted (once, by :meth:`finish`).
         endpoint: ``chat_completions`` or ``completions``.
         model: the request's ``model`` (None: the body named none; counted as ``unknown_model``).
-        stream_asked: the request said ``"stream": true``.
+        stream_asked: the request asked for a stream (its ``stream`` true as pydantic reads it: ``"true"``, ``1``).
         arrival_ns: when the middleware was called (``time.perf_counter_ns``).
         inj: what was added to the request (its ``strip`` says what to cut from the stream).
         send: the server's ``send``.

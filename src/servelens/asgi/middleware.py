@@ -37,7 +37,7 @@ from servelens.asgi.exchange import Exchange, Message, Send
 from servelens.asgi.settings import AsgiSettings, shared_metrics
 from servelens.core.openai import decode_json_strictness
 from servelens.gateway.measured import MEASURED_PATHS
-from servelens.gateway.usage import Injection, plan_learned, rejected_field
+from servelens.gateway.usage import Injection, plan_learned, rejected_field, stream_asked
 from servelens.prometheus import REGISTRY, CollectorRegistry, FrontendMetrics
 
 log = logging.getLogger("servelens.asgi")
@@ -211,7 +211,7 @@ class MetricsMiddleware:
         model = obj.get("model") if obj is not None else None
         if obj is not None and model is None and len(self.metrics.state.models) == 1:
             model = next(iter(self.metrics.state.models))  # vLLM serves its one model to a request naming none
-        stream = obj is not None and obj.get("stream") is True
+        stream = obj is not None and stream_asked(obj) is True  # "true" and 1 too, as pydantic reads them
         inj, learn = Injection(body), False
         if stream and isinstance(model, str):
             assert obj is not None

@@ -4,9 +4,9 @@ to bottom.
 1. :meth:`MeasuredEndpoints.handle`: the request is answered while it counts as
    :attr:`~servelens.gateway.accounting.Accounting.active`.
 2. ``_measured``: the arrival time is taken; the body is read (:func:`~servelens.gateway.http.read_body`)
-   and checked (a JSON object, ``stream`` a boolean, a ``model`` string); the model is resolved to an
-   upstream (:class:`~servelens.gateway.models.ModelRouter`). A request failing here is counted with no
-   model (:meth:`~servelens.gateway.accounting.Accounting.rejected`). Otherwise it is begun as a
+   and checked (a JSON object, ``stream`` a boolean as pydantic reads one, a ``model`` string); the model
+   is resolved to an upstream (:class:`~servelens.gateway.models.ModelRouter`). A request failing here is
+   counted with no model (:meth:`~servelens.gateway.accounting.Accounting.rejected`). Otherwise it is begun as a
    :class:`~servelens.core.state.LiveRequest` (prompt tokens counted meanwhile in a thread with
    ``--tokenizer``), and whatever happens next it is counted once, at the end
    (:meth:`~servelens.gateway.accounting.Accounting.finish`).
@@ -53,7 +53,7 @@ from servelens.gateway.meter import StreamMeter
 from servelens.gateway.relay import relay_stream
 from servelens.gateway.upstream import redacted_url
 from servelens.gateway.upstream_response import UpstreamError, UpstreamResponse
-from servelens.gateway.usage import Injection, plan_learned, rejected_field
+from servelens.gateway.usage import Injection, plan_learned, rejected_field, stream_asked
 
 if TYPE_CHECKING:
     from servelens.gateway.app import Gateway
@@ -145,14 +145,11 @@ class MeasuredEndpoints:
         if not isinstance(obj, dict):
             self.accounting.rejected(endpoint, "unary", "validation", arrival_ns)
             return openai_error(400, "request body must be a JSON object", "invalid_request_error", "invalid_json")
-        stream = obj.get("stream")
-        if stream is not None and not isinstance(stream, bool):
-            # an upstream may coerce "true" or 1 to a stream (pydantic does) that would then be
-            # read as a unary answer: reject it, as the OpenAI API does
+        stream = stream_asked(obj)  # "true" and 1 are a stream, as vLLM and SGLang (pydantic) read them
+        if stream is None:  # a value they refuse too
             self.accounting.rejected(endpoint, "unary", "validation", arrival_ns)
-            return openai_error(400, f"'stream' must be a boolean, got {type(stream).__name__}",
+            return openai_error(400, f"'stream' must be a boolean, got {type(obj.get('stream')).__name__}",
                                 "invalid_request_error", "invalid_type", "stream")
-        stream = stream is True
         request_type = "stream" if stream else "unary"
         model = obj.get("model")
         if not isinstance(model, str) or not model:

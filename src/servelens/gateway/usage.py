@@ -99,6 +99,14 @@ def _lax_bool(value: Any) -> bool | None:
     return None
 
 
+def stream_asked(obj: dict[str, Any]) -> bool | None:
+    """Whether request ``obj`` asks for a stream, read as the engines read its ``stream``: pydantic's lax
+    bool (vLLM's and SGLang's ``stream: bool | None = False``), so ``1`` and ``"true"`` ask for one as
+    ``true`` does, and ``0``, ``"false"``, null or no ``stream`` do not; None for a value they refuse
+    (``"maybe"``, ``2``, a list), which gets the client a 400."""
+    return _lax_bool(obj.get("stream"))
+
+
 def plan_injection(
     obj: dict[str, Any], body: bytes, *, inject_usage: bool, continuous: bool, null_usage: bool = False,
     strict: bool = True,
