@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from servelens.cli.main import main
 from servelens.gateway.testing import (
     FAKE_MODEL,
     ScriptedUpstream,
@@ -92,3 +93,13 @@ async def test_lax_false_stream_is_unary(fake: ScriptedUpstream, http: aiohttp.C
         assert "stream_options" not in sent
         await gw.gateway.wait_finished(1)
         assert requests_total(gw.metrics, request_type="unary") == 1 and requests_total(gw.metrics) == 1
+
+
+@pytest.mark.parametrize(("url", "why"), [("http://[::1", "Invalid IPv6 URL"), ("http://[::1]x", "Invalid IPv6 URL")])
+def test_bad_ipv6_upstream_is_one_line_naming_the_upstream(url: str, why: str,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """Was ``servelens: error: Invalid IPv6 URL`` (and for "http://[::1]x" a gateway that started, then
+    failed with an unclosed session)."""
+    assert main(["gateway", "--upstream", url]) == 2
+    assert capsys.readouterr().err == (f"servelens: error: upstream URL must look like http://host:port, "
+                                       f"got {url!r} ({why})\n")
