@@ -103,3 +103,39 @@ def test_bad_ipv6_upstream_is_one_line_naming_the_upstream(url: str, why: str,
     assert main(["gateway", "--upstream", url]) == 2
     assert capsys.readouterr().err == (f"servelens: error: upstream URL must look like http://host:port, "
                                        f"got {url!r} ({why})\n")
+
+
+@pytest.mark.parametrize(("method", "path"), [("POST", "/metrics"), ("PUT", "/health"), ("DELETE", "/ready"),
+                                              ("PATCH", "/metrics")])
+async def test_other_methods_on_the_gateways_own_paths_are_openai_405(fake: ScriptedUpstream,
+                                                                       http: aiohttp.ClientSession, method: str,
+                                                                       path: str) -> None:
+    """Was aiohttp's plain-text 404 (405 on the metrics listener); never relayed to the engine."""
+    async with run_gateway(fake.url) as gw:
+        async with http.request(method, gw.url + path, data=b"x") as r:
+            assert r.status == 405 and r.headers["Allow"] == "GET, HEAD"
+            assert json.loads(await r.read()) == {"error": {
+                "message": f"{method} is not allowed on {path}; use GET", "type": "invalid_request_error",
+                "param": None, "code": "method_not_allowed"}}
+        assert [r.path for r in fake.requests if r.path == path] == []
+    async with run_gateway(fake.url, metrics_port=0) as gw:
+        async with http.request(method, gw.metrics_url, data=b"x") as r:  # the metrics listener
+            assert r.status == 405 and json.loads(await r.read())["error"]["code"] == "method_not_allowed"
+        async with http.post(gw.url + "/metrics", data=b"x") as r:  # the API port exposes no metrics
+            assert r.status == 404 and json.loads(await r.read())["error"]["code"] == "not_found"
+
+
+@pytest.mark.parametrize("coding", ["br", "zstd"])
+async def test_body_in_a_coding_aiohttp_cannot_decode_is_refused_with_the_head(
+        fake: ScriptedUpstream, http: aiohttp.ClientSession, coding: str) -> None:
+    """As documented (gateway/accounting.py, README): aiohttp refuses the head before any route, so the
+    request names no endpoint and is in no requests_total; a gzip body that does not decode is read by
+    the handler: 400 invalid_body, counted validation."""
+    async with run_gateway(fake.url) as gw:
+        for enc, status, code in ((coding, 400, "bad_request"), ("gzip", 400, "invalid_body")):
+            async with http.post(gw.url + "/v1/chat/completions", data=b"\x00\x01not that coding",
+                                 headers={"Content-Encoding": enc, "Content-Type": "application/json"}) as r:
+                assert r.status == status and json.loads(await r.read())["error"]["code"] == code
+        await gw.gateway.wait_finished(1)
+        assert requests_total(gw.metrics) == 1 == requests_total(gw.metrics, error_type="validation")
+        assert not fake.completions()
