@@ -95,3 +95,23 @@ async def test_absurd_usage_is_unknown_osl_from_chunks() -> None:
     assert _v(reg, "output_tokens_total", model="tiny") == 3
     assert _v(reg, "input_sequence_tokens_count", model="tiny") == 0
     assert _v(reg, "isl_bucket_assignments_total", model="tiny", source="unknown") == 1
+
+
+@pytest.mark.parametrize(("last", "error_type"), [
+    (b'data: {"choi', "truncated_stream"),  # was backend_error
+    (b"data: [DONE]", ""),
+    (b'data: {"error": {"message": "boom"}}', "backend_error"),
+])
+@pytest.mark.parametrize("so", [None, {"include_usage": True, "continuous_usage_stats": True}])
+async def test_body_ending_inside_an_event_is_truncated(last: bytes, error_type: str,
+                                                        so: dict[str, bool] | None) -> None:
+    """The app's body ends (more_body false) inside an event: truncated_stream; a last event that parses
+    is read. ``so``: None, usage added and cut (whole events held); the client's own: passed as it comes."""
+    app = ScriptedApp([tok("a"), last])
+    reg = CollectorRegistry()
+    mw = MetricsMiddleware(app, registry=reg, isl_buckets="512,1024", environ={}, model="tiny")
+    got = await call(mw, CHAT, _body(stream_options=so) if so else _body())
+    assert got.status == 200 and got.body == b"".join(app.events)
+    assert _v(reg, "requests_total", model="tiny", endpoint="chat_completions", request_type="stream",
+              status="error" if error_type else "success", error_type=error_type) == 1
+    assert _requests(reg) == 1

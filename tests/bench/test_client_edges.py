@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import aiohttp
+import pytest
 
 from servelens.bench.client import RequestSpec, send_request
 from servelens.formats.results import BenchRecord
@@ -34,3 +35,13 @@ async def test_absurd_usage_is_unknown_osl_from_chunks() -> None:
                                          "total_tokens": 10**15 + 10**18}})
     rec = await run([tok("a"), tok("b"), tok("c", "stop"), final, DONE])
     assert rec.ok and rec.osl == 3 and rec.isl_server is None and not rec.tokens_from_usage
+
+
+@pytest.mark.parametrize(("last", "error_type"), [
+    (b'data: {"choi', "truncated_stream"),  # the body ends inside an event
+    (b"data: [DONE]", ""),  # a whole last line without its blank line: read, as the gateway reads it
+    (b'data: {"error": {"message": "boom"}}', "backend_error"),
+])
+async def test_body_ending_inside_an_event_is_truncated(last: bytes, error_type: str) -> None:
+    rec = await run([tok("a"), last])
+    assert rec.error_type == error_type and rec.ok == (not error_type) and rec.osl == 1

@@ -4,6 +4,8 @@ Exact counts and bytes, never timing."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from typing import Any
 
@@ -15,6 +17,8 @@ from servelens.gateway.testing import (
     FAKE_MODEL,
     ScriptedUpstream,
     inflight,
+    raw_tcp_server,
+    read_http_request,
     requests_total,
     run_gateway,
     samples,
@@ -139,3 +143,51 @@ async def test_body_in_a_coding_aiohttp_cannot_decode_is_refused_with_the_head(
         await gw.gateway.wait_finished(1)
         assert requests_total(gw.metrics) == 1 == requests_total(gw.metrics, error_type="validation")
         assert not fake.completions()
+
+
+CUT = b'data: {"choi'  # the body ends inside an event
+
+
+def _raw_sse_upstream(events: bytes) -> Any:
+    """A raw HTTP/1.1 upstream answering a chat stream whose body is ``events``, delimited by the
+    connection's close (no Content-Length, not chunked), and the model list."""
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        head, _ = await read_http_request(r)
+        if head.startswith(b"GET /v1/models"):
+            body = json.dumps({"object": "list", "data": [{"id": FAKE_MODEL, "object": "model"}]}).encode()
+            w.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%b"
+                    % (len(body), body))
+        else:
+            w.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n" + events)
+        await w.drain()
+
+    return raw_tcp_server(handler)
+
+
+@pytest.mark.parametrize("framing", ["chunked", "close"])
+@pytest.mark.parametrize(("last", "error_type"), [
+    (CUT, "truncated_stream"),  # was backend_error (a malformed chunk)
+    (b"data: [DONE]", ""),  # a whole last line without its blank line: read (the decoder's leniency)
+    (tok("c", "stop").rstrip(b"\n"), ""),
+    (b'data: {"error": {"message": "boom"}}', "backend_error"),  # it parses: an in-stream error
+])
+async def test_body_ending_inside_an_event_is_truncated(fake: ScriptedUpstream, http: aiohttp.ClientSession,
+                                                        framing: str, last: bytes, error_type: str) -> None:
+    """One whole chunk, then a last event without its blank line, then the body's end (a chunked end, or
+    the connection's close): a last event that does not parse is the stream cut (truncated_stream)."""
+    events = [tok("a"), last]
+    if framing == "chunked":
+        fake.raw_stream = events
+        ctx = contextlib.nullcontext(fake.url)
+    else:
+        ctx = _raw_sse_upstream(b"".join(events))
+    async with ctx as where:
+        url = where if isinstance(where, str) else f"http://127.0.0.1:{where[0]}"
+        # chunked: usage injected, so the meter holds and strips whole events; close: relayed as read
+        async with run_gateway(url, inject_usage=framing == "chunked") as gw:
+            status, body = await post(http, gw.url, chat())
+            assert status == 200 and body == b"".join(events)  # relayed as it came
+            await gw.gateway.wait_finished(1)
+            want = {"status": "success" if not error_type else "error", "error_type": error_type}
+            assert requests_total(gw.metrics, **want) == 1 == requests_total(gw.metrics)
+            assert inflight(gw.metrics) == 0
