@@ -6,91 +6,16 @@ request that fails validation (both echo the request, what the middleware added 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
-from pydantic import BaseModel
 
 from servelens.asgi import MetricsMiddleware
-from servelens.asgi.testing import call
+from servelens.asgi.testing import call, vllm_like_app
 
 CHAT = "/v1/chat/completions"
-ISL = 700  # the app's prompt token count: bucket 513-1024
-
-
-class StreamOptions(BaseModel):
-    include_usage: bool | None = True
-    continuous_usage_stats: bool | None = False
-
-
-class ChatRequest(BaseModel):
-    model: str | None = None
-    messages: list[dict[str, Any]]
-    stream: bool | None = False
-    stream_options: StreamOptions | None = None
-    max_tokens: int = 3
-
-
-def _chunk(obj: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
-
-
-def vllm_like_app(vllm_errors: bool = True) -> tuple[FastAPI, list[bytes]]:
-    """The app, and the list of request bodies it was given. ``vllm_errors``: a validation error is
-    vLLM's 400 (``{"error": {"message": "<the errors' repr>", ...}}``, the request echoed in it); else
-    FastAPI's own 422 (``{"detail": [{"loc", "msg", "input"}]}``, the request echoed as JSON)."""
-    app = FastAPI()
-    bodies: list[bytes] = []
-
-    if vllm_errors:
-        @app.exception_handler(RequestValidationError)
-        async def as_vllm(_: Request, exc: RequestValidationError) -> JSONResponse:
-            errors = exc.errors()
-            message = f"{len(errors)} validation error:\n" + "".join(f"  {e}\n" for e in errors)
-            loc = errors[0].get("loc") if errors else None
-            return JSONResponse({"error": {"message": message.rstrip(), "type": "Bad Request",
-                                           "param": ".".join(map(str, loc)) if loc else None, "code": 400}},
-                                status_code=400)
-
-    @app.middleware("http")
-    async def keep_body(request: Request, call_next: Any) -> Any:
-        bodies.append(await request.body())
-        return await call_next(request)
-
-    @app.post(CHAT)
-    async def chat(req: ChatRequest) -> Any:
-        so = req.stream_options
-        usage = so is not None and bool(so.include_usage)
-        cont = usage and so is not None and bool(so.continuous_usage_stats)
-        n = req.max_tokens
-
-        def u(ct: int) -> dict[str, int]:
-            return {"prompt_tokens": ISL, "completion_tokens": ct, "total_tokens": ISL + ct}
-
-        if not req.stream:
-            return {"id": "x", "object": "chat.completion", "model": req.model, "usage": u(n), "choices": [
-                {"index": 0, "message": {"role": "assistant", "content": "t" * n}, "finish_reason": "length"}]}
-
-        async def events() -> AsyncIterator[bytes]:
-            for i in range(n):
-                c: dict[str, Any] = {"id": "x", "object": "chat.completion.chunk", "model": req.model, "choices": [
-                    {"index": 0, "delta": {"content": "t"}, "finish_reason": "length" if i == n - 1 else None}]}
-                if cont:
-                    c["usage"] = u(i + 1)
-                yield _chunk(c)
-            if usage:
-                yield _chunk({"id": "x", "object": "chat.completion.chunk", "model": req.model, "choices": [],
-                              "usage": u(n)})
-            yield b"data: [DONE]\n\n"
-
-        return StreamingResponse(events(), media_type="text/event-stream")
-
-    return app, bodies
 
 
 def _v(reg: CollectorRegistry, name: str, **labels: str) -> float:
@@ -138,3 +63,60 @@ async def test_lax_false_stream_is_unary(stream: object) -> None:
               status="success", error_type="") == 1
     assert _v(reg, "request_duration_by_isl_seconds_count", model="m", isl_bucket="513-1024") == 1
     assert _requests(reg) == 1
+
+
+@pytest.mark.parametrize("vllm_errors", [True, False], ids=["vllm-400", "fastapi-422"])
+async def test_ordinary_bad_requests_never_turn_usage_off(vllm_errors: bool) -> None:
+    """Two chat streams without ``messages``: the app's error echoes the request, what was added included,
+    without blaming it. The middleware calls the app again with the client's own body (so the client gets
+    the answer to the request it sent, which names nothing it did not send), learns nothing, and the next
+    stream still gets usage added and an ISL bucket (was: usage off for the life of the process)."""
+    app, bodies = vllm_like_app(vllm_errors)
+    reg = CollectorRegistry()
+    mw = _mw(app, reg)
+    bad = {"model": "m", "stream": True, "max_tokens": 3}
+    direct = await call(vllm_like_app(vllm_errors)[0], CHAT, bad)
+    assert direct.status == (400 if vllm_errors else 422) and b"messages" in direct.body
+    for i in range(2):
+        got = await call(mw, CHAT, bad, scope_extra={"app": app})
+        assert (got.status, got.body) == (direct.status, direct.body)  # the answer to its own body
+        assert b"include_usage" not in got.body and b"stream_options" not in got.body
+        assert [b"continuous_usage_stats" in b for b in bodies[2 * i:]] == [True, False]
+    got = await call(mw, CHAT, _chat(stream=True), scope_extra={"app": app})
+    assert got.status == 200
+    assert json.loads(bodies[-1])["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    assert _v(reg, "time_to_first_token_by_isl_seconds_count", model="m", isl_bucket="513-1024") == 1
+    assert _v(reg, "requests_total", model="m", endpoint="chat_completions", request_type="stream",
+              status="error", error_type="validation") == 2
+    assert _requests(reg) == 3
+
+
+async def test_an_error_blaming_another_field_and_not_echoing_is_relayed_once() -> None:
+    """``max_tokens: "abc"``: the error names max_tokens and quotes only its value: the app is called once."""
+    app, bodies = vllm_like_app()
+    reg = CollectorRegistry()
+    body = _chat(stream=True, max_tokens="abc")
+    direct = await call(vllm_like_app()[0], CHAT, body)
+    got = await call(_mw(app, reg), CHAT, body, scope_extra={"app": app})
+    assert got.status == 400 and got.body == direct.body and b"'loc': ('body', 'max_tokens')" in got.body
+    assert len(bodies) == 1 and b"stream_options" in bodies[0]
+    assert _requests(reg) == 1
+
+
+@pytest.mark.parametrize("vllm_errors", [True, False], ids=["vllm-400", "fastapi-422"])
+async def test_app_forbidding_continuous_usage_is_learned_once_it_accepts_the_request_without(
+        vllm_errors: bool) -> None:
+    """A strict app: stream_options forbids unknown fields. The error blames continuous_usage_stats: the
+    app is called again with include_usage alone (usage still measured), and later streams get that at once."""
+    app, bodies = vllm_like_app(vllm_errors, strict_options=True)
+    reg = CollectorRegistry()
+    mw = _mw(app, reg)
+    for _ in range(2):
+        got = await call(mw, CHAT, _chat(stream=True), scope_extra={"app": app})
+        assert got.status == 200 and b'"usage"' not in got.body
+    assert [json.loads(b)["stream_options"] for b in bodies] == [
+        {"include_usage": True, "continuous_usage_stats": True}, {"include_usage": True}, {"include_usage": True}]
+    assert _v(reg, "time_to_first_token_by_isl_seconds_count", model="m", isl_bucket="513-1024") == 2
+    assert _v(reg, "requests_total", model="m", endpoint="chat_completions", request_type="stream",
+              status="success", error_type="") == 2
+    assert _requests(reg) == 2

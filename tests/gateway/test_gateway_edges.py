@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from servelens.asgi.testing import serve_asgi, vllm_like_app
 from servelens.cli.main import main
 from servelens.gateway.testing import (
     FAKE_MODEL,
@@ -191,3 +192,53 @@ async def test_body_ending_inside_an_event_is_truncated(fake: ScriptedUpstream, 
             want = {"status": "success" if not error_type else "error", "error_type": error_type}
             assert requests_total(gw.metrics, **want) == 1 == requests_total(gw.metrics)
             assert inflight(gw.metrics) == 0
+
+
+@pytest.mark.parametrize("vllm_errors", [True, False], ids=["vllm-400", "fastapi-422"])
+async def test_an_ordinary_bad_request_gets_the_answer_to_its_own_body(http: aiohttp.ClientSession,
+                                                                       vllm_errors: bool) -> None:
+    """In front of a FastAPI app reading requests as vLLM does: a chat stream without ``messages``. Its
+    error echoes the request without blaming what the gateway added: the gateway sends the client's own
+    body once more and relays that answer, byte for byte the app's answer to the client's request (was:
+    the answer to the injected request, quoting 'stream_options': {'include_usage': True}), and learns
+    nothing: the next stream still gets usage added."""
+    app, bodies = vllm_like_app(vllm_errors)
+    bad = json.dumps({"model": FAKE_MODEL, "stream": True, "max_tokens": 3}).encode()
+    async with serve_asgi(app) as url, run_gateway(url, models={FAKE_MODEL: url}) as gw:
+        direct = await post(http, url, bad)
+        assert direct[0] == (400 if vllm_errors else 422) and b"stream_options" not in direct[1]
+        for _ in range(2):
+            status, body = await post(http, gw.url, bad)
+            assert (status, body) == direct
+        assert [b"stream_options" in b for b in bodies] == [False, True, False, True, False]
+        status, body = await post(http, gw.url, chat())
+        assert status == 200 and body.endswith(b"data: [DONE]\n\n")
+        assert json.loads(bodies[-1])["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+        await gw.gateway.wait_finished(3)
+        s, n = samples(gw.metrics), gw.metrics.names
+        assert value(s, n.ttft_by_isl + "_count", model=FAKE_MODEL, isl_bucket="513-1024") == 1
+        assert requests_total(gw.metrics, error_type="validation") == 2 and requests_total(gw.metrics) == 3
+
+
+async def test_an_error_about_another_field_is_relayed_after_one_request(http: aiohttp.ClientSession) -> None:
+    """``max_tokens: "abc"``: the error blames max_tokens and shows nothing added: one request upstream."""
+    app, bodies = vllm_like_app()
+    async with serve_asgi(app) as url, run_gateway(url, models={FAKE_MODEL: url}) as gw:
+        status, body = await post(http, gw.url, chat(max_tokens="abc"))
+        assert status == 400 and b"'loc': ('body', 'max_tokens')" in body
+        assert len(bodies) == 1 and b"stream_options" in bodies[0]
+
+
+@pytest.mark.parametrize("vllm_errors", [True, False], ids=["vllm-400", "fastapi-422"])
+async def test_an_upstream_forbidding_continuous_usage_is_learned(http: aiohttp.ClientSession,
+                                                                  vllm_errors: bool) -> None:
+    app, bodies = vllm_like_app(vllm_errors, strict_options=True)
+    async with serve_asgi(app) as url, run_gateway(url, models={FAKE_MODEL: url}) as gw:
+        for _ in range(2):
+            status, body = await post(http, gw.url, chat())
+            assert status == 200 and b'"usage"' not in body
+        assert [json.loads(b)["stream_options"] for b in bodies] == [
+            {"include_usage": True, "continuous_usage_stats": True}, {"include_usage": True}, {"include_usage": True}]
+        await gw.gateway.wait_finished(2)
+        s, n = samples(gw.metrics), gw.metrics.names
+        assert value(s, n.ttft_by_isl + "_count", model=FAKE_MODEL, isl_bucket="513-1024") == 2

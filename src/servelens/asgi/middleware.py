@@ -7,9 +7,14 @@ and lifespan event passes through untouched.
 
 Per measured request: the body is read whole (the app reads it whole too), usage is added to a
 stream's ``stream_options`` as the gateway adds it (:func:`~servelens.gateway.usage.plan_learned`),
-the app is called with that body, and its answer goes out through :class:`~.exchange.Exchange`. An
-app that refuses what was added (400/422 naming the field) gets the request once more as the client
-sent it, and that is remembered for the process.
+the app is called with that body, and its answer goes out through :class:`~.exchange.Exchange`. A
+400/422 to such a request is held back and read as the gateway reads it
+(:mod:`servelens.gateway.rejection`): the app is called again (with the body it was given, replayed)
+without the field the error blames, or with the client's own body when the error only shows what was
+added (FastAPI's 422 and vLLM's 400 echo the request), and only that last answer goes out; any other
+refusal goes out as it is. That the app refuses a field is remembered for the process only when the
+error blamed it and the request without it was accepted: an ordinary bad request (a chat request
+without ``messages``) never turns the measurement off.
 
 Models: those named in the settings (``SERVELENS_MODEL``), those the app serves (vLLM's
 ``app.state.openai_serving_models``), read when the app's startup completed, get every series at
@@ -33,11 +38,12 @@ from typing import Any
 
 import msgspec
 
-from servelens.asgi.exchange import Exchange, Message, Send
+from servelens.asgi.exchange import REJECTED, Exchange, Message, Send
 from servelens.asgi.settings import AsgiSettings, shared_metrics
 from servelens.core.openai import decode_json_strictness
 from servelens.gateway.measured import MEASURED_PATHS
-from servelens.gateway.usage import Injection, plan_learned, rejected_field, stream_asked
+from servelens.gateway.rejection import CONTINUOUS, RESEND_WITHOUT_CONTINUOUS, read_rejection
+from servelens.gateway.usage import Injection, plan_learned, stream_asked
 from servelens.prometheus import REGISTRY, CollectorRegistry, FrontendMetrics
 
 log = logging.getLogger("servelens.asgi")
@@ -221,19 +227,30 @@ class MetricsMiddleware:
                                       usage_null=self.usage_null, strict=strict)
         ex = await self._call(scope, receive, send, endpoint, model if isinstance(model, str) else None,
                               stream, arrival, inj, body)
-        if ex.held is not None and obj is not None:
-            field = rejected_field(inj, b"".join(m.get("body", b"") for m in ex.held[1:]))
-            if field is not None:  # the app refused what we added: once more as the client sent it
-                if field == "continuous_usage_stats":
+        drop_continuous = drop_all = False
+        while ex.held is not None and obj is not None:
+            # the app refused (400/422) what was added to the request: the gateway's rule (gateway.rejection)
+            rej = read_rejection(inj, b"".join(m.get("body", b"") for m in ex.held[1:]))
+            if rej.resend is None:  # an ordinary client error, not showing what was added: its answer goes out
+                await ex.release()
+                ex.finish()
+                break
+            if rej.resend == RESEND_WITHOUT_CONTINUOUS:
+                drop_continuous = True
+            else:
+                drop_all = True
+            s = self.settings
+            inj, learn = plan_learned(obj, body, inject_usage=s.inject_usage, continuous_usage=s.continuous_usage,
+                                      stream_options_ok=self.stream_options_ok and not drop_all,
+                                      continuous_ok=self.continuous_ok and not drop_continuous,
+                                      usage_null=self.usage_null, strict=strict)
+            ex = await self._call(scope, receive, send, endpoint, ex.model, stream, arrival, inj, body)
+            if rej.blamed is not None and ex.status not in REJECTED:  # sent without it: accepted
+                if rej.blamed == CONTINUOUS:
                     self.continuous_ok = False
                 else:
                     self.stream_options_ok = False
-                log.info("servelens.asgi.MetricsMiddleware: the app rejects %s; not sending it again", field)
-                ex = await self._call(scope, receive, send, endpoint, ex.model, stream, arrival, Injection(body),
-                                      body, hold=False)
-            else:
-                await ex.release()
-                ex.finish()
+                log.info("servelens.asgi.MetricsMiddleware: the app rejects %s; not sending it again", rej.blamed)
         if learn and ex.out.status == "success" and ex.meter is not None and ex.meter.usage_key_on_chunks is not None:
             self.usage_null = ex.meter.usage_key_on_chunks
 

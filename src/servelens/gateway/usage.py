@@ -180,16 +180,6 @@ def plan_learned(
     return inj, False
 
 
-def rejected_field(inj: Injection, text: bytes) -> str | None:
-    """The field we added that an upstream's 400/422 body ``text`` names (``continuous_usage_stats`` or
-    ``stream_options``), or None (a genuine client error: relay it)."""
-    if inj.continuous and b"continuous_usage_stats" in text:
-        return "continuous_usage_stats"
-    if b"stream_options" in text or b"include_usage" in text:
-        return "stream_options"
-    return None
-
-
 def _skip_ws(buf: bytes, i: int) -> int:
     n = len(buf)
     while i < n and buf[i] in _WS:
