@@ -115,3 +115,68 @@ async def test_body_ending_inside_an_event_is_truncated(last: bytes, error_type:
     assert _v(reg, "requests_total", model="tiny", endpoint="chat_completions", request_type="stream",
               status="error" if error_type else "success", error_type=error_type) == 1
     assert _requests(reg) == 1
+
+
+async def test_made_up_model_names_register_at_most_max_learned_models(caplog: pytest.LogCaptureFixture) -> None:
+    """An app that ignores ``model`` answers 25 made-up names with a 200: 8 are registered (the default
+    SERVELENS_MAX_LEARNED_MODELS), the other 17 counted under unknown_model, said once (was: 19 models
+    registered and /metrics grown 18-fold; the series budget was the only bound)."""
+    app = ScriptedApp([tok("a", "stop"), b"data: [DONE]\n\n"])
+    reg = CollectorRegistry()
+    mw = MetricsMiddleware(app, registry=reg, isl_buckets="512,1024", environ={})
+    with caplog.at_level("INFO", logger="servelens.asgi"):
+        for i in range(25):
+            got = await call(mw, CHAT, _body(model=f"made-up-{i:02d}"))
+            assert got.status == 200
+    assert mw.metrics is not None and sorted(mw.metrics.state.models) == [f"made-up-{i:02d}" for i in range(8)]
+    assert _v(reg, "requests_total", model="unknown_model", endpoint="chat_completions", request_type="stream",
+              status="success", error_type="") == 17
+    assert _requests(reg) == 25
+    warned = [r for r in caplog.records if "SERVELENS_MAX_LEARNED_MODELS" in r.getMessage()]
+    assert len(warned) == 1
+    lines = [ln for ln in reg_text(reg).splitlines() if ln and not ln.startswith("#")]
+    assert not any('model="made-up-08"' in ln for ln in lines)
+
+
+def reg_text(reg: CollectorRegistry) -> str:
+    from prometheus_client import generate_latest
+
+    return generate_latest(reg).decode()
+
+
+@pytest.mark.parametrize(("setting", "learned"), [({"SERVELENS_MAX_LEARNED_MODELS": "0"}, 0),
+                                                  ({"SERVELENS_MAX_LEARNED_MODELS": "2"}, 2)])
+async def test_max_learned_models_setting(setting: dict[str, str], learned: int) -> None:
+    app = ScriptedApp([tok("a", "stop"), b"data: [DONE]\n\n"])
+    reg = CollectorRegistry()
+    mw = MetricsMiddleware(app, registry=reg, isl_buckets="512,1024", environ=setting, model="declared")
+    await lifespan(mw, {"app": app})
+    for name in ("x", "y", "z", "declared"):
+        await call(mw, CHAT, _body(model=name), scope_extra={"app": app})
+    assert mw.metrics is not None and sorted(mw.metrics.state.models) == sorted(["declared", *"xyz"[:learned]])
+    assert _v(reg, "requests_total", model="unknown_model", endpoint="chat_completions", request_type="stream",
+              status="success", error_type="") == 3 - learned
+
+
+@pytest.mark.parametrize("value", ["-1", "many", "1.5"])
+def test_bad_max_learned_models_is_one_line(value: str) -> None:
+    mw = MetricsMiddleware(TinyApp(), registry=CollectorRegistry(), environ={"SERVELENS_MAX_LEARNED_MODELS": value})
+    assert mw.error == (f"servelens.asgi.MetricsMiddleware: SERVELENS_MAX_LEARNED_MODELS={value!r}: "
+                        "give a whole number >= 0")
+
+
+@pytest.mark.parametrize(("declared", "counted_as"), [(["tiny"], "tiny"), ([], "unknown_model"),
+                                                      (["tiny", "other"], "unknown_model")])
+async def test_a_request_naming_no_model(declared: list[str], counted_as: str) -> None:
+    """Counted under the app's model when exactly one is known at start (vLLM answers it with that one),
+    else under unknown_model (as the module docstring says)."""
+    app = ScriptedApp([tok("a", "stop"), b"data: [DONE]\n\n"])
+    reg = CollectorRegistry()
+    mw = MetricsMiddleware(app, registry=reg, isl_buckets="512,1024", environ={}, model=declared)
+    await lifespan(mw, {"app": app})
+    body = _body()
+    del body["model"]
+    assert (await call(mw, CHAT, body, scope_extra={"app": app})).status == 200
+    assert _v(reg, "requests_total", model=counted_as, endpoint="chat_completions", request_type="stream",
+              status="success", error_type="") == 1
+    assert _requests(reg) == 1

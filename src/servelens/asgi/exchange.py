@@ -16,7 +16,7 @@ from typing import Any
 
 from servelens.core.openai import parse_response
 from servelens.core.state import LiveRequest
-from servelens.core.status import error_type_for_status
+from servelens.core.status import UNKNOWN_MODEL, error_type_for_status
 from servelens.gateway.accounting import Accounting, Outcome
 from servelens.gateway.meter import StreamMeter
 from servelens.gateway.usage import STRIP_NONE, Injection
@@ -138,11 +138,11 @@ class Exchange:
 
     def _begin(self, request_type: str, status: int) -> None:
         self.request_type = request_type
-        if self.model is None:
-            return
-        if 200 <= status < 300:
+        if self.model is not None and 200 <= status < 300:
             self._register(self.model)
-        self.live = self.metrics.begin(self.model, self.endpoint, request_type, self.arrival_ns)
+        # a model not registered (none named, one the app does not serve, past the models learned):
+        # measured all the same and counted under unknown_model, with its outcome
+        self.live = self.metrics.begin(self.model or UNKNOWN_MODEL, self.endpoint, request_type, self.arrival_ns)
 
     async def release(self) -> None:
         """Send a held answer as it came (the resend was not needed, or not possible)."""

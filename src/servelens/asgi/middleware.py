@@ -18,8 +18,14 @@ without ``messages``) never turns the measurement off.
 
 Models: those named in the settings (``SERVELENS_MODEL``), those the app serves (vLLM's
 ``app.state.openai_serving_models``), read when the app's startup completed, get every series at
-zero then; a model answered with a 2xx is registered on first use. A request naming no model, or
-a model the app does not serve, is counted under ``model="unknown_model"``.
+zero then. Another model the app answers with a 2xx is registered on first use, up to
+``SERVELENS_MAX_LEARNED_MODELS`` (8) of them: an app that ignores ``model`` answers any name, and a
+client must not be able to add label values without bound (the gateway never lets a request add
+one). A request naming a model the app does not serve (its 404), or one more past that bound, is
+counted under ``model="unknown_model"`` (``requests_total`` and the stock duration only), the
+bound's line logged once. A request naming no model is counted under the app's model when exactly
+one is known at start (vLLM answers such a request with its first served model), else under
+``unknown_model``.
 
 Bad input: bad settings fail the app's startup with one line (ASGI ``lifespan.startup.failed``,
 which uvicorn logs before it exits); a server without lifespan gets that line in the log once and
@@ -68,7 +74,7 @@ class MetricsMiddleware:
 
     Args:
         app: the ASGI app.
-        model, isl_buckets, prefix, inject_usage, continuous_usage: see
+        model, isl_buckets, prefix, inject_usage, continuous_usage, max_learned_models: see
             :class:`~servelens.asgi.settings.AsgiSettings` (None: the ``SERVELENS_*`` variable, else the
             default).
         registry: the prometheus_client registry (default ``REGISTRY``).
@@ -82,7 +88,8 @@ class MetricsMiddleware:
     def __init__(
         self, app: ASGIApp, *, model: str | list[str] | None = None, isl_buckets: str | None = None,
         prefix: str | None = None, inject_usage: bool | None = None, continuous_usage: str | None = None,
-        registry: CollectorRegistry | None = None, environ: Mapping[str, str] | None = None,
+        max_learned_models: int | None = None, registry: CollectorRegistry | None = None,
+        environ: Mapping[str, str] | None = None,
     ) -> None:
         self.app = app
         self.error: str | None = None
@@ -90,6 +97,9 @@ class MetricsMiddleware:
         self.measuring: bool | None = None
         """False: the app has no measured route; None: not known before its startup or first request."""
         self.metrics: FrontendMetrics | None = None
+        self._declared: list[str] = []  # the models known at start (settings, the app's served names)
+        self._learned: set[str] = set()  # registered from answered requests (at most max_learned_models)
+        self._said_learned = False
         # learned of the app (the gateway learns these per upstream)
         self.stream_options_ok = True
         self.continuous_ok = True
@@ -102,7 +112,7 @@ class MetricsMiddleware:
         try:
             self.settings = AsgiSettings.resolve(
                 self._environ, model=model, isl_buckets=isl_buckets, prefix=prefix,
-                inject_usage=inject_usage, continuous_usage=continuous_usage)
+                inject_usage=inject_usage, continuous_usage=continuous_usage, max_learned_models=max_learned_models)
             # vLLM with several API servers: /metrics serves only the multiprocess files (said at startup)
             self._multiprocess = bool(self._environ.get("PROMETHEUS_MULTIPROC_DIR")) and self.registry is REGISTRY
             if not self._multiprocess:
@@ -170,14 +180,32 @@ class MetricsMiddleware:
             return
         self.measuring = True
         assert self.metrics is not None
-        names = [*self.settings.models, *served_models(app)]
-        for name in dict.fromkeys(names):
+        self._declared = list(dict.fromkeys(n for n in [*self.settings.models, *served_models(app)] if n))
+        for name in self._declared:
             self._register(name)
         s = self.settings
         log.info("servelens.asgi.MetricsMiddleware: measuring POST %s in process; models %s; ISL buckets %s; "
                  "metrics %s_* (%d series per model)", ", ".join(MEASURED_PATHS),
                  ", ".join(self.metrics.state.models) or "(registered on first success)", s.isl_buckets or "off",
                  s.prefix, self.metrics.series_per_model)
+
+    def _learn(self, name: str) -> None:
+        """A request naming ``name`` got a 2xx: register it unless known, or past the models learned from
+        requests (``max_learned_models``; said once: it is then counted as ``unknown_model``)."""
+        metrics = self.metrics
+        assert metrics is not None
+        if name in metrics.state.models or not name:
+            return
+        if len(self._learned) >= self.settings.max_learned_models:
+            if not self._said_learned:
+                self._said_learned = True
+                log.warning("servelens.asgi.MetricsMiddleware: %d models registered from requests (%s), the most "
+                            "SERVELENS_MAX_LEARNED_MODELS allows; requests naming others are counted as "
+                            "unknown_model", len(self._learned), ", ".join(sorted(self._learned)) or "none")
+            return
+        self._register(name)
+        if name in metrics.state.models:
+            self._learned.add(name)
 
     def _register(self, name: str) -> None:
         """Register ``name`` (all its series at zero) unless known or past the model budget (said once)."""
@@ -215,8 +243,8 @@ class MetricsMiddleware:
         except (msgspec.DecodeError, ValueError):
             pass  # the app answers it (its own 400), counted with no model
         model = obj.get("model") if obj is not None else None
-        if obj is not None and model is None and len(self.metrics.state.models) == 1:
-            model = next(iter(self.metrics.state.models))  # vLLM serves its one model to a request naming none
+        if obj is not None and model is None and len(self._declared) == 1:
+            model = self._declared[0]  # vLLM serves its one model to a request naming none
         stream = obj is not None and stream_asked(obj) is True  # "true" and 1 too, as pydantic reads them
         inj, learn = Injection(body), False
         if stream and isinstance(model, str):
@@ -262,7 +290,7 @@ class MetricsMiddleware:
         assert self.metrics is not None
         ex = Exchange(self.metrics, self.accounting, endpoint, model, stream, arrival, inj, send,
                       hold_rejection=hold and inj.body is not body and self.settings.continuous_usage != "on",
-                      register=self._register)
+                      register=self._learn)
         given = False
 
         async def replay() -> Message:
