@@ -5,17 +5,24 @@ request that fails validation (both echo the request, what the middleware added 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
+import aiohttp
 import pytest
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
 from servelens.asgi import MetricsMiddleware
-from servelens.asgi.testing import call, vllm_like_app
+from servelens.asgi.testing import Scope, call, vllm_like_app
 
 CHAT = "/v1/chat/completions"
+
+
+def tok(text: str, reason: str | None = None) -> bytes:
+    return b"data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": text},
+                                                 "finish_reason": reason}]}).encode() + b"\n\n"
 
 
 def _v(reg: CollectorRegistry, name: str, **labels: str) -> float:
@@ -120,3 +127,100 @@ async def test_app_forbidding_continuous_usage_is_learned_once_it_accepts_the_re
     assert _v(reg, "requests_total", model="m", endpoint="chat_completions", request_type="stream",
               status="success", error_type="") == 2
     assert _requests(reg) == 2
+
+
+async def test_a_stream_the_client_leaves_is_cancelled_though_the_app_never_reads_receive(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A raw ASGI app under uvicorn streams without ever reading ``receive``; the client leaves after the
+    first chunk. uvicorn drops what the app sends after that without an error, so the app ends its stream
+    as if it were read: the middleware hears the disconnect itself and counts the request cancelled (was:
+    success)."""
+    from servelens.asgi import exchange
+    from servelens.asgi.testing import serve_asgi
+
+    heard = asyncio.Event()
+    original = getattr(exchange.Exchange, "client_left", None)
+
+    def spy(self: exchange.Exchange) -> None:
+        assert original is not None
+        original(self)
+        if self.left_before_end:
+            heard.set()
+
+    monkeypatch.setattr(exchange.Exchange, "client_left", spy, raising=False)
+    done = asyncio.Event()
+
+    async def raw(scope: Scope, receive: Any, send: Any) -> None:
+        assert scope["type"] == "http"
+        await receive()  # the body, then never again
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")]})
+        await send({"type": "http.response.body", "body": tok("a"), "more_body": True})
+        for _ in range(300):  # paced, as an engine: until the middleware heard the client leave (3 s at most)
+            if heard.is_set():
+                break
+            await send({"type": "http.response.body", "body": tok("b"), "more_body": True})
+            await asyncio.sleep(0.01)
+        await send({"type": "http.response.body", "body": tok("c", "stop") + b"data: [DONE]\n\n",
+                    "more_body": False})
+        done.set()  # (the middleware counts the request before anything else runs)
+
+    reg = CollectorRegistry()
+    mw = MetricsMiddleware(raw, registry=reg, isl_buckets="512,1024", environ={}, model="m")
+    async with serve_asgi(mw) as url, aiohttp.ClientSession() as http:
+        resp = await http.post(url + CHAT, json=_chat(stream=True))
+        assert resp.status == 200
+        await resp.content.readuntil(b"\n\n")  # the first chunk arrived
+        resp.close()  # the client leaves
+        async with asyncio.timeout(30):  # a bound for a hung test, not a figure
+            await done.wait()
+    assert heard.is_set()
+    assert _v(reg, "requests_total", model="m", endpoint="chat_completions", request_type="stream",
+              status="error", error_type="cancelled") == 1
+    assert _requests(reg) == 1
+
+
+async def test_an_app_that_reads_receive_still_hears_the_disconnect_and_ends_cancelled() -> None:
+    """Starlette's StreamingResponse reads ``receive`` to learn that the client left: it still does
+    through the middleware (the message the middleware heard is handed to it), and stops its stream."""
+    from fastapi.responses import StreamingResponse
+
+    from servelens.asgi.testing import serve_asgi
+
+    stopped = asyncio.Event()
+
+    async def events() -> Any:
+        try:
+            yield tok("a")
+            for _ in range(3000):  # paced, as an engine; ended by Starlette once the client left
+                await asyncio.sleep(0.01)
+                yield tok("b")
+        finally:
+            stopped.set()
+
+    app = FastAPI()
+
+    @app.post(CHAT)
+    async def chat() -> StreamingResponse:
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    reg = CollectorRegistry()
+    mw = _mw(app, reg)
+    answered = asyncio.Event()
+
+    async def outer(scope: Scope, receive: Any, send: Any) -> None:
+        try:
+            await mw(scope, receive, send)
+        finally:
+            answered.set()  # the middleware has counted the request
+
+    async with serve_asgi(outer) as url, aiohttp.ClientSession() as http:
+        resp = await http.post(url + CHAT, json=_chat(stream=True))
+        await resp.content.readuntil(b"\n\n")
+        resp.close()
+        async with asyncio.timeout(30):  # a bound for a hung test; the stream would run 30 s on its own
+            await answered.wait()
+    assert stopped.is_set()
+    assert _v(reg, "requests_total", model="m", endpoint="chat_completions", request_type="stream",
+              status="error", error_type="cancelled") == 1
+    assert _requests(reg) == 1

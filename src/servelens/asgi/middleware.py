@@ -44,7 +44,7 @@ from typing import Any
 
 import msgspec
 
-from servelens.asgi.exchange import REJECTED, Exchange, Message, Send
+from servelens.asgi.exchange import REJECTED, ClientWatch, Exchange, Message, Send
 from servelens.asgi.settings import AsgiSettings, shared_metrics
 from servelens.core.openai import decode_json_strictness
 from servelens.gateway.measured import MEASURED_PATHS
@@ -235,6 +235,17 @@ class MetricsMiddleware:
             if not message.get("more_body", False):
                 break
         body = b"".join(parts)
+        watch = ClientWatch(receive)  # hears the client leave, whether or not the app asks
+        try:
+            await self._answer(scope, watch, send, endpoint, arrival, body)
+        finally:
+            watch.close()
+
+    async def _answer(self, scope: Scope, watch: ClientWatch, send: Send, endpoint: str, arrival: int,
+                      body: bytes) -> None:
+        """Plan the usage to add to ``body``, call the app (again, after a refusal of what was added:
+        :mod:`servelens.gateway.rejection`), count the request once."""
+        assert self.metrics is not None
         obj: dict[str, Any] | None = None
         strict = True
         try:
@@ -253,7 +264,7 @@ class MetricsMiddleware:
             inj, learn = plan_learned(obj, body, inject_usage=s.inject_usage, continuous_usage=s.continuous_usage,
                                       stream_options_ok=self.stream_options_ok, continuous_ok=self.continuous_ok,
                                       usage_null=self.usage_null, strict=strict)
-        ex = await self._call(scope, receive, send, endpoint, model if isinstance(model, str) else None,
+        ex = await self._call(scope, watch, send, endpoint, model if isinstance(model, str) else None,
                               stream, arrival, inj, body)
         drop_continuous = drop_all = False
         while ex.held is not None and obj is not None:
@@ -272,7 +283,7 @@ class MetricsMiddleware:
                                       stream_options_ok=self.stream_options_ok and not drop_all,
                                       continuous_ok=self.continuous_ok and not drop_continuous,
                                       usage_null=self.usage_null, strict=strict)
-            ex = await self._call(scope, receive, send, endpoint, ex.model, stream, arrival, inj, body)
+            ex = await self._call(scope, watch, send, endpoint, ex.model, stream, arrival, inj, body)
             if rej.blamed is not None and ex.status not in REJECTED:  # sent without it: accepted
                 if rej.blamed == CONTINUOUS:
                     self.continuous_ok = False
@@ -283,22 +294,25 @@ class MetricsMiddleware:
             self.usage_null = ex.meter.usage_key_on_chunks
 
     async def _call(
-        self, scope: Scope, receive: Receive, send: Send, endpoint: str, model: str | None, stream: bool,
+        self, scope: Scope, watch: ClientWatch, send: Send, endpoint: str, model: str | None, stream: bool,
         arrival: int, inj: Injection, body: bytes, hold: bool = True,
     ) -> Exchange:
-        """Call the app with ``inj.body`` as the request body; count the answer unless it is held."""
+        """Call the app with ``inj.body`` as the request body (then ``watch``'s messages); count the answer
+        unless it is held."""
         assert self.metrics is not None
         ex = Exchange(self.metrics, self.accounting, endpoint, model, stream, arrival, inj, send,
                       hold_rejection=hold and inj.body is not body and self.settings.continuous_usage != "on",
                       register=self._learn)
         given = False
+        watch.exchange = ex
+        watch.start()
 
         async def replay() -> Message:
             nonlocal given
             if not given:
                 given = True
                 return {"type": "http.request", "body": inj.body, "more_body": False}
-            message = await receive()
+            message = await watch.receive()
             if message["type"] == "http.disconnect":
                 ex.disconnected = True
             return message
