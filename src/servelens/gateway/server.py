@@ -8,7 +8,7 @@ import os
 import resource
 import sys
 from collections.abc import Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -51,6 +51,8 @@ class RunningGateway:
     metrics_listener: MetricsListener | None = None
     publisher: StatePublisher | None = None
     """A worker's state publisher (:mod:`.published`); None for a gateway of one process."""
+    cutting: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set by :meth:`cut`: the drain of :meth:`close` ends at once."""
 
     @property
     def url(self) -> str:
@@ -67,6 +69,11 @@ class RunningGateway:
         """The metrics the gateway records into."""
         return self.gateway.metrics
 
+    def cut(self) -> None:
+        """Cut now: a :meth:`close` draining (or about to) stops waiting for the requests in flight, which
+        are cut and counted ``cancelled`` as after ``shutdown_timeout_s`` (a second SIGTERM/SIGINT)."""
+        self.cutting.set()
+
     async def close(self) -> None:
         """Stop listening; let requests in flight run to their end for up to the config's
         ``shutdown_timeout_s``; cut the rest (counted ``cancelled``, their upstream requests closed);
@@ -81,10 +88,18 @@ class RunningGateway:
         pre_shutdown = getattr(server, "pre_shutdown", None)
         if pre_shutdown is not None:
             pre_shutdown()  # keep-alive connections take no new request; idle ones close
-        if not await self.gateway.drain(self.gateway.config.shutdown_timeout_s):
+        drain = asyncio.ensure_future(self.gateway.drain(self.gateway.config.shutdown_timeout_s))
+        cutting = asyncio.ensure_future(self.cutting.wait())
+        try:
+            await asyncio.wait({drain, cutting}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            cutting.cancel()
+            drain.cancel()
+        if not drain.done() or drain.cancelled() or not drain.result():
             # aiohttp's cleanup still gives each handler CUT_S, so some may yet end on their own
-            log.warning("shutdown timeout over with %d request(s) in flight: those not done within %.1f s more "
-                        "are cut and counted cancelled", self.gateway.active, CUT_S)
+            why = "second signal" if self.cutting.is_set() else "shutdown timeout over"
+            log.warning("%s with %d request(s) in flight: those not done within %.1f s more are cut and counted "
+                        "cancelled", why, self.gateway.active, CUT_S)
         await self.runner.cleanup()
         if self.metrics_listener is not None:  # scraped to the end, the drain included
             await self.metrics_listener.close()
@@ -161,7 +176,7 @@ async def serve_forever(config: GatewayConfig) -> None:
     raise_open_files_limit()
     running = await start_gateway(config)
     print(startup_summary(running), file=sys.stderr, flush=True)
-    await serve_until_signal("gateway", running.url, running.close)
+    await serve_until_signal("gateway", running.url, running.close, cut=running.cut)
 
 
 def startup_summary(running: RunningGateway) -> str:
@@ -194,7 +209,7 @@ async def serve_worker(config: GatewayConfig, worker: WorkerContext) -> None:
     def ready() -> None:
         os.write(worker.ready_fd, f"ready {startup_summary(running)}\n".encode())
 
-    await serve_until_signal("gateway", running.url, running.close, announce=ready)
+    await serve_until_signal("gateway", running.url, running.close, announce=ready, cut=running.cut)
 
 
 def run_loop(main: Coroutine[Any, Any, None], use_uvloop: bool = True) -> None:
