@@ -83,6 +83,9 @@ class Gateway:
         self.passthrough = Passthrough(self)
         self.admin = AdminEndpoints(self)
         self.scrape = MetricsScrape(self.metrics)
+        self.draining = False
+        """Shutting down: every answer prepared from now on says ``Connection: close`` (see
+        :meth:`~servelens.gateway.server.RunningGateway.close`)."""
         self.app = self._build_app()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -107,7 +110,15 @@ class Gateway:
         # the gateway stays invisible; the gateway's own /metrics, /health and /ready take precedence
         app.router.add_route("*", "/{tail:.*}", self.passthrough.handle)
         app.cleanup_ctx.append(self._lifecycle)
+        app.on_response_prepare.append(self._closing_when_draining)
         return app
+
+    async def _closing_when_draining(self, request: web.Request, response: web.StreamResponse) -> None:
+        """While draining, an answer says ``Connection: close``: its client's next request goes to a
+        process that is not stopping."""
+        if self.draining:
+            response.force_close()  # the connection closes after this answer
+            response.headers["Connection"] = "close"  # (aiohttp made the head before this hook)
 
     async def _metrics(self, request: web.Request) -> web.StreamResponse:
         return await self.scrape.handle(request)  # looked up per scrape: a worker replaces it (.published)

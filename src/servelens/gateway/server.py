@@ -32,6 +32,12 @@ from servelens.serving import listen_error, open_files, raise_open_files_limit, 
 
 CUT_S = 0.5
 """After the drain on shutdown, how long aiohttp waits for a handler before cancelling it (twice)."""
+IDLE_GRACE_S = 1.0
+"""On shutdown, how long keep-alive connections idle when the drain began stay open (seconds, at most the
+shutdown timeout): a request a client sent on one just then is answered (``Connection: close``), not lost.
+Well above a round trip on the networks a gateway serves, well below any shutdown timeout."""
+GRACE_CHECK_S = 0.05
+"""During that grace, how often the gateway looks whether every connection has gone (the grace then ends)."""
 
 log = logging.getLogger("servelens.gateway")
 
@@ -79,18 +85,37 @@ class RunningGateway:
         ``shutdown_timeout_s``; cut the rest (counted ``cancelled``, their upstream requests closed);
         end the app (closes the upstream session and the request log).
 
+        Keep-alive connections during the drain: every answer prepared from its start says ``Connection:
+        close`` (the client opens its next connection elsewhere: another worker, another gateway behind
+        the load balancer), and a connection idle when it began stays open :data:`IDLE_GRACE_S` (at most
+        the shutdown timeout), so that a request its client sent on it just then is answered, not lost
+        (``Can not write request body`` at the client, in no ``requests_total``). Then the idle ones are
+        closed, and one busy with a request closes after its answer. What remains is HTTP/1.1's own race:
+        a request sent on an idle connection just as it closes (after the grace, or as an answer that
+        began before the drain, saying keep-alive, ends) meets the close; a client resending it on a new
+        connection is answered by another process.
+
         aiohttp's own shutdown waits its timeout for a handler, then again after asking it to stop
         (which a handler awaiting its upstream does not notice): 2 x 60 s by default. Here it gets
         :data:`CUT_S` for each once the drain is over."""
+        loop = asyncio.get_running_loop()
+        timeout = self.gateway.config.shutdown_timeout_s
+        self.gateway.draining = True  # answers from now on say Connection: close
         for site in list(self.runner.sites):
             await site.stop()  # no new connections
         server = self.runner.server
-        pre_shutdown = getattr(server, "pre_shutdown", None)
-        if pre_shutdown is not None:
-            pre_shutdown()  # keep-alive connections take no new request; idle ones close
-        drain = asyncio.ensure_future(self.gateway.drain(self.gateway.config.shutdown_timeout_s))
+        drain = asyncio.ensure_future(self.gateway.drain(timeout))
         cutting = asyncio.ensure_future(self.cutting.wait())
         try:
+            grace_end = loop.time() + min(IDLE_GRACE_S, timeout)
+            while server is not None and server.connections and not cutting.done():
+                left = grace_end - loop.time()
+                if left <= 0:
+                    break
+                await asyncio.wait({cutting}, timeout=min(left, GRACE_CHECK_S))  # until no connection is left
+            pre_shutdown = getattr(server, "pre_shutdown", None)
+            if pre_shutdown is not None:
+                pre_shutdown()  # idle connections close now, busy ones after their answer
             await asyncio.wait({drain, cutting}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             cutting.cancel()
