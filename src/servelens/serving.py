@@ -76,11 +76,16 @@ class OneLineBadRequests(logging.Filter):
 
 
 async def serve_until_signal(name: str, url: str, stop: Callable[[], Awaitable[None]],
-                             announce: Callable[[], None] | None = None) -> None:
+                             announce: Callable[[], None] | None = None, cut: Callable[[], None] | None = None) -> None:
     """Print the ready line (flushed; ``announce``: call it instead, as a gateway worker tells its
     supervisor), wait for SIGTERM or SIGINT, then await ``stop()``. The heap
     built at startup is frozen out of garbage collection (``gc.freeze``); a malformed client request
-    is logged in one line (:class:`OneLineBadRequests`)."""
+    is logged in one line (:class:`OneLineBadRequests`).
+
+    The handlers stay installed until ``stop()`` returned: a second SIGTERM or SIGINT during it calls
+    ``cut()`` ("cut now": the gateway ends its drain at once), or is ignored without ``cut``; later ones
+    are ignored. (Was: the default handling, which killed the process mid-drain, or raised
+    KeyboardInterrupt in the middle of whatever ran.)"""
     # What exists once the server is up (modules, app, metric families) lives as long as the process:
     # frozen out of the garbage collector, so a full collection scans only what requests allocate
     # (a full scan of the startup heap took ~10 ms, a p99 latency spike for every stream in flight).
@@ -92,8 +97,18 @@ async def serve_until_signal(name: str, url: str, stop: Callable[[], Awaitable[N
     event = asyncio.Event()
     loop = asyncio.get_running_loop()
     sigs = (signal.SIGTERM, signal.SIGINT)
+    signals = 0
+
+    def on_signal() -> None:
+        nonlocal signals
+        signals += 1
+        if signals == 1:
+            event.set()
+        elif signals == 2 and cut is not None:
+            cut()
+
     for sig in sigs:
-        loop.add_signal_handler(sig, event.set)
+        loop.add_signal_handler(sig, on_signal)
     die_with_parent()  # after the handlers: a SIGTERM from it stops the server cleanly
     if announce is not None:
         announce()
@@ -102,10 +117,12 @@ async def serve_until_signal(name: str, url: str, stop: Callable[[], Awaitable[N
     try:
         await event.wait()
     finally:
-        for sig in sigs:
-            loop.remove_signal_handler(sig)
-        await stop()
-        sys.stdout.flush()
+        try:
+            await stop()
+        finally:
+            for sig in sigs:
+                loop.remove_signal_handler(sig)
+            sys.stdout.flush()
 
 
 def listen_error(host: str, port: int, exc: OSError) -> OSError:

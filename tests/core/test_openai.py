@@ -89,3 +89,15 @@ def test_which_choices_carry_output(choices: list, first: bool, outputs: int, se
     info = parse_chunk(json.dumps({"choices": choices}))
     assert (info.first_output, info.outputs, info.several_choices) == (first, outputs, several)
     assert info.has_output == (outputs > 0)
+
+
+@pytest.mark.parametrize(("count", "read"), [(0, 0), (2**31 - 1, 2**31 - 1), (2**31, None), (10**15, None),
+                                             (10**18, None), (-1, None), (True, None), (3.0, None), ("3", None)])
+def test_usage_counts_beyond_int32_are_unknown(count: object, read: int | None) -> None:
+    """A usage count above 2**31 - 1 is junk, as a negative or non-integer one is: unknown (None), so an
+    upstream's 10**18 never reaches OSL, output_tokens_total nor an ISL bucket."""
+    usage = {"prompt_tokens": count, "completion_tokens": count,
+             "prompt_tokens_details": {"cached_tokens": count}}
+    got = parse_chunk(chunk({"content": "x"}, usage=usage)).usage
+    assert got is not None
+    assert (got.prompt_tokens, got.completion_tokens, got.cached_tokens) == (read, read, read)

@@ -86,3 +86,17 @@ def test_a_count_of_several_choices_is_not_the_first_choices() -> None:
 def test_another_choices_count_is_not_read() -> None:
     # choice 1's count (5) is its own: the first choice goes on from 2 to 4
     assert steps(chunk("a", 2), chunk("x", 5, index=1), chunk("b", 4)) == [2, 0, 2]
+
+
+def test_a_cut_stream_is_truncated_unless_an_error_came_first() -> None:
+    from servelens.core.openai import parse_chunk
+    from servelens.core.stream import cut_mid_event, stream_outcome
+
+    assert cut_mid_event(parse_chunk('{"choi')) and not cut_mid_event(parse_chunk('{"choices": []}'))
+    assert not cut_mid_event(parse_chunk("[DONE]"))
+    for complete in (True, False):
+        for produced in (True, False):
+            assert stream_outcome(failed=False, complete=complete, produced=produced, cut=True) == "truncated_stream"
+            assert stream_outcome(failed=True, complete=complete, produced=produced, cut=True) == "backend_error"
+    assert stream_outcome(failed=False, complete=True, produced=True) == ""
+    assert stream_outcome(failed=False, complete=True, produced=True, cut=False) == ""

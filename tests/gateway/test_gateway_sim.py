@@ -368,7 +368,7 @@ REQUEST_ERRORS = [
     ("not_an_object", b"[1, 2]", 400, "invalid_json", "unknown_model", "validation", "unary"),
     ("missing_model", {"messages": [{"role": "user", "content": "hi"}], "stream": True}, 400, "missing_model",
      "unknown_model", "validation", "stream"),
-    ("stream_not_bool", {"model": "sim-model", "prompt": "hi", "stream": "true"}, 400, "invalid_type",
+    ("stream_not_bool", {"model": "sim-model", "prompt": "hi", "stream": "maybe"}, 400, "invalid_type",
      "unknown_model", "validation", "unary"),
     ("too_large", {"model": "sim-model", "prompt": "x" * 70_000, "stream": True}, 413, "request_too_large",
      "unknown_model", "validation", "unary"),

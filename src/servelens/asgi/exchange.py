@@ -16,7 +16,7 @@ from typing import Any
 
 from servelens.core.openai import parse_response
 from servelens.core.state import LiveRequest
-from servelens.core.status import error_type_for_status
+from servelens.core.status import UNKNOWN_MODEL, error_type_for_status
 from servelens.gateway.accounting import Accounting, Outcome
 from servelens.gateway.meter import StreamMeter
 from servelens.gateway.usage import STRIP_NONE, Injection
@@ -37,7 +37,7 @@ class Exchange:
         metrics, accounting: where the request is counted (once, by :meth:`finish`).
         endpoint: ``chat_completions`` or ``completions``.
         model: the request's ``model`` (None: the body named none; counted as ``unknown_model``).
-        stream_asked: the request said ``"stream": true``.
+        stream_asked: the request asked for a stream (its ``stream`` true as pydantic reads it: ``"true"``, ``1``).
         arrival_ns: when the middleware was called (``time.perf_counter_ns``).
         inj: what was added to the request (its ``strip`` says what to cut from the stream).
         send: the server's ``send``.
@@ -68,6 +68,9 @@ class Exchange:
         """The app sent its last body message."""
         self.disconnected = False
         """The server told the app that the client went away."""
+        self.left_before_end = False
+        """The client went away before the app's last body message (:class:`ClientWatch` heard it)."""
+        self._ending = False  # the app's last body message is being sent
         self.held: list[Message] | None = None
         """A held 400/422 answer: its messages, not sent yet."""
         self._body: list[bytes] | None = None  # a whole 200 reply, for its usage
@@ -80,6 +83,7 @@ class Exchange:
         if meter is not None and message["type"] == "http.response.body":  # the per-token path
             data = message.get("body", b"")
             more = message.get("more_body", False)
+            self._ending = not more
             if meter.strip != STRIP_NONE:
                 cut = meter.relay(t, data) or b""
                 if not more:
@@ -102,13 +106,21 @@ class Exchange:
             self._start(message)
         elif kind == "http.response.body":
             if not message.get("more_body", False):
-                self.ended = True
+                self.ended = self._ending = True
             if self._body is not None:
                 self._body.append(message.get("body", b""))
         if self.held is not None:
             self.held.append(message)
             return
         await self._out(message)
+
+    def client_left(self) -> None:
+        """The server said the client went away (``http.disconnect``, heard by :class:`ClientWatch`):
+        before the app's last body message, the request is ``cancelled`` however the app's answer ends
+        (uvicorn drops what an app sends after the client left, without an error)."""
+        self.disconnected = True
+        if not self._ending and not self.ended:
+            self.left_before_end = True
 
     async def _out(self, message: Message) -> None:
         """The server's ``send``; one that raises (the client went away: uvicorn's ``ClientDisconnected``,
@@ -138,11 +150,11 @@ class Exchange:
 
     def _begin(self, request_type: str, status: int) -> None:
         self.request_type = request_type
-        if self.model is None:
-            return
-        if 200 <= status < 300:
+        if self.model is not None and 200 <= status < 300:
             self._register(self.model)
-        self.live = self.metrics.begin(self.model, self.endpoint, request_type, self.arrival_ns)
+        # a model not registered (none named, one the app does not serve, past the models learned):
+        # measured all the same and counted under unknown_model, with its outcome
+        self.live = self.metrics.begin(self.model or UNKNOWN_MODEL, self.endpoint, request_type, self.arrival_ns)
 
     async def release(self) -> None:
         """Send a held answer as it came (the resend was not needed, or not possible)."""
@@ -169,7 +181,7 @@ class Exchange:
             out.osl = meter.osl
             out.osl_source = "usage" if meter.osl_from_usage else "chunks"
             out.cached_tokens = meter.cached_tokens
-            if self.ended:
+            if self.ended and not self.left_before_end:
                 out.status, out.error_type = meter.outcome()
                 out.http_status = 200
             elif self.disconnected or isinstance(error, OSError | asyncio.CancelledError):
@@ -177,6 +189,9 @@ class Exchange:
                 out.fail("cancelled", 499)
             else:
                 out.fail("internal" if error is not None else "truncated_stream", 200)
+        elif self.status == 200 and self.left_before_end:
+            self.metrics.state.client_disconnected()
+            out.fail("cancelled", 499)
         elif self.status == 200 and self._body is not None:
             info = parse_response(b"".join(self._body))
             if not self.ended or info.error is not None or info.malformed:
@@ -205,3 +220,58 @@ class Exchange:
         else:
             self.accounting.rejected(self.endpoint, self.request_type, error_type, self.arrival_ns)
 
+
+
+class ClientWatch:
+    """The client's side of one measured request once its body was read: hears ``http.disconnect``
+    whether or not the app asks for it.
+
+    After the request body, the only message an ASGI server sends is ``http.disconnect`` (uvicorn also
+    answers it once the response is complete). An app that streams without reading ``receive`` (a raw
+    ASGI app; Starlette's ``StreamingResponse`` does read it) never learns that the client left, and
+    uvicorn drops what it sends then without an error: the stream would end as a success. So the
+    middleware reads the server's ``receive`` itself, in a task started once the body was read
+    (:meth:`start`), and tells the current :class:`Exchange` (:meth:`Exchange.client_left`). The app's
+    own calls after its body (:meth:`receive`) get the message that task read, the same one to every
+    call (after ``http.disconnect`` every ``receive`` answers it again), so the server's ``receive`` is
+    never awaited twice at once. The app is not stopped: one that does not listen runs to its end,
+    counted ``cancelled``.
+
+    Args:
+        receive: the server's ``receive``, its body already read.
+    """
+
+    def __init__(self, receive: Callable[[], Awaitable[Message]]) -> None:
+        self._receive = receive
+        self._task: asyncio.Future[Message] | None = None
+        self.exchange: Exchange | None = None
+        """Told when the client leaves (the request's current call of the app)."""
+
+    def start(self) -> None:
+        """Begin listening (once, after the body was read)."""
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._receive())
+            self._task.add_done_callback(self._heard)
+
+    def _heard(self, task: asyncio.Future[Message]) -> None:
+        if task.cancelled() or task.exception() is not None:
+            return
+        if task.result().get("type") == "http.disconnect" and self.exchange is not None:
+            self.exchange.client_left()
+
+    async def receive(self) -> Message:
+        """What the server said after the body (the app's ``receive`` then). Raises what the server's
+        ``receive`` raised."""
+        self.start()
+        task = self._task
+        assert task is not None
+        message = await asyncio.shield(task)  # an app cancelling its own wait leaves the listener running
+        if message.get("type") != "http.disconnect":  # not expected after the body: handed on once
+            self._task = None
+        return message
+
+    def close(self) -> None:
+        """The request is over: stop listening (a listener still waiting is cancelled)."""
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()

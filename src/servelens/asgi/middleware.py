@@ -7,14 +7,25 @@ and lifespan event passes through untouched.
 
 Per measured request: the body is read whole (the app reads it whole too), usage is added to a
 stream's ``stream_options`` as the gateway adds it (:func:`~servelens.gateway.usage.plan_learned`),
-the app is called with that body, and its answer goes out through :class:`~.exchange.Exchange`. An
-app that refuses what was added (400/422 naming the field) gets the request once more as the client
-sent it, and that is remembered for the process.
+the app is called with that body, and its answer goes out through :class:`~.exchange.Exchange`. A
+400/422 to such a request is held back and read as the gateway reads it
+(:mod:`servelens.gateway.rejection`): the app is called again (with the body it was given, replayed)
+without the field the error blames, or with the client's own body when the error only shows what was
+added (FastAPI's 422 and vLLM's 400 echo the request), and only that last answer goes out; any other
+refusal goes out as it is. That the app refuses a field is remembered for the process only when the
+error blamed it and the request without it was accepted: an ordinary bad request (a chat request
+without ``messages``) never turns the measurement off.
 
 Models: those named in the settings (``SERVELENS_MODEL``), those the app serves (vLLM's
 ``app.state.openai_serving_models``), read when the app's startup completed, get every series at
-zero then; a model answered with a 2xx is registered on first use. A request naming no model, or
-a model the app does not serve, is counted under ``model="unknown_model"``.
+zero then. Another model the app answers with a 2xx is registered on first use, up to
+``SERVELENS_MAX_LEARNED_MODELS`` (8) of them: an app that ignores ``model`` answers any name, and a
+client must not be able to add label values without bound (the gateway never lets a request add
+one). A request naming a model the app does not serve (its 404), or one more past that bound, is
+counted under ``model="unknown_model"`` (``requests_total`` and the stock duration only), the
+bound's line logged once. A request naming no model is counted under the app's model when exactly
+one is known at start (vLLM answers such a request with its first served model), else under
+``unknown_model``.
 
 Bad input: bad settings fail the app's startup with one line (ASGI ``lifespan.startup.failed``,
 which uvicorn logs before it exits); a server without lifespan gets that line in the log once and
@@ -33,11 +44,12 @@ from typing import Any
 
 import msgspec
 
-from servelens.asgi.exchange import Exchange, Message, Send
+from servelens.asgi.exchange import REJECTED, ClientWatch, Exchange, Message, Send
 from servelens.asgi.settings import AsgiSettings, shared_metrics
 from servelens.core.openai import decode_json_strictness
 from servelens.gateway.measured import MEASURED_PATHS
-from servelens.gateway.usage import Injection, plan_learned, rejected_field
+from servelens.gateway.rejection import CONTINUOUS, RESEND_WITHOUT_CONTINUOUS, read_rejection
+from servelens.gateway.usage import Injection, plan_learned, stream_asked
 from servelens.prometheus import REGISTRY, CollectorRegistry, FrontendMetrics
 
 log = logging.getLogger("servelens.asgi")
@@ -62,7 +74,7 @@ class MetricsMiddleware:
 
     Args:
         app: the ASGI app.
-        model, isl_buckets, prefix, inject_usage, continuous_usage: see
+        model, isl_buckets, prefix, inject_usage, continuous_usage, max_learned_models: see
             :class:`~servelens.asgi.settings.AsgiSettings` (None: the ``SERVELENS_*`` variable, else the
             default).
         registry: the prometheus_client registry (default ``REGISTRY``).
@@ -76,7 +88,8 @@ class MetricsMiddleware:
     def __init__(
         self, app: ASGIApp, *, model: str | list[str] | None = None, isl_buckets: str | None = None,
         prefix: str | None = None, inject_usage: bool | None = None, continuous_usage: str | None = None,
-        registry: CollectorRegistry | None = None, environ: Mapping[str, str] | None = None,
+        max_learned_models: int | None = None, registry: CollectorRegistry | None = None,
+        environ: Mapping[str, str] | None = None,
     ) -> None:
         self.app = app
         self.error: str | None = None
@@ -84,6 +97,9 @@ class MetricsMiddleware:
         self.measuring: bool | None = None
         """False: the app has no measured route; None: not known before its startup or first request."""
         self.metrics: FrontendMetrics | None = None
+        self._declared: list[str] = []  # the models known at start (settings, the app's served names)
+        self._learned: set[str] = set()  # registered from answered requests (at most max_learned_models)
+        self._said_learned = False
         # learned of the app (the gateway learns these per upstream)
         self.stream_options_ok = True
         self.continuous_ok = True
@@ -96,7 +112,7 @@ class MetricsMiddleware:
         try:
             self.settings = AsgiSettings.resolve(
                 self._environ, model=model, isl_buckets=isl_buckets, prefix=prefix,
-                inject_usage=inject_usage, continuous_usage=continuous_usage)
+                inject_usage=inject_usage, continuous_usage=continuous_usage, max_learned_models=max_learned_models)
             # vLLM with several API servers: /metrics serves only the multiprocess files (said at startup)
             self._multiprocess = bool(self._environ.get("PROMETHEUS_MULTIPROC_DIR")) and self.registry is REGISTRY
             if not self._multiprocess:
@@ -164,14 +180,32 @@ class MetricsMiddleware:
             return
         self.measuring = True
         assert self.metrics is not None
-        names = [*self.settings.models, *served_models(app)]
-        for name in dict.fromkeys(names):
+        self._declared = list(dict.fromkeys(n for n in [*self.settings.models, *served_models(app)] if n))
+        for name in self._declared:
             self._register(name)
         s = self.settings
         log.info("servelens.asgi.MetricsMiddleware: measuring POST %s in process; models %s; ISL buckets %s; "
                  "metrics %s_* (%d series per model)", ", ".join(MEASURED_PATHS),
                  ", ".join(self.metrics.state.models) or "(registered on first success)", s.isl_buckets or "off",
                  s.prefix, self.metrics.series_per_model)
+
+    def _learn(self, name: str) -> None:
+        """A request naming ``name`` got a 2xx: register it unless known, or past the models learned from
+        requests (``max_learned_models``; said once: it is then counted as ``unknown_model``)."""
+        metrics = self.metrics
+        assert metrics is not None
+        if name in metrics.state.models or not name:
+            return
+        if len(self._learned) >= self.settings.max_learned_models:
+            if not self._said_learned:
+                self._said_learned = True
+                log.warning("servelens.asgi.MetricsMiddleware: %d models registered from requests (%s), the most "
+                            "SERVELENS_MAX_LEARNED_MODELS allows; requests naming others are counted as "
+                            "unknown_model", len(self._learned), ", ".join(sorted(self._learned)) or "none")
+            return
+        self._register(name)
+        if name in metrics.state.models:
+            self._learned.add(name)
 
     def _register(self, name: str) -> None:
         """Register ``name`` (all its series at zero) unless known or past the model budget (said once)."""
@@ -201,6 +235,17 @@ class MetricsMiddleware:
             if not message.get("more_body", False):
                 break
         body = b"".join(parts)
+        watch = ClientWatch(receive)  # hears the client leave, whether or not the app asks
+        try:
+            await self._answer(scope, watch, send, endpoint, arrival, body)
+        finally:
+            watch.close()
+
+    async def _answer(self, scope: Scope, watch: ClientWatch, send: Send, endpoint: str, arrival: int,
+                      body: bytes) -> None:
+        """Plan the usage to add to ``body``, call the app (again, after a refusal of what was added:
+        :mod:`servelens.gateway.rejection`), count the request once."""
+        assert self.metrics is not None
         obj: dict[str, Any] | None = None
         strict = True
         try:
@@ -209,9 +254,9 @@ class MetricsMiddleware:
         except (msgspec.DecodeError, ValueError):
             pass  # the app answers it (its own 400), counted with no model
         model = obj.get("model") if obj is not None else None
-        if obj is not None and model is None and len(self.metrics.state.models) == 1:
-            model = next(iter(self.metrics.state.models))  # vLLM serves its one model to a request naming none
-        stream = obj is not None and obj.get("stream") is True
+        if obj is not None and model is None and len(self._declared) == 1:
+            model = self._declared[0]  # vLLM serves its one model to a request naming none
+        stream = obj is not None and stream_asked(obj) is True  # "true" and 1 too, as pydantic reads them
         inj, learn = Injection(body), False
         if stream and isinstance(model, str):
             assert obj is not None
@@ -219,41 +264,55 @@ class MetricsMiddleware:
             inj, learn = plan_learned(obj, body, inject_usage=s.inject_usage, continuous_usage=s.continuous_usage,
                                       stream_options_ok=self.stream_options_ok, continuous_ok=self.continuous_ok,
                                       usage_null=self.usage_null, strict=strict)
-        ex = await self._call(scope, receive, send, endpoint, model if isinstance(model, str) else None,
+        ex = await self._call(scope, watch, send, endpoint, model if isinstance(model, str) else None,
                               stream, arrival, inj, body)
-        if ex.held is not None and obj is not None:
-            field = rejected_field(inj, b"".join(m.get("body", b"") for m in ex.held[1:]))
-            if field is not None:  # the app refused what we added: once more as the client sent it
-                if field == "continuous_usage_stats":
+        drop_continuous = drop_all = False
+        while ex.held is not None and obj is not None:
+            # the app refused (400/422) what was added to the request: the gateway's rule (gateway.rejection)
+            rej = read_rejection(inj, b"".join(m.get("body", b"") for m in ex.held[1:]))
+            if rej.resend is None:  # an ordinary client error, not showing what was added: its answer goes out
+                await ex.release()
+                ex.finish()
+                break
+            if rej.resend == RESEND_WITHOUT_CONTINUOUS:
+                drop_continuous = True
+            else:
+                drop_all = True
+            s = self.settings
+            inj, learn = plan_learned(obj, body, inject_usage=s.inject_usage, continuous_usage=s.continuous_usage,
+                                      stream_options_ok=self.stream_options_ok and not drop_all,
+                                      continuous_ok=self.continuous_ok and not drop_continuous,
+                                      usage_null=self.usage_null, strict=strict)
+            ex = await self._call(scope, watch, send, endpoint, ex.model, stream, arrival, inj, body)
+            if rej.blamed is not None and ex.status not in REJECTED:  # sent without it: accepted
+                if rej.blamed == CONTINUOUS:
                     self.continuous_ok = False
                 else:
                     self.stream_options_ok = False
-                log.info("servelens.asgi.MetricsMiddleware: the app rejects %s; not sending it again", field)
-                ex = await self._call(scope, receive, send, endpoint, ex.model, stream, arrival, Injection(body),
-                                      body, hold=False)
-            else:
-                await ex.release()
-                ex.finish()
+                log.info("servelens.asgi.MetricsMiddleware: the app rejects %s; not sending it again", rej.blamed)
         if learn and ex.out.status == "success" and ex.meter is not None and ex.meter.usage_key_on_chunks is not None:
             self.usage_null = ex.meter.usage_key_on_chunks
 
     async def _call(
-        self, scope: Scope, receive: Receive, send: Send, endpoint: str, model: str | None, stream: bool,
+        self, scope: Scope, watch: ClientWatch, send: Send, endpoint: str, model: str | None, stream: bool,
         arrival: int, inj: Injection, body: bytes, hold: bool = True,
     ) -> Exchange:
-        """Call the app with ``inj.body`` as the request body; count the answer unless it is held."""
+        """Call the app with ``inj.body`` as the request body (then ``watch``'s messages); count the answer
+        unless it is held."""
         assert self.metrics is not None
         ex = Exchange(self.metrics, self.accounting, endpoint, model, stream, arrival, inj, send,
                       hold_rejection=hold and inj.body is not body and self.settings.continuous_usage != "on",
-                      register=self._register)
+                      register=self._learn)
         given = False
+        watch.exchange = ex
+        watch.start()
 
         async def replay() -> Message:
             nonlocal given
             if not given:
                 given = True
                 return {"type": "http.request", "body": inj.body, "more_body": False}
-            message = await receive()
+            message = await watch.receive()
             if message["type"] == "http.disconnect":
                 ex.disconnected = True
             return message

@@ -12,6 +12,7 @@ variable                   meaning                                         defau
 ``SERVELENS_METRICS_PREFIX`` metric name prefix                            ``servelens``
 ``SERVELENS_INJECT_USAGE`` add ``stream_options.include_usage`` (1/0)      ``1``
 ``SERVELENS_CONTINUOUS_USAGE`` add ``continuous_usage_stats``: auto/on/off ``auto``
+``SERVELENS_MAX_LEARNED_MODELS`` models registered from answered requests  ``8``
 ========================== =============================================== ===========================
 """
 
@@ -31,6 +32,10 @@ ENV_ISL_BUCKETS = "SERVELENS_ISL_BUCKETS"
 ENV_PREFIX = "SERVELENS_METRICS_PREFIX"
 ENV_INJECT_USAGE = "SERVELENS_INJECT_USAGE"
 ENV_CONTINUOUS_USAGE = "SERVELENS_CONTINUOUS_USAGE"
+ENV_MAX_LEARNED_MODELS = "SERVELENS_MAX_LEARNED_MODELS"
+DEFAULT_MAX_LEARNED_MODELS = 8
+"""Models registered from requests the app answered with a 2xx, beyond those known at start: an app that
+ignores ``model`` answers any name, and each name registered is ~2,300 series lines on ``/metrics``."""
 CONTINUOUS_MODES = ("auto", "on", "off")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -46,6 +51,9 @@ class AsgiSettings:
         prefix: metric name prefix (``servelens``: the gateway's names, apart from vLLM's ``vllm:``).
         inject_usage: add ``stream_options.include_usage`` to streams that did not ask for it.
         continuous_usage: ``auto`` (add ``continuous_usage_stats`` until the app refuses it), ``on``, ``off``.
+        max_learned_models: how many models a request may register (the app answered it with a 2xx) beyond
+            ``models`` and those the app says it serves; requests naming others are counted under
+            ``model="unknown_model"`` (0: none registered from requests).
     """
 
     models: tuple[str, ...] = ()
@@ -53,12 +61,13 @@ class AsgiSettings:
     prefix: str = DEFAULT_PREFIX
     inject_usage: bool = True
     continuous_usage: str = "auto"
+    max_learned_models: int = DEFAULT_MAX_LEARNED_MODELS
 
     @classmethod
     def resolve(
         cls, environ: Mapping[str, str], *, model: str | list[str] | tuple[str, ...] | None = None,
         isl_buckets: str | None = None, prefix: str | None = None, inject_usage: bool | None = None,
-        continuous_usage: str | None = None,
+        continuous_usage: str | None = None, max_learned_models: int | None = None,
     ) -> AsgiSettings:
         """Settings from the keyword arguments, else ``environ``, else the defaults.
 
@@ -70,11 +79,15 @@ class AsgiSettings:
         names = model if model is not None else env(ENV_MODEL)
         if isinstance(names, str):
             names = [m.strip() for m in names.split(",") if m.strip()]
-        spec = isl_buckets if isl_buckets is not None else env(ENV_ISL_BUCKETS)
+        # (set but empty is an error, as ``--isl-buckets ''`` is: not the defaults in silence)
+        spec = isl_buckets if isl_buckets is not None else environ.get(ENV_ISL_BUCKETS)
         buckets = cls.isl_buckets
         if spec is not None:
             where = "isl_buckets" if isl_buckets is not None else ENV_ISL_BUCKETS
-            if spec.lower() == "off":
+            if not spec.strip():
+                raise ValueError(f"{where}={spec!r} is empty: give boundaries in tokens (e.g. 512,1024,2048) or "
+                                 "'off' to turn the by-ISL metrics off")
+            if spec.strip().lower() == "off":
                 buckets = None
             else:
                 try:
@@ -90,7 +103,19 @@ class AsgiSettings:
         if cont not in CONTINUOUS_MODES:
             where = "continuous_usage" if continuous_usage is not None else ENV_CONTINUOUS_USAGE
             raise ValueError(f"{where}={cont!r}: give one of {', '.join(CONTINUOUS_MODES)}")
-        return cls(tuple(names or ()), buckets, prefix or env(ENV_PREFIX) or DEFAULT_PREFIX, inject_usage, cont)
+        learned = max_learned_models
+        if learned is None:
+            raw = env(ENV_MAX_LEARNED_MODELS)
+            try:
+                learned = DEFAULT_MAX_LEARNED_MODELS if raw is None else int(raw)
+            except ValueError:
+                raise ValueError(f"{ENV_MAX_LEARNED_MODELS}={raw!r}: give a whole number >= 0") from None
+        if isinstance(learned, bool) or not isinstance(learned, int) or learned < 0:
+            given = f"max_learned_models={learned!r}" if max_learned_models is not None else \
+                f"{ENV_MAX_LEARNED_MODELS}={env(ENV_MAX_LEARNED_MODELS)!r}"
+            raise ValueError(f"{given}: give a whole number >= 0")
+        return cls(tuple(names or ()), buckets, prefix or env(ENV_PREFIX) or DEFAULT_PREFIX, inject_usage, cont,
+                   learned)
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 Message = MutableMapping[str, Any]
 Scope = MutableMapping[str, Any]
@@ -115,6 +118,30 @@ async def _json(send: Callable[[Message], Awaitable[None]], status: int, obj: di
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
     await send({"type": "http.response.body", "body": data})
+
+
+@contextlib.asynccontextmanager
+async def serve_asgi(app: ASGIApp | FastAPI, **config: Any) -> AsyncIterator[str]:
+    """Serve ``app`` with uvicorn (the server vLLM and SGLang run; needs uvicorn: the dev extra) on
+    127.0.0.1, a free port, until the block ends; yields its base URL. ``config``: more
+    ``uvicorn.Config`` settings. The socket listens before uvicorn starts, so a connection made at once
+    waits in its backlog (no readiness to poll)."""
+    import socket
+
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False, **config))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()
 
 
 @dataclass(frozen=True)
@@ -237,3 +264,100 @@ def read_tap(path: str) -> list[tuple[bytes, bytes]]:
             d = json.loads(line)
             out.append((d["request"].encode("latin-1"), d["response"].encode("latin-1")))
     return out
+
+
+ISL_VLLM_LIKE = 700
+"""The prompt token count :func:`vllm_like_app` reports (ISL bucket 513-1024 of ``512,1024``)."""
+
+
+def vllm_like_app(vllm_errors: bool = True, strict_options: bool = False) -> tuple[FastAPI, list[bytes]]:
+    """A FastAPI app that reads ``POST /v1/chat/completions`` as vLLM does, and the list of the request
+    bodies it was given (needs fastapi: the dev extra). A pydantic request model: ``messages`` required,
+    ``stream: bool | None`` and ``stream_options`` read with pydantic's lax booleans; a stream of
+    one-token chunks as a ``StreamingResponse`` (cumulative usage with ``continuous_usage_stats``, a
+    final usage chunk with ``include_usage``, ``[DONE]``), or one JSON reply; ``max_tokens`` tokens
+    (default 3) and a prompt of :data:`ISL_VLLM_LIKE` tokens.
+
+    ``vllm_errors``: a request that fails validation gets vLLM's 400, ``{"error": {"message": "1
+    validation error:\n  {'type': 'missing', 'loc': ('body', 'messages'), ..., 'input': {<the
+    request>}}", "param": "body.messages", ...}}`` (``entrypoints/serve/utils/server_utils.py``);
+    else FastAPI's own 422, ``{"detail": [{"loc": [...], "msg", "input"}]}``. Both echo the request.
+    ``strict_options``: ``stream_options`` forbids fields it does not know (pydantic ``extra="forbid"``)
+    and knows no ``continuous_usage_stats``, as a strict OpenAI-compatible server."""
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, StreamingResponse
+    from pydantic import BaseModel, ConfigDict
+
+    class StreamOptions(BaseModel):
+        include_usage: bool | None = True
+        continuous_usage_stats: bool | None = False
+
+    class StrictStreamOptions(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        include_usage: bool | None = True
+
+    class ChatRequest(BaseModel):
+        model: str | None = None
+        messages: list[dict[str, Any]]
+        stream: bool | None = False
+        stream_options: StreamOptions | None = None
+        max_tokens: int = 3
+
+    class StrictChatRequest(ChatRequest):
+        stream_options: StrictStreamOptions | None = None  # type: ignore[assignment]
+
+    app = FastAPI()
+    bodies: list[bytes] = []
+
+    if vllm_errors:
+        @app.exception_handler(RequestValidationError)
+        async def as_vllm(_: Request, exc: RequestValidationError) -> JSONResponse:
+            errors = exc.errors()
+            message = f"{len(errors)} validation error{'s' if len(errors) > 1 else ''}:\n" + "".join(
+                f"  {e}\n" for e in errors)
+            loc = errors[0].get("loc") if errors else None
+            return JSONResponse({"error": {"message": message.rstrip(), "type": "Bad Request",
+                                           "param": ".".join(map(str, loc)) if loc else None, "code": 400}},
+                                status_code=400)
+
+    @app.middleware("http")
+    async def keep_body(request: Request, call_next: Any) -> Any:
+        bodies.append(await request.body())
+        return await call_next(request)
+
+    async def answer(req: ChatRequest) -> Any:
+        so = req.stream_options
+        usage = so is not None and bool(so.include_usage)
+        cont = usage and bool(getattr(so, "continuous_usage_stats", False))
+        n = req.max_tokens
+
+        def u(ct: int) -> dict[str, int]:
+            return {"prompt_tokens": ISL_VLLM_LIKE, "completion_tokens": ct, "total_tokens": ISL_VLLM_LIKE + ct}
+
+        if not req.stream:
+            return {"id": "x", "object": "chat.completion", "model": req.model, "usage": u(n), "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": "t" * n}, "finish_reason": "length"}]}
+
+        async def events() -> AsyncIterator[bytes]:
+            for i in range(n):
+                c: dict[str, Any] = {"id": "x", "object": "chat.completion.chunk", "model": req.model, "choices": [
+                    {"index": 0, "delta": {"content": "t"}, "finish_reason": "length" if i == n - 1 else None}]}
+                if cont:
+                    c["usage"] = u(i + 1)
+                yield _sse(c)
+            if usage:
+                yield _sse({"id": "x", "object": "chat.completion.chunk", "model": req.model, "choices": [],
+                            "usage": u(n)})
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    async def chat(req: ChatRequest) -> Any:
+        return await answer(req)
+
+    # the request model as a class, not the string this module's annotations are (FastAPI reads it, and
+    # cannot resolve a class local to this function from a string)
+    chat.__annotations__ = {"req": StrictChatRequest if strict_options else ChatRequest, "return": Any}
+    app.post("/v1/chat/completions")(chat)
+    return app, bodies

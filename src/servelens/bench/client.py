@@ -23,7 +23,7 @@ import msgspec
 from servelens.core.openai import parse_chunk, parse_response
 from servelens.core.sse import SSEDecoder
 from servelens.core.status import error_type_for_status
-from servelens.core.stream import FirstChoiceTokens, stream_outcome
+from servelens.core.stream import FirstChoiceTokens, cut_mid_event, stream_outcome
 from servelens.formats.results import BenchRecord
 
 ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
@@ -129,11 +129,22 @@ async def send_request(
                 done = False
                 finished = False
                 produced = False
+                cut = False
                 append_t = chunk_ns.append
                 append_k = chunk_tok.append
-                async for data in resp.content.iter_any():
-                    t = clock()
-                    for blk in decoder.decode(data):
+                reads = resp.content.iter_any().__aiter__()
+                last = False
+                while not last:
+                    try:
+                        data = await reads.__anext__()
+                    except StopAsyncIteration:  # the end: a last event without its blank line, if any
+                        last = True
+                        t = clock()
+                        blocks = decoder.flush()
+                    else:
+                        t = clock()
+                        blocks = decoder.decode(data)
+                    for blk in blocks:
                         d = blk.data
                         if d is None:
                             continue
@@ -145,7 +156,9 @@ async def send_request(
                             error_type, error = "backend_error", f"error in stream: {info.error}"
                             continue
                         if info.malformed:
-                            if not error:
+                            if last and cut_mid_event(info):
+                                cut = True
+                            elif not error:
                                 error_type, error = "backend_error", f"malformed chunk: {d[:120]!r}"
                             continue
                         u = info.usage
@@ -166,8 +179,10 @@ async def send_request(
                             finished = True
                 tokens_from_usage = counter.counted_from_usage
                 if not error:
-                    error_type = stream_outcome(failed=False, complete=done or finished, produced=produced)
-                    if error_type == "truncated_stream":
+                    error_type = stream_outcome(failed=False, complete=done or finished, produced=produced, cut=cut)
+                    if cut:
+                        error = "stream cut inside an event (its last event has no end and does not parse)"
+                    elif error_type == "truncated_stream":
                         error = "stream ended with neither finish_reason nor [DONE]"
                     elif error_type:
                         error = "stream produced no output"

@@ -99,16 +99,24 @@ def choice_index(choice: dict[str, Any]) -> int:
     return index if type(index) is int and index > 0 else 0
 
 
+MAX_TOKEN_COUNT = 2**31 - 1
+"""The largest token count believed in a ``usage`` object (2,147,483,647): engines keep token counts in
+32-bit integers (llama.cpp's ``int32_t``, vLLM's int32 token arrays), and no model's context comes
+within a hundredfold of it (the longest are ~10 million tokens). A count above it is junk."""
+
+
 def _count(value: Any) -> int | None:
-    """A token count: an int >= 0 (not a bool), else None (unknown)."""
-    return value if type(value) is int and value >= 0 else None
+    """A token count: an int from 0 to :data:`MAX_TOKEN_COUNT` (not a bool), else None (unknown)."""
+    return value if type(value) is int and 0 <= value <= MAX_TOKEN_COUNT else None
 
 
 def parse_usage(obj: Any) -> Usage | None:
     """Read an OpenAI ``usage`` object (dict) into :class:`Usage`; None when not a dict.
 
-    A count that is not an integer >= 0 (negative, a bool, a float, a string) is unknown (None),
-    so junk from an upstream never reaches a histogram.
+    A count that is not an integer from 0 to :data:`MAX_TOKEN_COUNT` (negative, absurdly large, a bool,
+    a float, a string) is unknown (None), so junk from an upstream never reaches a histogram or a
+    counter: an unknown ``completion_tokens`` leaves OSL to the counted output chunks, an unknown
+    ``prompt_tokens`` leaves the request without an ISL bucket (docs/counting.md).
     """
     if not isinstance(obj, dict):
         return None

@@ -79,21 +79,31 @@ class FirstChoiceTokens:
         return 1 if output else 0
 
 
-def stream_outcome(*, failed: bool, complete: bool, produced: bool) -> str:
+def stream_outcome(*, failed: bool, complete: bool, produced: bool, cut: bool = False) -> str:
     """The ``error_type`` (Dynamo's vocabulary) of a 200 stream that ended; ``""`` for success.
 
     ``failed``: an in-stream error (``error`` object, ``"object": "error"``, ``event: error``) or a
-    malformed ``data`` payload -> ``backend_error``. ``complete``: ``[DONE]`` or every choice's
-    ``finish_reason`` was seen; else ``truncated_stream``. ``produced``: the stream carried output
-    (an output-bearing chunk, or usage counting completion tokens > 0, e.g. a reply that is only an end
-    of sequence); a complete stream that produced nothing (``[DONE]`` alone, a role-only chunk then
+    malformed ``data`` payload -> ``backend_error``. ``cut``: the body ended inside an event (see
+    :func:`cut_mid_event`) -> ``truncated_stream``, whatever came before it. ``complete``: ``[DONE]`` or
+    every choice's ``finish_reason`` was seen; else ``truncated_stream``. ``produced``: the stream carried
+    output (an output-bearing chunk, or usage counting completion tokens > 0, e.g. a reply that is only an
+    end of sequence); a complete stream that produced nothing (``[DONE]`` alone, a role-only chunk then
     ``[DONE]``) is not a success: ``backend_error`` (the engine answered but generated nothing).
     See docs/counting.md.
     """
     if failed:
         return "backend_error"
-    if not complete:
+    if cut or not complete:
         return "truncated_stream"
     if not produced:
         return "backend_error"
     return ""
+
+
+def cut_mid_event(info: ChunkInfo) -> bool:
+    """Whether the last event of a body, dispatched at its end without its blank line (what the SSE
+    decoder's ``flush()`` gives), is the body cut inside an event: its ``data`` does not parse
+    (``data: {"choi``). Such an event is a truncation, not a malformed chunk: an SSE client drops an
+    event without its blank line. One that parses (a whole final ``data:`` line whose blank line is
+    missing) is read as any other event."""
+    return info.malformed

@@ -11,27 +11,28 @@ in exactly one of two calls:
   ended, and the request's record is merged into the histograms once, here (and written to the
   request log, when one is kept).
 
-Outcomes, counted once each in ``requests_total`` (Dynamo's ``error_type`` vocabulary): a body that
-cannot be read (bad ``Content-Encoding``), invalid JSON (nesting too deep included), a missing ``model``
-or a ``stream`` that is not a boolean -> 400 ``validation``; body over ``max_body_bytes`` -> 413
-``validation``; a body that stops arriving for ``client_timeout_s`` -> 408 ``validation``; unknown model
--> 404 ``not_found`` under ``model="unknown_model"`` (502 ``unavailable`` there when the upstream's
-model list cannot be fetched); upstream unreachable -> 502 ``unavailable``; no response headers (or
-body, for unary) within ``response_timeout_s``, or silence over ``read_timeout_s`` -> 504
-``response_timeout``; a unary or error body over
-:data:`~servelens.gateway.upstream_response.MAX_BODY_BYTES` -> 502 ``backend_error``; upstream 400/4xx
--> ``validation``, 404 -> ``not_found``, 429 and 503 -> ``overload``, other 5xx -> ``backend_error``
-(the upstream's status and body are relayed); an in-stream error (an ``error`` object, ``"object":
-"error"``, an SSE ``event: error``) or a malformed chunk inside a 200 stream, a 200 stream that produced
-nothing (``[DONE]`` alone, a role-only chunk; docs/counting.md), or a body in a content coding other
-than gzip or deflate (which are decoded) or that does not decode -> ``backend_error`` (a whole
-``application/json`` or ``text/html`` reply to a stream request is measured as a unary reply); a stream
-ending with neither ``finish_reason`` nor ``[DONE]``, or cut by the upstream -> ``truncated_stream`` (a
-cut is passed on: the client connection is closed without the final chunk); the client going away ->
-``cancelled`` (the upstream request is closed at once, so the engine stops generating); a bug of ours ->
-500 ``internal``. A request head aiohttp cannot read (414, 431, 400: :mod:`.connections`) and a
-connection over the open-files budget (503) are answered before any route, so they name no endpoint and
-are not in ``requests_total``: the latter are counted in ``servelens_gateway_accept_failures_total``.
+Outcomes, counted once each in ``requests_total`` (Dynamo's ``error_type`` vocabulary): a body that cannot be
+read (a gzip or deflate ``Content-Encoding`` the body does not match, broken chunked framing), invalid JSON
+(nesting too deep included), a missing ``model`` or a ``stream`` that pydantic would not read as a boolean
+(``"true"`` and ``1`` are one) -> 400 ``validation``; body over ``max_body_bytes`` -> 413 ``validation``; a
+body that stops arriving for ``client_timeout_s`` -> 408 ``validation``; unknown model -> 404 ``not_found``
+under ``model="unknown_model"`` (502 ``unavailable`` there when the upstream's model list cannot be fetched);
+upstream unreachable -> 502 ``unavailable``; no response headers (or body, for unary) within
+``response_timeout_s``, or silence over ``read_timeout_s`` -> 504 ``response_timeout``; a unary or error body
+over :data:`~servelens.gateway.upstream_response.MAX_BODY_BYTES` -> 502 ``backend_error``; upstream 400/4xx ->
+``validation``, 404 -> ``not_found``, 429 and 503 -> ``overload``, other 5xx -> ``backend_error`` (the
+upstream's status and body are relayed); an in-stream error (an ``error`` object, ``"object": "error"``, an
+SSE ``event: error``) or a malformed chunk inside a 200 stream, a 200 stream that produced nothing (``[DONE]``
+alone, a role-only chunk; docs/counting.md), or a body in a content coding other than gzip or deflate (which
+are decoded) or that does not decode -> ``backend_error`` (a whole ``application/json`` or ``text/html`` reply
+to a stream request is measured as a unary reply); a stream ending with neither ``finish_reason`` nor
+``[DONE]``, or cut by the upstream -> ``truncated_stream`` (a cut is passed on: the client connection is
+closed without the final chunk); the client going away -> ``cancelled`` (the upstream request is closed at
+once, so the engine stops generating); a bug of ours -> 500 ``internal``. A request head aiohttp cannot read
+(414, 431, 400: :mod:`.connections`; a ``Content-Encoding`` it cannot decode at all, ``br`` without the Brotli
+package or ``zstd``, is refused with the head too, 400 ``bad_request``) and a connection over the open-files
+budget (503) are answered before any route, so they name no endpoint and are not in ``requests_total``: the
+latter are counted in ``servelens_gateway_accept_failures_total``.
 
 Also here: how many measured requests are being answered now (:attr:`Accounting.active`, waited on
 at shutdown) and a waiter on the count (:meth:`Accounting.wait_finished`, for tests).

@@ -1,6 +1,7 @@
 """The gateway's own endpoints: ``GET /health`` (the gateway is up), ``GET /ready`` (every upstream
 answers), ``GET /v1/models`` (the upstream's list, merged over upstreams when models are mapped to
-several), the 405 for other methods on a measured path, and the 404 for ``/metrics`` on the API port
+several), the 405 for other methods on a measured path (and on ``/metrics``, ``/health``, ``/ready``:
+:func:`~.http.get_only`), and the 404 for ``/metrics`` on the API port
 of a gateway with a metrics listener (the scrape itself: :mod:`.scrape`)."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import msgspec
 from aiohttp import web
 
 from servelens.core.openai import decode_json
-from servelens.gateway.http import forward_request_headers, openai_error
+from servelens.gateway.http import forward_request_headers, method_not_allowed, openai_error
 from servelens.gateway.models import MAX_MODEL_LIST_BYTES, read_capped
 from servelens.gateway.upstream import redacted_url
 
@@ -84,7 +85,4 @@ class AdminEndpoints:
 
     async def post_only(self, request: web.Request) -> web.Response:
         """Any method but POST on a measured path: 405 in the OpenAI error format."""
-        resp = openai_error(405, f"{request.method} is not allowed on {request.path}; use POST",
-                            "invalid_request_error", "method_not_allowed")
-        resp.headers["Allow"] = "POST"
-        return resp
+        return method_not_allowed(request, "POST")

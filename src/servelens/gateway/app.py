@@ -9,7 +9,8 @@ Routes, and the module that answers each:
 * ``GET /metrics`` (on the metrics listener instead, with ``metrics_port``): :mod:`.scrape`; in a worker
   of ``--workers N``, the sum over the workers (:mod:`.published`).
 * ``GET /health``, ``GET /ready``, ``GET /v1/models`` (merged over upstreams when
-  models are mapped to several), and the 405 for other methods on a measured path: :mod:`.admin`.
+  models are mapped to several), and the 405 for other methods on a measured path, ``/metrics``,
+  ``/health`` or ``/ready`` (OpenAI errors, never relayed): :mod:`.admin`.
 * Any other path (other ``/v1/*`` and the engine's own endpoints): relayed unmeasured,
   :mod:`.passthrough`.
 
@@ -32,7 +33,7 @@ from multidict import CIMultiDict, MultiMapping
 from servelens.gateway.accounting import Accounting
 from servelens.gateway.admin import AdminEndpoints
 from servelens.gateway.config import GatewayConfig
-from servelens.gateway.http import response_headers
+from servelens.gateway.http import get_only, response_headers
 from servelens.gateway.measured import MEASURED_PATHS, MeasuredEndpoints
 from servelens.gateway.models import ModelRouter
 from servelens.gateway.passthrough import Passthrough
@@ -82,6 +83,9 @@ class Gateway:
         self.passthrough = Passthrough(self)
         self.admin = AdminEndpoints(self)
         self.scrape = MetricsScrape(self.metrics)
+        self.draining = False
+        """Shutting down: every answer prepared from now on says ``Connection: close`` (see
+        :meth:`~servelens.gateway.server.RunningGateway.close`)."""
         self.app = self._build_app()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -97,12 +101,24 @@ class Gateway:
                            else self.admin.metrics_elsewhere)
         app.router.add_get("/health", self.admin.health)
         app.router.add_get("/ready", self.admin.ready)
+        for path in ("/health", "/ready"):  # other methods: an OpenAI error, not aiohttp's text
+            app.router.add_route("*", path, get_only)
+        app.router.add_route("*", "/metrics", get_only if self.config.metrics_port is None
+                             else self.admin.metrics_elsewhere)
         app.router.add_route("*", "/v1/{tail:.*}", self.passthrough.handle)
         # the engine's other endpoints (vLLM's /tokenize, /detokenize, /version, ...): relayed too, so
         # the gateway stays invisible; the gateway's own /metrics, /health and /ready take precedence
         app.router.add_route("*", "/{tail:.*}", self.passthrough.handle)
         app.cleanup_ctx.append(self._lifecycle)
+        app.on_response_prepare.append(self._closing_when_draining)
         return app
+
+    async def _closing_when_draining(self, request: web.Request, response: web.StreamResponse) -> None:
+        """While draining, an answer says ``Connection: close``: its client's next request goes to a
+        process that is not stopping."""
+        if self.draining:
+            response.force_close()  # the connection closes after this answer
+            response.headers["Connection"] = "close"  # (aiohttp made the head before this hook)
 
     async def _metrics(self, request: web.Request) -> web.StreamResponse:
         return await self.scrape.handle(request)  # looked up per scrape: a worker replaces it (.published)

@@ -54,6 +54,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
+from yarl import URL
 
 from servelens.core.buckets import DEFAULT_ISL_BOUNDARIES, IslBuckets
 from servelens.core.edges import MetricEdges, parse_edges
@@ -106,7 +107,10 @@ def normalize_upstream(url: str) -> str:
     Raises ValueError (one line) unless it is an ``http``/``https`` URL with a host.
     """
     text = str(url).strip()
-    parts = urlsplit(text)
+    try:
+        parts = urlsplit(text)
+    except ValueError as exc:  # "Invalid IPv6 URL": an unclosed "["
+        raise ValueError(f"upstream URL must look like http://host:port, got {url!r} ({exc})") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"upstream URL must look like http://host:port, got {url!r}")
     if parts.query or parts.fragment:
@@ -115,6 +119,10 @@ def normalize_upstream(url: str) -> str:
         parts.port  # noqa: B018 - validates the port number
     except ValueError:
         raise ValueError(f"upstream URL has a bad port: {url!r}") from None
+    try:
+        URL(text)  # as the gateway's clients read it (stricter than urlsplit: "http://[::1]x")
+    except ValueError as exc:
+        raise ValueError(f"upstream URL must look like http://host:port, got {url!r} ({exc})") from None
     text = text.rstrip("/")
     if text.endswith("/v1"):
         text = text[: -len("/v1")]

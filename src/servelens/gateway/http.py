@@ -85,6 +85,21 @@ def openai_error(
     )
 
 
+def method_not_allowed(request: web.Request, allow: str) -> web.Response:
+    """405 in the OpenAI error format for a method a path of the gateway's own does not take; ``allow``:
+    the ``Allow`` header (``POST``; ``GET, HEAD``)."""
+    resp = openai_error(405, f"{request.method} is not allowed on {request.path}; use {allow.split(',')[0]}",
+                        "invalid_request_error", "method_not_allowed")
+    resp.headers["Allow"] = allow
+    return resp
+
+
+async def get_only(request: web.Request) -> web.Response:
+    """Any method but GET and HEAD on ``/metrics``, ``/health`` or ``/ready`` (the gateway's own, never
+    relayed): 405 in the OpenAI error format (aiohttp's own answer is a plain-text 404 or 405)."""
+    return method_not_allowed(request, "GET, HEAD")
+
+
 class ClientTooSlow(Exception):
     """The client's request body stopped arriving (see :func:`read_body`)."""
 

@@ -4,17 +4,18 @@ to bottom.
 1. :meth:`MeasuredEndpoints.handle`: the request is answered while it counts as
    :attr:`~servelens.gateway.accounting.Accounting.active`.
 2. ``_measured``: the arrival time is taken; the body is read (:func:`~servelens.gateway.http.read_body`)
-   and checked (a JSON object, ``stream`` a boolean, a ``model`` string); the model is resolved to an
-   upstream (:class:`~servelens.gateway.models.ModelRouter`). A request failing here is counted with no
-   model (:meth:`~servelens.gateway.accounting.Accounting.rejected`). Otherwise it is begun as a
+   and checked (a JSON object, ``stream`` a boolean as pydantic reads one, a ``model`` string); the model
+   is resolved to an upstream (:class:`~servelens.gateway.models.ModelRouter`). A request failing here is
+   counted with no model (:meth:`~servelens.gateway.accounting.Accounting.rejected`). Otherwise it is begun as a
    :class:`~servelens.core.state.LiveRequest` (prompt tokens counted meanwhile in a thread with
    ``--tokenizer``), and whatever happens next it is counted once, at the end
    (:meth:`~servelens.gateway.accounting.Accounting.finish`).
 3. A stream (``_stream``): plan what to add to the request so the upstream reports token counts
    (``_plan``: :func:`~servelens.gateway.usage.plan_learned`, with what was learned of this upstream);
-   send it; an upstream that rejects what was added (400 or 422 naming it) gets the request once more
-   without it, and that is remembered (``_retry_without_injection``); a 200 event stream goes to the
-   relay (:func:`~servelens.gateway.relay.relay_stream`), which measures it on the way.
+   send it; an upstream that refuses it (400 or 422) gets it again without what the error blames, or as
+   the client sent it when the error shows what was added, and a refusal of the field is remembered only
+   when the request without it was accepted (``_resend_rejected``, :mod:`.rejection`); a 200 event
+   stream goes to the relay (:func:`~servelens.gateway.relay.relay_stream`), which measures it on the way.
 4. A unary request (``_unary``), or a whole JSON reply to a stream request: read whole, its usage read
    (``_unary_reply``), relayed unchanged.
 5. An upstream error status is relayed as it came (``_error_reply``); an upstream that cannot be
@@ -50,10 +51,11 @@ from servelens.gateway.http import (
     unreadable,
 )
 from servelens.gateway.meter import StreamMeter
+from servelens.gateway.rejection import CONTINUOUS, RESEND_WITHOUT_CONTINUOUS, read_rejection
 from servelens.gateway.relay import relay_stream
 from servelens.gateway.upstream import redacted_url
 from servelens.gateway.upstream_response import UpstreamError, UpstreamResponse
-from servelens.gateway.usage import Injection, plan_learned, rejected_field
+from servelens.gateway.usage import Injection, plan_learned, stream_asked
 
 if TYPE_CHECKING:
     from servelens.gateway.app import Gateway
@@ -145,14 +147,11 @@ class MeasuredEndpoints:
         if not isinstance(obj, dict):
             self.accounting.rejected(endpoint, "unary", "validation", arrival_ns)
             return openai_error(400, "request body must be a JSON object", "invalid_request_error", "invalid_json")
-        stream = obj.get("stream")
-        if stream is not None and not isinstance(stream, bool):
-            # an upstream may coerce "true" or 1 to a stream (pydantic does) that would then be
-            # read as a unary answer: reject it, as the OpenAI API does
+        stream = stream_asked(obj)  # "true" and 1 are a stream, as vLLM and SGLang (pydantic) read them
+        if stream is None:  # a value they refuse too
             self.accounting.rejected(endpoint, "unary", "validation", arrival_ns)
-            return openai_error(400, f"'stream' must be a boolean, got {type(stream).__name__}",
+            return openai_error(400, f"'stream' must be a boolean, got {type(obj.get('stream')).__name__}",
                                 "invalid_request_error", "invalid_type", "stream")
-        stream = stream is True
         request_type = "stream" if stream else "unary"
         model = obj.get("model")
         if not isinstance(model, str) or not model:
@@ -240,9 +239,9 @@ class MeasuredEndpoints:
         up = await self._send(url, inj.body, headers)
         try:
             if up.status in _REJECTED and inj.body is not body and self.config.continuous_usage != "on":
-                # (the first response is closed by the retry or, on any failure, by the finally below)
-                inj, learn, up = await self._retry_without_injection(
-                    obj, body, upstream, url, headers, inj, learn, up, strict)
+                # (each response is closed by the resend or, on any failure, by the finally below)
+                inj, learn, up = await self._resend_rejected(obj, body, upstream, url, headers, inj, learn, up,
+                                                             strict)
             out.upstream_request_id = up.headers.get("x-request-id")
             if up.status != 200:
                 return await self._error_reply(up, out)
@@ -258,43 +257,50 @@ class MeasuredEndpoints:
         finally:
             up.close()
 
-    def _plan(self, obj: dict[str, Any], body: bytes, upstream: str, strict: bool) -> tuple[Injection, bool]:
+    def _plan(self, obj: dict[str, Any], body: bytes, upstream: str, strict: bool, drop_continuous: bool = False,
+              drop_all: bool = False) -> tuple[Injection, bool]:
         """What to add to a stream request, and whether this request teaches ``usage_null``.
-        ``strict``: the body is strict UTF-8 JSON (see :func:`~servelens.gateway.usage.plan_injection`)."""
+        ``strict``: the body is strict UTF-8 JSON (see :func:`~servelens.gateway.usage.plan_injection`);
+        ``drop_continuous``, ``drop_all``: this request is sent again without ``continuous_usage_stats``,
+        or without anything added (see :meth:`_resend_rejected`)."""
         cfg = self.config
         return plan_learned(obj, body, inject_usage=cfg.inject_usage, continuous_usage=cfg.continuous_usage,
-                            stream_options_ok=self.stream_options_ok.get(upstream, True),
-                            continuous_ok=self.continuous_ok.get(upstream, True),
+                            stream_options_ok=self.stream_options_ok.get(upstream, True) and not drop_all,
+                            continuous_ok=self.continuous_ok.get(upstream, True) and not drop_continuous,
                             usage_null=self.usage_null.get(upstream), strict=strict)
 
-    async def _retry_without_injection(
+    async def _resend_rejected(
         self, obj: dict[str, Any], body: bytes, upstream: str, url: URL, headers: CIMultiDict[str],
         inj: Injection, learn: bool, up: UpstreamResponse, strict: bool,
     ) -> tuple[Injection, bool, UpstreamResponse]:
-        """An upstream rejected what we added (400, or FastAPI's 422, naming the field): resend once
-        without it, and learn that only when the resent request is not rejected too (a 400 for
-        another reason can name the field, e.g. a validation error echoing the whole request)."""
-        try:
-            text = await self._read_body(up)
-        except _UpstreamFailed:
-            return inj, learn, up
-        field = rejected_field(inj, text)
-        if field is None:
-            return inj, learn, up  # a genuine client error: relay it (body already read, still readable)
-        flags = self.continuous_ok if field == "continuous_usage_stats" else self.stream_options_ok
-        up.close()
-        before = flags.get(upstream)
-        flags[upstream] = False
-        inj, learn = self._plan(obj, body, upstream, strict)
-        retry = await self._send(url, inj.body, headers)
-        if retry.status in _REJECTED:  # rejected without the field too: it was not the cause
-            if before is None:
-                flags.pop(upstream, None)
+        """An upstream refused (400, or FastAPI's 422) a request the gateway added usage to: read why
+        (:func:`~servelens.gateway.rejection.read_rejection`) and send it again without the field the
+        error blames, or as the client sent it when the error shows what was added without blaming it;
+        relay any other answer. Learn that the upstream refuses the field only when the error blamed it
+        and the request sent without it was not refused. Each resend drops more, so this ends after at
+        most two resends, with the client's own body. Returns the injection sent last, whether it
+        teaches ``usage_null``, and the answer to relay (its body read when it is a refusal)."""
+        drop_continuous = drop_all = False
+        while up.status in _REJECTED and inj.body is not body:
+            try:
+                text = await self._read_body(up)
+            except _UpstreamFailed:
+                break  # relayed as it is (the error reply fails the same way)
+            rej = read_rejection(inj, text)
+            if rej.resend is None:
+                break  # an ordinary client error: relayed (body already read, still readable)
+            if rej.resend == RESEND_WITHOUT_CONTINUOUS:
+                drop_continuous = True
             else:
-                flags[upstream] = before
-        else:
-            log.info("upstream %s rejects %s; not sending it again", redacted_url(upstream), field)
-        return inj, learn, retry
+                drop_all = True
+            up.close()
+            inj, learn = self._plan(obj, body, upstream, strict, drop_continuous, drop_all)
+            up = await self._send(url, inj.body, headers)
+            if rej.blamed is not None and up.status not in _REJECTED:  # sent without it: accepted
+                flags = self.continuous_ok if rej.blamed == CONTINUOUS else self.stream_options_ok
+                flags[upstream] = False
+                log.info("upstream %s rejects %s; not sending it again", redacted_url(upstream), rej.blamed)
+        return inj, learn, up
 
     async def _unary(
         self, request: web.Request, live: LiveRequest, out: Outcome, body: bytes, url: URL

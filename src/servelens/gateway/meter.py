@@ -26,7 +26,8 @@ drives a :class:`~servelens.core.state.LiveRequest`:
   output chunks of every choice; without ``[DONE]`` the stream is complete only when every choice seen finished.
 * Outcome (:meth:`StreamMeter.outcome`, :func:`~servelens.core.stream.stream_outcome`): an in-stream
   error (an ``error`` object, ``"object": "error"``, an SSE ``event: error``) or a malformed ``data``
-  payload -> ``backend_error``; a stream with neither ``finish_reason`` nor ``[DONE]`` ->
+  payload -> ``backend_error``; a stream with neither ``finish_reason`` nor ``[DONE]``, or whose body
+  ended inside an event (a last event without its blank line that does not parse) ->
   ``truncated_stream``; a stream that produced nothing (no output chunk, no completion token counted)
   -> ``backend_error``; else success (docs/counting.md).
 
@@ -56,7 +57,7 @@ import msgspec
 from servelens.core.openai import ChunkInfo, choice_index, decode_json, parse_chunk
 from servelens.core.sse import SSEBlock, SSEDecoder
 from servelens.core.state import LiveRequest
-from servelens.core.stream import FirstChoiceTokens, stream_outcome
+from servelens.core.stream import FirstChoiceTokens, cut_mid_event, stream_outcome
 from servelens.gateway.usage import (
     STRIP_ALL,
     STRIP_CONTINUOUS_NULL,
@@ -135,6 +136,7 @@ class StreamMeter:
         "blocks",
         "cached_tokens",
         "completion_tokens",
+        "cut",
         "done",
         "error",
         "finish_reason",
@@ -162,6 +164,8 @@ class StreamMeter:
         self.blocks = 0
         self.done = False
         self.malformed = False
+        self.cut = False
+        """The body ended inside an event (a last event without its blank line that does not parse)."""
         self.produced = False
         """The stream carried output: an output-bearing chunk (any choice), or a completion count > 0."""
         self.error: str | None = None
@@ -232,14 +236,16 @@ class StreamMeter:
 
     def end(self, t_ns: int) -> bytes | None:
         """The upstream body ended (measures what is queued first); returns the held bytes when
-        stripping (else None)."""
+        stripping (else None). A last event without its blank line is read when it parses, and is the
+        stream cut mid-event when it does not (:func:`~servelens.core.stream.cut_mid_event`:
+        ``truncated_stream``, not a malformed chunk)."""
         self.measure()
         out: list[bytes] = []
         for blk in self._decoder.flush():
             if blk.data is None:
                 out.append(blk.raw)
             else:
-                self._measure(t_ns, blk)
+                self._measure(t_ns, blk, last=True)
                 out.append(self._strip(blk))
         return b"".join(out) if self.strip != STRIP_NONE else None
 
@@ -295,8 +301,8 @@ class StreamMeter:
         # send the event with that text in data: lines and its other lines as they came
         return _with_data(raw, cut((blk.data or "").encode()), lead_bom=blk is self._decoder.bom_block)
 
-    def _measure(self, t_ns: int, blk: SSEBlock) -> None:
-        """Read one data block."""
+    def _measure(self, t_ns: int, blk: SSEBlock, last: bool = False) -> None:
+        """Read one data block; ``last``: the one the body's end dispatched without its blank line."""
         self.blocks += 1
         data = blk.data
         assert data is not None
@@ -305,7 +311,10 @@ class StreamMeter:
             self.done = True
             return
         if info.malformed:
-            self.malformed = True
+            if last and cut_mid_event(info):
+                self.cut = True
+            else:
+                self.malformed = True
             return
         if info.error is not None:
             if self.error is None:
@@ -387,5 +396,5 @@ class StreamMeter:
         :func:`~servelens.core.stream.stream_outcome`)."""
         complete = self.done or (self.finish_reason is not None and self._choices_seen <= self._choices_done)
         error_type = stream_outcome(failed=self.error is not None or self.malformed, complete=complete,
-                                    produced=self.produced)
+                                    produced=self.produced, cut=self.cut)
         return ("error", error_type) if error_type else ("success", "")

@@ -40,6 +40,7 @@ from aiohttp import web
 
 from servelens.core.snapshot import ModelSnapshot, StateSnapshot, copy_model
 from servelens.gateway.config import GatewayConfig
+from servelens.gateway.http import get_only
 from servelens.prometheus import FrontendMetrics
 from servelens.serving import listen_error
 
@@ -194,6 +195,7 @@ async def start_metrics_listener(scrape: MetricsScrape, config: GatewayConfig,
     port = config.metrics_port if config.metrics_port is not None else 0
     app = web.Application()
     app.router.add_get("/metrics", scrape.handle)
+    app.router.add_route("*", "/metrics", get_only)  # another method: an OpenAI error, not aiohttp's text
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0,
                            keepalive_timeout=config.client_timeout_s)
     await runner.setup()

@@ -8,7 +8,7 @@ import os
 import resource
 import sys
 from collections.abc import Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -32,6 +32,12 @@ from servelens.serving import listen_error, open_files, raise_open_files_limit, 
 
 CUT_S = 0.5
 """After the drain on shutdown, how long aiohttp waits for a handler before cancelling it (twice)."""
+IDLE_GRACE_S = 1.0
+"""On shutdown, how long keep-alive connections idle when the drain began stay open (seconds, at most the
+shutdown timeout): a request a client sent on one just then is answered (``Connection: close``), not lost.
+Well above a round trip on the networks a gateway serves, well below any shutdown timeout."""
+GRACE_CHECK_S = 0.05
+"""During that grace, how often the gateway looks whether every connection has gone (the grace then ends)."""
 
 log = logging.getLogger("servelens.gateway")
 
@@ -51,6 +57,8 @@ class RunningGateway:
     metrics_listener: MetricsListener | None = None
     publisher: StatePublisher | None = None
     """A worker's state publisher (:mod:`.published`); None for a gateway of one process."""
+    cutting: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set by :meth:`cut`: the drain of :meth:`close` ends at once."""
 
     @property
     def url(self) -> str:
@@ -67,24 +75,56 @@ class RunningGateway:
         """The metrics the gateway records into."""
         return self.gateway.metrics
 
+    def cut(self) -> None:
+        """Cut now: a :meth:`close` draining (or about to) stops waiting for the requests in flight, which
+        are cut and counted ``cancelled`` as after ``shutdown_timeout_s`` (a second SIGTERM/SIGINT)."""
+        self.cutting.set()
+
     async def close(self) -> None:
         """Stop listening; let requests in flight run to their end for up to the config's
         ``shutdown_timeout_s``; cut the rest (counted ``cancelled``, their upstream requests closed);
         end the app (closes the upstream session and the request log).
 
+        Keep-alive connections during the drain: every answer prepared from its start says ``Connection:
+        close`` (the client opens its next connection elsewhere: another worker, another gateway behind
+        the load balancer), and a connection idle when it began stays open :data:`IDLE_GRACE_S` (at most
+        the shutdown timeout), so that a request its client sent on it just then is answered, not lost
+        (``Can not write request body`` at the client, in no ``requests_total``). Then the idle ones are
+        closed, and one busy with a request closes after its answer. What remains is HTTP/1.1's own race:
+        a request sent on an idle connection just as it closes (after the grace, or as an answer that
+        began before the drain, saying keep-alive, ends) meets the close; a client resending it on a new
+        connection is answered by another process.
+
         aiohttp's own shutdown waits its timeout for a handler, then again after asking it to stop
         (which a handler awaiting its upstream does not notice): 2 x 60 s by default. Here it gets
         :data:`CUT_S` for each once the drain is over."""
+        loop = asyncio.get_running_loop()
+        timeout = self.gateway.config.shutdown_timeout_s
+        self.gateway.draining = True  # answers from now on say Connection: close
         for site in list(self.runner.sites):
             await site.stop()  # no new connections
         server = self.runner.server
-        pre_shutdown = getattr(server, "pre_shutdown", None)
-        if pre_shutdown is not None:
-            pre_shutdown()  # keep-alive connections take no new request; idle ones close
-        if not await self.gateway.drain(self.gateway.config.shutdown_timeout_s):
+        drain = asyncio.ensure_future(self.gateway.drain(timeout))
+        cutting = asyncio.ensure_future(self.cutting.wait())
+        try:
+            grace_end = loop.time() + min(IDLE_GRACE_S, timeout)
+            while server is not None and server.connections and not cutting.done():
+                left = grace_end - loop.time()
+                if left <= 0:
+                    break
+                await asyncio.wait({cutting}, timeout=min(left, GRACE_CHECK_S))  # until no connection is left
+            pre_shutdown = getattr(server, "pre_shutdown", None)
+            if pre_shutdown is not None:
+                pre_shutdown()  # idle connections close now, busy ones after their answer
+            await asyncio.wait({drain, cutting}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            cutting.cancel()
+            drain.cancel()
+        if not drain.done() or drain.cancelled() or not drain.result():
             # aiohttp's cleanup still gives each handler CUT_S, so some may yet end on their own
-            log.warning("shutdown timeout over with %d request(s) in flight: those not done within %.1f s more "
-                        "are cut and counted cancelled", self.gateway.active, CUT_S)
+            why = "second signal" if self.cutting.is_set() else "shutdown timeout over"
+            log.warning("%s with %d request(s) in flight: those not done within %.1f s more are cut and counted "
+                        "cancelled", why, self.gateway.active, CUT_S)
         await self.runner.cleanup()
         if self.metrics_listener is not None:  # scraped to the end, the drain included
             await self.metrics_listener.close()
@@ -161,7 +201,7 @@ async def serve_forever(config: GatewayConfig) -> None:
     raise_open_files_limit()
     running = await start_gateway(config)
     print(startup_summary(running), file=sys.stderr, flush=True)
-    await serve_until_signal("gateway", running.url, running.close)
+    await serve_until_signal("gateway", running.url, running.close, cut=running.cut)
 
 
 def startup_summary(running: RunningGateway) -> str:
@@ -194,7 +234,7 @@ async def serve_worker(config: GatewayConfig, worker: WorkerContext) -> None:
     def ready() -> None:
         os.write(worker.ready_fd, f"ready {startup_summary(running)}\n".encode())
 
-    await serve_until_signal("gateway", running.url, running.close, announce=ready)
+    await serve_until_signal("gateway", running.url, running.close, announce=ready, cut=running.cut)
 
 
 def run_loop(main: Coroutine[Any, Any, None], use_uvloop: bool = True) -> None:

@@ -99,6 +99,14 @@ def _lax_bool(value: Any) -> bool | None:
     return None
 
 
+def stream_asked(obj: dict[str, Any]) -> bool | None:
+    """Whether request ``obj`` asks for a stream, read as the engines read its ``stream``: pydantic's lax
+    bool (vLLM's and SGLang's ``stream: bool | None = False``), so ``1`` and ``"true"`` ask for one as
+    ``true`` does, and ``0``, ``"false"``, null or no ``stream`` do not; None for a value they refuse
+    (``"maybe"``, ``2``, a list), which gets the client a 400."""
+    return _lax_bool(obj.get("stream"))
+
+
 def plan_injection(
     obj: dict[str, Any], body: bytes, *, inject_usage: bool, continuous: bool, null_usage: bool = False,
     strict: bool = True,
@@ -170,16 +178,6 @@ def plan_learned(
     if usage_null is None and inj.strip in (STRIP_CONTINUOUS, STRIP_CONTINUOUS_NULL):
         return plan_injection(obj, body, inject_usage=inject, continuous=False, strict=strict), True
     return inj, False
-
-
-def rejected_field(inj: Injection, text: bytes) -> str | None:
-    """The field we added that an upstream's 400/422 body ``text`` names (``continuous_usage_stats`` or
-    ``stream_options``), or None (a genuine client error: relay it)."""
-    if inj.continuous and b"continuous_usage_stats" in text:
-        return "continuous_usage_stats"
-    if b"stream_options" in text or b"include_usage" in text:
-        return "stream_options"
-    return None
 
 
 def _skip_ws(buf: bytes, i: int) -> int:

@@ -129,6 +129,7 @@ class Supervisor:
         self._restart_at: dict[int, float] = {}
         self._delay: dict[int, float] = {}
         self._failure = ""
+        self._told = False  # the workers were sent SIGTERM (a stop began)
         self._started = 0  # workers started so far (each one's number: its state file's key with its pid)
         self.directory = Path()
         self._like = take_snapshot(FrontendMetrics(
@@ -260,6 +261,8 @@ class Supervisor:
                 with contextlib.suppress(BlockingIOError):
                     for signum in os.read(self._wake_r, 512):
                         if signum in (signal.SIGTERM, signal.SIGINT):
+                            if self._told:  # a second signal during the drain: each worker cuts at once
+                                self._tell_workers()
                             self._stopping = True
                 continue
             w = self.workers.get(key.data)
@@ -334,6 +337,13 @@ class Supervisor:
             if raw.startswith(b"error ") and not w.error:
                 w.error = raw[6:].decode(errors="replace")
 
+    def _tell_workers(self) -> None:
+        """SIGTERM to every worker: the first starts its drain, a second cuts its requests at once
+        (counted ``cancelled``), as two signals do to a single gateway."""
+        for pid in list(self.workers):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+
     def _next_timeout(self) -> float | None:
         if not self._restart_at:
             return None
@@ -344,9 +354,8 @@ class Supervisor:
         SIGKILL). Returns 0."""
         self._stopping = True
         self._restart_at.clear()
-        for pid in list(self.workers):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
+        self._tell_workers()
+        self._told = True
         deadline = time.monotonic() + self.config.shutdown_timeout_s + STOP_GRACE_S
         while self.workers:
             left = deadline - time.monotonic()
