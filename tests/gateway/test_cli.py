@@ -131,6 +131,16 @@ def test_bad_yaml_and_unknown_key(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert "unknown gateway setting(s): bogus" in capsys.readouterr().err
 
 
+def test_misspelt_key_is_named_before_a_missing_upstream(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A file holding only ``porrt: 1`` said "give --upstream URL": the misspelt key, which explains it,
+    is what the error names."""
+    f = tmp_path / "gateway.yaml"
+    f.write_text("porrt: 1\n")
+    assert main(["gateway", "--config", str(f)]) == 2
+    assert capsys.readouterr().err == (
+        f"servelens: error: config file {f}: unknown gateway setting(s): porrt (did you mean port?)\n")
+
+
 @pytest.mark.parametrize(
     ("setting", "message"),
     [  # each was a TypeError traceback, or accepted and broken later

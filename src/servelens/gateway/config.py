@@ -44,6 +44,7 @@ path unchanged.
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import re
@@ -422,14 +423,26 @@ class GatewayConfig:
         ``models`` may be a mapping ``name -> URL | {upstream: URL}``, a list of names (served by
         ``upstream``), or a list of ``(name, URL)`` pairs.
         """
-        allowed = {f.name for f in fields(cls) if f.init}
-        unknown = sorted(set(values) - allowed)
-        if unknown:
-            raise ValueError(f"unknown gateway setting(s): {', '.join(unknown)}")
+        check_known_settings(values)
         kwargs = dict(values)
         if "models" in kwargs:
             kwargs["models"] = _parse_models(kwargs["models"], kwargs.get("upstream"))
         return cls(**kwargs)
+
+
+def check_known_settings(values: Mapping[str, Any], where: str = "") -> None:
+    """Raise ValueError (one line) naming every key of ``values`` that is not a
+    :class:`GatewayConfig` setting, with the closest known name for each (``porrt`` -> ``port``).
+    ``where`` prefixes the message (``config file gw.yaml: ``)."""
+    allowed = sorted(f.name for f in fields(GatewayConfig) if f.init)
+    unknown = sorted(set(values) - set(allowed))
+    if not unknown:
+        return
+    named = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, allowed, n=1)
+        named.append(f"{key} (did you mean {close[0]}?)" if close else key)
+    raise ValueError(f"{where}unknown gateway setting(s): {', '.join(named)}")
 
 
 def _parse_models(raw: Any, default_upstream: str | None) -> tuple[tuple[str, str], ...]:
@@ -468,7 +481,8 @@ def _parse_models(raw: Any, default_upstream: str | None) -> tuple[tuple[str, st
 def load_config_file(path: str | Path) -> dict[str, Any]:
     """Read a gateway YAML file into a mapping for :meth:`GatewayConfig.from_mapping`.
 
-    Raises ValueError (one line) when it is missing, not YAML, or not a mapping.
+    Raises ValueError (one line) when it is missing, not YAML, not a mapping, or names a key that is no
+    setting (checked first, so a misspelt key is what the error names).
     """
     p = Path(path)
     try:
@@ -486,6 +500,7 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"config file {p} must hold a mapping of settings")
     values = {str(k).replace("-", "_"): v for k, v in data.items()}
+    check_known_settings(values, f"config file {p}: ")  # before any other complaint: a misspelt key explains it
     if "isl_buckets" in values and values["isl_buckets"] is None:  # `isl_buckets:` with nothing after it
         raise ValueError(f"config file {p}: isl_buckets is empty: give boundaries in tokens or 'off'")
     return values
