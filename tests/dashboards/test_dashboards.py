@@ -213,6 +213,9 @@ def test_attainment_counts_at_the_largest_le_edge_at_or_below_the_threshold() ->
     (["--reference-window", "1d2"], "not a Prometheus duration"),
     (["--slo-ttft", "0-512=1"], "SLO table names 0-512"),
     (["--slo-ttft", "1", "--attainment-target", "1.5"], "attainment target must be within (0, 1]"),
+    # exited 0 with no SLO rules, where report refuses the same input
+    (["--slo-from", "counters"], "servelens: error: --slo-from counters: give the SLOs the gateway counts "
+     "(--slo-ttft/--slo-itl)\n"),
 ])
 def test_cli_bad_mix_and_slo_input_is_one_line_and_writes_nothing(tmp_path: Path, argv: list[str],
                                                                    message: str) -> None:

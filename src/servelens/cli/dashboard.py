@@ -17,6 +17,7 @@ from servelens.formats.mix_file import read_mix
 from servelens.gateway.config import normalize_upstream
 from servelens.prometheus.names import DEFAULT_PREFIX, MetricNames, default_edges
 from servelens.report.promapi import parse_duration_s
+from servelens.report.slo_report import COUNTERS_NEED_SLO
 
 
 def add_parser(subparsers: Any) -> None:
@@ -88,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
         parse_duration_s(args.reference_window)  # one line for a bad duration
         reference = MixReference(window=args.reference_window)
     slo = None
+    if args.slo_from == "counters" and not (args.slo_ttft or args.slo_itl):
+        raise ValueError(COUNTERS_NEED_SLO)  # as report: counter rules without an SLO would be no rules at all
     if args.slo_ttft or args.slo_itl:
         slo = Slo(parse_threshold(args.slo_ttft, buckets) if args.slo_ttft else None,
                   parse_threshold(args.slo_itl, buckets) if args.slo_itl else None)

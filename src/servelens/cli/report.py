@@ -166,7 +166,7 @@ def build_slo(args: argparse.Namespace, report: Report) -> SloReport | None:
     """SLO attainment for parsed arguments (None without an SLO flag). Raises ValueError."""
     if not (args.slo_ttft or args.slo_itl):
         if args.slo_from != "histograms":
-            raise ValueError("--slo-from counters: give the SLOs the gateway counts (--slo-ttft/--slo-itl)")
+            raise ValueError(slo_report.COUNTERS_NEED_SLO)
         return None
     if args.format == "csv":
         raise ValueError("SLO attainment is printed with --format table, markdown or json, not csv")

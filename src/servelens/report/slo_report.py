@@ -30,6 +30,9 @@ from servelens.report.sources import exact_increases, scrape
 COUNTER_NOTE = ("from the gateway's SLO counters: exact per request, for the SLOs the gateway was started with "
                 "(--slo-ttft/--slo-itl there); requests are those with a bucket and a first token")
 
+COUNTERS_NEED_SLO = "--slo-from counters: give the SLOs the gateway counts (--slo-ttft/--slo-itl)"
+"""The one-line error of ``report`` and ``dashboard`` for ``--slo-from counters`` without an SLO."""
+
 
 @dataclass(frozen=True)
 class SloReport:
