@@ -282,6 +282,29 @@ def test_cli_errors_are_one_line(argv: list[str], message: str) -> None:
     assert message in err
 
 
+@pytest.mark.parametrize("extra", [[], ["--capacity"], ["--slo-ttft", "1"], ["--compare", "EMPTY"], ["--convert"]])
+def test_cli_empty_folder_says_it_holds_no_results(tmp_path: Path, extra: list[str]) -> None:
+    """An existing empty folder was reported as "cannot read results file emptydir: No such file or
+    directory"; a failed --convert also left an empty results.cols in it."""
+    empty = tmp_path / "emptydir"
+    empty.mkdir()
+    rc, out, err = _run(["report", "--results", str(empty), *[str(empty) if a == "EMPTY" else a for a in extra]])
+    assert (rc, out) == (2, "")
+    assert err == (f"servelens: error: {empty}: the folder holds no results.jsonl or results.cols (give a bench "
+                   "--output-dir or a results file)\n")
+    assert list(empty.iterdir()) == []
+    rc, _, err = _run(["explain", "--results", str(empty), str(empty)])
+    assert rc == 2 and err.startswith(f"servelens: error: {empty}: the folder holds no results.jsonl")
+
+
+def test_cli_convert_of_a_missing_file_leaves_nothing_behind(tmp_path: Path) -> None:
+    rc, _, err = _run(["report", "--results", str(tmp_path / "missing.jsonl"), "--convert"])
+    assert rc == 2
+    missing = tmp_path / "missing.jsonl"
+    assert err == f"servelens: error: cannot convert {missing}: {missing} does not exist\n"
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_cli_missing_metrics_file_is_named_once() -> None:
     rc, _, err = _run(["report", "--metrics", "nope.txt"])
     assert rc == 2 and err == "servelens: error: cannot read metrics file nope.txt: No such file or directory\n"

@@ -15,7 +15,7 @@ from servelens.core.buckets import IslBuckets, label_sort_key
 from servelens.core.slo import Slo, parse_threshold
 from servelens.formats.columnar import columns_for, is_columnar
 from servelens.formats.columnar_write import convert_jsonl, export_jsonl
-from servelens.formats.results import summary_isl_buckets
+from servelens.formats.results import results_file_in, summary_isl_buckets
 from servelens.formats.table import FORMATS, ISL_HEADER, UNCACHED_HEADER, format_rows, output_width
 from servelens.prometheus.names import DEFAULT_PREFIX, MetricNames
 from servelens.report import slo_report
@@ -307,6 +307,10 @@ def run_convert(args: argparse.Namespace) -> int:
     if args.convert:
         if is_columnar(args.results):
             raise ValueError(f"{args.results} is columns already (--export-jsonl writes them as JSONL)")
+        # checked before the writer makes its folder: a failed conversion left an empty results.cols behind
+        src = results_file_in(args.results) if Path(args.results).is_dir() else Path(args.results)
+        if not src.is_file():
+            raise ValueError(f"cannot convert {args.results}: {src} does not exist")
         try:
             out = convert_jsonl(args.results)
         except OSError as exc:

@@ -139,6 +139,16 @@ def load_results(path: str | Path) -> list[BenchRecord]:
     return list(iter_results(path))
 
 
+def results_file_in(folder: str | Path) -> Path:
+    """The ``results.jsonl`` of a bench output folder. Raises ValueError (one line) when the folder
+    holds neither it nor a ``results.cols`` folder (an empty folder read as "No such file" before)."""
+    p = Path(folder) / RESULTS_FILE
+    if not p.exists() and not (Path(folder) / "results.cols").exists():
+        raise ValueError(f"{folder}: the folder holds no {RESULTS_FILE} or results.cols (give a bench --output-dir "
+                         "or a results file)")
+    return p
+
+
 def iter_results(path: str | Path) -> Iterator[BenchRecord]:
     """The records of a results JSONL file (or its folder) one at a time (blank lines skipped).
 
@@ -146,7 +156,7 @@ def iter_results(path: str | Path) -> Iterator[BenchRecord]:
     """
     p = Path(path)
     if p.is_dir():
-        p = p / RESULTS_FILE
+        p = results_file_in(p)
     elif p.name == SUMMARY_FILE:
         raise ValueError(f"{p} is the bench's summary; give its {RESULTS_FILE} (or the folder)")
     with open(p, "rb") as f:
