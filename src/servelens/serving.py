@@ -13,6 +13,7 @@ import os
 import re
 import resource
 import signal
+import socket
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -127,8 +128,14 @@ async def serve_until_signal(name: str, url: str, stop: Callable[[], Awaitable[N
 
 def listen_error(host: str, port: int, exc: OSError) -> OSError:
     """A one-line error for an address that cannot be listened on (``exc`` from binding or resolving
-    ``host``): ``cannot listen on HOST:PORT: <reason>``."""
-    return OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
+    ``host``): ``cannot listen on HOST:PORT: <reason>``, the reason being the OS's text for the error
+    number (``Address already in use``): asyncio's own text repeats the address ("error while attempting
+    to bind on address ('127.0.0.1', 18082): address already in use"). A resolver error keeps its text."""
+    if isinstance(exc.errno, int) and exc.errno > 0 and not isinstance(exc, socket.gaierror):
+        reason = os.strerror(exc.errno)
+    else:
+        reason = exc.strerror or str(exc)
+    return OSError(f"cannot listen on {host}:{port}: {reason}")
 
 
 def client_error_reason(exc: BaseException) -> str:
