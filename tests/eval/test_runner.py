@@ -3,14 +3,16 @@ function calling."""
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 
 from servelens.eval.records import read_run
-from servelens.eval.runner import EvalConfig, run_eval
+from servelens.eval.runner import EvalConfig, EvalResult, print_summary, run_eval
 from servelens.eval.suites import answer_key, read_text_suite, select
 from servelens.eval.testing import Endpoint, key_of
 from servelens.sim.answers import AnswerPolicy, answers_right
@@ -242,3 +244,19 @@ def test_bfcl_select_by_conversation() -> None:
 
     convs = select(read_bfcl(packaged_data("bfcl"))[0], None, 3)
     assert [len(c.turns) for c in convs] == [4, 4, 5]
+
+
+def test_summary_title_never_breaks_the_url() -> None:
+    """The title wrapped at the table's width and cut the URL ("/v1/chat/completio" over "ns"); a word
+    wider than the table now stays whole."""
+    url = "http://127.0.0.1:45678/v1/chat/completions"
+    s = {"suite": "gsm8k", "model": "sim-model", "url": url, "runs": 1, "headline": "accuracy",
+         "sd_over_runs": None, "per_run": [0.8], "mean": 0.8, "per_group": {}, "temperature_sent": True,
+         "temperature": 0, "items": 10, "max_tokens": 512, "requests_sent": 10, "retries": 0, "cache_hits": 0,
+         "failed": 0, "extraction_failures": 0, "output_tokens_per_s_during_eval": None,
+         "fresh_completion_tokens": 0}
+    buf = io.StringIO()
+    print_summary(EvalResult((), s, Path("out")), Console(file=buf, width=80))
+    lines = buf.getvalue().splitlines()
+    assert lines[0].strip() == f"servelens eval gsm8k: sim-model at {url}"
+    assert lines[1].startswith("┏")  # the table right under it, narrower than the title

@@ -19,6 +19,7 @@ from rich.table import Table
 
 from servelens.eval.compare import CompareRow, Comparison, group_rows
 from servelens.eval.stats import SPREAD_FACTOR
+from servelens.formats.table import whole_words
 
 JSON_FIELDS = ("accuracy_a", "accuracy_b", "only_a", "only_b", "p_value", "real_difference")
 
@@ -51,7 +52,7 @@ HEADERS = ("Eval", "A", "B", "only A", "only B", "p", "Real difference?")
 
 def rich_table(c: Comparison) -> Table:
     """The comparison as a rich table (:func:`notes` go under it)."""
-    t = Table(title=f"servelens eval compare: A = {c.dir_a}, B = {c.dir_b} (alpha {c.alpha:g})")
+    t = Table(title=whole_words(f"servelens eval compare: A = {c.dir_a}, B = {c.dir_b} (alpha {c.alpha:g})"))
     for h in HEADERS:
         t.add_column(h, justify="left" if h in ("Eval", "Real difference?") else "right")
     for r in c.rows:

@@ -42,7 +42,7 @@ from servelens.eval.suites import (
     score_text,
     select,
 )
-from servelens.formats.table import fit_to
+from servelens.formats.table import fit_to, whole_words
 from servelens.serving import client_error_reason
 
 DEFAULT_OUTPUT_DIR = "eval-results"
@@ -423,7 +423,7 @@ def print_summary(result: EvalResult, console: Console | None = None) -> None:
     """The summary as a rich table (per run, mean ± SD, per group) and the counts under it."""
     s = result.summary
     console = console or Console()
-    t = Table(title=f"servelens eval {s['suite']}: {s['model']} at {s['url']}")
+    t = Table(title=whole_words(f"servelens eval {s['suite']}: {s['model']} at {s['url']}"))
     t.add_column("group")
     for k in range(s["runs"]):
         t.add_column(f"run {k}", justify="right")

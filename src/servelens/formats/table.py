@@ -13,6 +13,7 @@ from dataclasses import asdict
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from servelens.core.summary import LOW_COUNT, BucketRow
 
@@ -309,6 +310,13 @@ def cells_wrap(table: Table, width: int) -> bool:
         return False
     body = [line for line in lines[head_end + 1:] if line.startswith("│")]
     return len(body) > table.row_count
+
+
+def whole_words(text: str) -> Text:
+    """A table title that wraps between words only: a word wider than the table (a URL, a path) stays
+    whole on a line of its own, reaching past the table's edge, instead of being cut where the table
+    ends ("/v1/chat/completion" over "s")."""
+    return Text(text, overflow="ignore")
 
 
 def fit_to(table: Table, width: int) -> bool:
