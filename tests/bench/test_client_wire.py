@@ -3,6 +3,7 @@ and outcomes are read as the gateway reads them (servelens.core.stream)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import aiohttp
@@ -10,7 +11,7 @@ import pytest
 
 from servelens.bench.client import RequestSpec, send_request
 from servelens.formats.results import BenchRecord
-from servelens.gateway.testing import run_scripted_upstream
+from servelens.gateway.testing import raw_tcp_server, read_http_request, run_scripted_upstream
 
 
 def ev(obj: object) -> bytes:
@@ -73,3 +74,33 @@ async def test_streams_that_produced_nothing_or_said_they_failed_are_errors(
     assert rec.status == "error" and rec.error_type == error_type
     if "boom" in b"".join(stream).decode():
         assert "boom" in rec.error
+
+
+@pytest.mark.parametrize(
+    ("framing", "error"),
+    [
+        ("chunked", "connection closed mid-stream: the response ended before its last chunk (chunked encoding)"),
+        ("length", "connection closed mid-stream: the response ended before its Content-Length (received "
+                   f"{len(chunk('a', None))} of {2 * len(chunk('a', None))} bytes)"),
+    ],
+)
+async def test_a_body_cut_short_is_said_in_words_without_aiohttps_code(framing: str, error: str) -> None:
+    """A gateway worker killed mid-stream: the text was aiohttp's "<TransferEncodingError: 400, message=...>"
+    beside http_status 200, and the 400 (aiohttp's parser code) reads as an HTTP status."""
+    one = chunk("a", None)
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_http_request(r)
+        if framing == "chunked":  # one whole chunk, then part of the next, then the connection closes
+            w.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                    + b"%x\r\n%s\r\n" % (len(one), one) + b"%x\r\n%s" % (len(one), one[:5]))
+        else:  # half of the body its Content-Length promises
+            w.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n%s"
+                    % (2 * len(one), one))
+        await w.drain()
+
+    async with raw_tcp_server(handler) as (port, _), aiohttp.ClientSession() as session:
+        spec = RequestSpec(0, 0, 5, 4, b'{"model": "fake-model", "stream": true, "max_tokens": 4}')
+        rec = await send_request(session, f"http://127.0.0.1:{port}/v1/chat/completions", spec)
+    assert (rec.status, rec.error_type, rec.http_status, rec.error) == ("error", "truncated_stream", 200, error)
+    assert rec.chunk_tokens == (1,)  # the whole chunk before the cut was read

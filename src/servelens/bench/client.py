@@ -13,12 +13,14 @@ moved carries tokens even with empty text), else one per output chunk.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import msgspec
+from aiohttp.http_exceptions import ContentLengthError, TransferEncodingError
 
 from servelens.core.openai import parse_chunk, parse_response
 from servelens.core.sse import SSEDecoder
@@ -92,6 +94,22 @@ def error_message(body: bytes) -> str:
         return msg[:300]
     text = body.decode("utf-8", "replace").strip()
     return text[:300] if text else "(empty body)"
+
+
+def payload_error_text(exc: aiohttp.ClientPayloadError) -> str:
+    """What a body cut short means, in words: aiohttp's text ("Response payload is not completed:
+    <TransferEncodingError: 400, message='Not enough data to satisfy transfer length header.'>") carries
+    its parser's internal code 400, which reads as an HTTP status on a response whose status was 200.
+    The parser error is the exception's cause (aiohttp sets it); its message is kept without the code."""
+    cause = exc.__cause__
+    if isinstance(cause, TransferEncodingError):
+        return "connection closed mid-stream: the response ended before its last chunk (chunked encoding)"
+    if isinstance(cause, ContentLengthError):
+        got = re.search(r"received \d+ of \d+ bytes", str(cause.message))
+        return ("connection closed mid-stream: the response ended before its Content-Length"
+                + (f" ({got.group(0)})" if got else ""))
+    detail = getattr(cause, "message", None) or str(exc)
+    return f"connection closed mid-stream: {str(detail).rstrip('.')}"
 
 
 async def send_request(
@@ -191,7 +209,7 @@ async def send_request(
     except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
         error_type, error = "response_timeout", f"timeout: {exc or type(exc).__name__}"
     except aiohttp.ClientPayloadError as exc:
-        error_type, error = "truncated_stream", f"connection broke mid-stream: {exc}"
+        error_type, error = "truncated_stream", payload_error_text(exc)
     except aiohttp.ClientConnectionError as exc:
         error_type = "truncated_stream" if chunk_ns else "unavailable"
         error = f"connection error: {exc}"
