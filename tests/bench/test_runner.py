@@ -2,6 +2,7 @@
 
 import json
 from pathlib import Path
+from typing import Any
 from typing import Any as Upstream  # the fixture type lives in conftest.py
 
 import pytest
@@ -143,6 +144,49 @@ async def test_client_and_server_tables_are_never_cropped(upstream: Upstream, wi
     assert max(len(line) for line in lines) <= width
     assert "…" not in buf.getvalue()  # no header or cell cut
     one = "Client vs server" in buf.getvalue()  # the side-by-side table, else the client's and the server's
-    assert len(tops) == (1 if one else 2) and (one or "Server (gateway /metrics)" in buf.getvalue())
+    assert len(tops) == (1 if one else 2) and (one or "Server (/metrics)" in buf.getvalue())  # no scrape: unnamed
     if width in (80, 200):  # too narrow for side by side / wide enough
         assert one == (width == 200)
+
+
+async def test_server_table_names_what_served_the_metrics(upstream: Upstream) -> None:
+    """The title said "gateway /metrics" whatever --metrics-url pointed at. A scrape with the gateway's
+    own series is a gateway's; the ASGI middleware's (an engine's own /metrics) is not, and the table
+    names its address."""
+    import dataclasses
+    import io
+
+    import aiohttp
+    from prometheus_client import CollectorRegistry, generate_latest
+    from rich.console import Console
+
+    from servelens.asgi import MetricsMiddleware
+    from servelens.asgi.testing import TinyApp, call
+    from servelens.bench import print_result
+    from servelens.bench.control import server_kind
+    from servelens.formats.metrics_text import parse_scrape
+    from servelens.gateway.testing import run_gateway
+
+    reg = CollectorRegistry()
+    tiny = TinyApp()
+    mw = MetricsMiddleware(tiny, registry=reg, isl_buckets="512", model="tiny", environ={})
+    await call(mw, "/v1/chat/completions", {"model": "tiny", "messages": [], "stream": True, "max_tokens": 3},
+               scope_extra={"app": tiny})
+    assert server_kind(parse_scrape(generate_latest(reg).decode())) == "server"
+    async with run_gateway(upstream.url) as gw, aiohttp.ClientSession() as session, \
+            session.get(gw.metrics_url) as resp:
+        assert server_kind(parse_scrape(await resp.text())) == "gateway"
+
+    res = await run_bench(BenchConfig(url=upstream.url, isl="300", osl="3", num_requests=2))
+    res = dataclasses.replace(res, server_rows=res.client_rows)
+
+    def titles(summary: dict[str, Any]) -> list[str]:
+        buf = io.StringIO()
+        print_result(dataclasses.replace(res, summary=summary), Console(file=buf, width=250, color_system=None))
+        return [line.strip() for line in buf.getvalue().splitlines() if "Client vs server" in line]
+
+    config = {**res.summary["config"], "metrics_url": "http://127.0.0.1:8000/metrics"}
+    assert titles({**res.summary, "config": config, "server_kind": "server"}) == [
+        "Client vs server (127.0.0.1:8000/metrics)"]
+    assert titles({**res.summary, "config": config, "server_kind": "gateway"}) == [
+        "Client vs server (gateway /metrics)"]

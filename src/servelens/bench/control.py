@@ -17,6 +17,7 @@ from servelens.core.openai import parse_chunk
 from servelens.core.sse import SSEDecoder
 from servelens.core.summary import BucketRow, rows_from_histograms, summed_over_buckets
 from servelens.formats.metrics_text import Scrape, bucket_histograms, parse_scrape
+from servelens.prometheus.connections import MAX_CONNECTIONS
 from servelens.prometheus.names import MetricNames
 from servelens.serving import client_error_reason
 
@@ -151,15 +152,22 @@ async def quiet_scrape(session: aiohttp.ClientSession, config: BenchConfig) -> S
         await asyncio.sleep(0.02)
 
 
+def server_kind(scrape: Scrape) -> str:
+    """What serves a ``/metrics``: ``gateway`` when the scrape has the gateway's own
+    ``servelens_gateway_max_connections`` (every gateway exports it, in the sidecar mode too), else
+    ``server`` (the ASGI middleware inside an engine, or any other exporter of the families)."""
+    return "gateway" if any(name == MAX_CONNECTIONS for name, _ in scrape.samples) else "server"
+
+
 async def fetch_server_rows(
     session: aiohttp.ClientSession, config: BenchConfig, before: Scrape, expect: int
-) -> tuple[tuple[BucketRow, ...], tuple[BucketRow, ...] | None, bool]:
+) -> tuple[tuple[BucketRow, ...], tuple[BucketRow, ...] | None, bool, str]:
     """Rows from ``after - before``; the rows per uncached bucket from the same scrapes when
-    ``config.uncached_buckets`` is set (empty when the server has no such families), else None; and
+    ``config.uncached_buckets`` is set (empty when the server has no such families), else None;
     whether the "all requests" row is the by-ISL histograms summed over the buckets (an endpoint
-    without the stock families: a ``--by-isl-only`` sidecar gateway). Waits (bounded, 3 s) until the
-    server has recorded ``expect`` requests, since a proxy records a request just after its last
-    bytes reach the client."""
+    without the stock families: a ``--by-isl-only`` sidecar gateway); and :func:`server_kind` of the
+    scrape. Waits (bounded, 3 s) until the server has recorded ``expect`` requests, since a proxy
+    records a request just after its last bytes reach the client."""
     assert config.metrics_url is not None
     names = MetricNames(config.metrics_prefix)
     deadline = time.monotonic() + 3.0
@@ -175,12 +183,14 @@ async def fetch_server_rows(
         if seen >= expect or time.monotonic() > deadline:
             break
         await asyncio.sleep(0.05)
+    kind = server_kind(after)
     if not per_bucket and all_h.duration is None:
-        return (), (None if config.uncached_buckets is None else ()), False
+        return (), (None if config.uncached_buckets is None else ()), False, kind
     all_row = overall if summed else all_h
     rows = tuple(rows_from_histograms(per_bucket, all_row))
     from_buckets = summed and overall is not None
     if config.uncached_buckets is None:
-        return rows, None, from_buckets
+        return rows, None, from_buckets, kind
     per_uncached, _ = bucket_histograms(after, names, before, by="uncached")
-    return rows, (tuple(rows_from_histograms(per_uncached, all_row)) if per_uncached else ()), from_buckets
+    return (rows, (tuple(rows_from_histograms(per_uncached, all_row)) if per_uncached else ()), from_buckets,
+            kind)

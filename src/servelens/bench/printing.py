@@ -3,6 +3,8 @@ and a few summary lines."""
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from rich.console import Console
 
 from servelens.bench.summary import BenchResult
@@ -10,6 +12,19 @@ from servelens.core.clumping import detect_clumping
 from servelens.formats.columnar import COLUMNS_DIR
 from servelens.formats.slo_table import attainment_table
 from servelens.formats.table import UNCACHED_HEADER, cells_wrap, fit_to, fitted_table, side_by_side
+
+
+def server_source(result: BenchResult) -> str:
+    """How the tables name the server side: ``gateway /metrics`` when a servelens gateway served the
+    scrape (:func:`~servelens.bench.control.server_kind`), else the scraped address without its scheme
+    (``127.0.0.1:8000/metrics``: the ASGI middleware's engine, another exporter), else ``/metrics``."""
+    if result.summary.get("server_kind") == "gateway":
+        return "gateway /metrics"
+    url = (result.summary.get("config") or {}).get("metrics_url")
+    if url:
+        parts = urlsplit(url)
+        return f"{parts.netloc}{parts.path}"
+    return "/metrics"
 
 
 def print_result(result: BenchResult, console: Console | None = None) -> None:
@@ -41,14 +56,15 @@ def print_result(result: BenchResult, console: Console | None = None) -> None:
         title += " [CLIENT FIGURES NOT TRUSTWORTHY]"
     if clumping.clumped:
         title += " [TOKENS ARRIVE IN CLUMPS: A PROXY BUFFERS THE STREAM]"
-    both = side_by_side(result.client_rows, result.server_rows, title=title + "\nClient vs server (gateway "
-                        "/metrics)", notes=lines) if result.server_rows else None
+    source = server_source(result)
+    both = side_by_side(result.client_rows, result.server_rows, title=f"{title}\nClient vs server ({source})",
+                        notes=lines) if result.server_rows else None
     if both is not None and fit_to(both, console.width) and not cells_wrap(both, console.width):
         console.print(both)  # one table: the client's figures beside the server's, no cell wrapped
     elif both is not None:  # a narrower terminal: the client's table, then the server's
         console.print(fitted_table(result.client_rows, console.width, title=title + "\nClient (exact percentiles)",
                                    caption="\n".join(lines)))
-        console.print(fitted_table(result.server_rows or [], console.width, title="Server (gateway /metrics)"))
+        console.print(fitted_table(result.server_rows or [], console.width, title=f"Server ({source})"))
     else:
         console.print(fitted_table(result.client_rows, console.width, title=title, caption="\n".join(lines)))
         if s.get("server_error"):
@@ -79,7 +95,8 @@ def _print_uncached(result: BenchResult, console: Console) -> None:
     assert result.uncached_client_rows is not None
     title = "By uncached prompt tokens (ISL - cached tokens; requests without cached tokens: 'all' only)"
     server = result.uncached_server_rows
-    table = (side_by_side(result.uncached_client_rows, server, title=title + "\nClient vs server (gateway /metrics)",
+    source = server_source(result)
+    table = (side_by_side(result.uncached_client_rows, server, title=f"{title}\nClient vs server ({source})",
                           label_header=UNCACHED_HEADER) if server else None)
     if table is not None and fit_to(table, console.width) and not cells_wrap(table, console.width):
         console.print(table)
@@ -88,6 +105,6 @@ def _print_uncached(result: BenchResult, console: Console) -> None:
                                    title=title + ("\nClient (exact percentiles)" if server else "")))
         if server:
             console.print(fitted_table(server, console.width, label_header=UNCACHED_HEADER,
-                                       title="Server (gateway /metrics)"))
+                                       title=f"Server ({source})"))
     if server is not None and not server:
         console.print("server side by uncached prompt tokens: none (run the gateway with --uncached-buckets)")

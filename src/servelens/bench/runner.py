@@ -167,10 +167,11 @@ async def run_bench(config: BenchConfig) -> BenchResult:
         server_uncached = None
         server_error = None
         all_from_buckets = False
+        kind = None
         if config.metrics_url and before is not None:
             expect = sum(1 for r in done if r.http_status is not None)
             try:
-                server_rows, server_uncached, all_from_buckets = await fetch_server_rows(
+                server_rows, server_uncached, all_from_buckets, kind = await fetch_server_rows(
                     session, config, before, expect)
             except ValueError as exc:  # the server's side is missing, the client's figures stand
                 server_error = str(exc)
@@ -189,6 +190,8 @@ async def run_bench(config: BenchConfig) -> BenchResult:
         summary["client_rows_by_uncached"] = [asdict(r) for r in client_uncached]
         summary["server_rows_by_uncached"] = ([asdict(r) for r in server_uncached]
                                               if server_uncached is not None else None)
+    if kind is not None:  # what served the scrape: the tables name it
+        summary["server_kind"] = kind
     if all_from_buckets:  # a sidecar (--by-isl-only) exports no stock histograms
         summary["server_all_from_buckets"] = True
     slo = config.slo
