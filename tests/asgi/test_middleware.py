@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
 from collections.abc import MutableMapping
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -269,3 +272,42 @@ async def test_send_failing_under_an_app_that_rewraps_it_is_cancelled() -> None:
     assert _v(reg, "requests_total", model="tiny", endpoint="chat_completions", request_type="stream",
               status="error", error_type="cancelled") == 1
     assert _requests(reg) == 1
+
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+_README_RUN = '''
+import asyncio, sys
+from servelens.asgi.testing import call, lifespan
+
+exec(compile(sys.argv[1], "README.md", "exec"))
+app.add_api_route("/v1/chat/completions", lambda: {}, methods=["POST"])  # "your routes" (not called here)
+
+
+async def main() -> None:
+    started = [m["type"] for m in await lifespan(app)]
+    got = await call(app, "/metrics", b"", method="GET")
+    print(started, got.status, dict(got.headers).get(b"content-type", b"").decode())
+    print(got.body.decode())
+
+asyncio.run(main())
+'''
+
+
+def test_readme_fastapi_example_serves_metrics_at_metrics() -> None:
+    """The README's "Another ASGI server" snippet, as written plus a chat route where its comment says
+    "your routes", in a fresh interpreter (it uses prometheus_client's default registry): ``GET /metrics``
+    answers 200 with the by-ISL families at zero, what ``curl .../metrics | grep time_to_first_token_by_isl``
+    reads. Its first version mounted ``make_asgi_app()`` at ``/metrics``, which Starlette answers with a 307
+    to ``/metrics/``: curl printed nothing."""
+    text = README.read_text()
+    start = text.index("```python\n", text.index("**Another ASGI server.**")) + len("```python\n")
+    snippet = text[start:text.index("```", start)]
+    proc = subprocess.run([sys.executable, "-c", _README_RUN, snippet], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    head, _, body = proc.stdout.partition("\n")
+    assert head.startswith("['lifespan.startup.complete', 'lifespan.shutdown.complete'] 200 text/plain; version=")
+    family = "servelens_time_to_first_token_by_isl_seconds_count"
+    assert [line for line in body.splitlines() if line.startswith(family)] == [
+        f'{family}{{isl_bucket="{b}",model="my-model"}} 0.0' for b in ("0-1024", "1025-4096", "4097-8192", "8193+")]
