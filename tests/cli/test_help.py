@@ -86,3 +86,13 @@ def test_bench_examples_pair_the_url_with_its_own_metrics() -> None:
         metrics = re.search(r"--metrics-url (http://[^/\s]+)", line)
         if url and metrics:
             assert url[1] == metrics[1], line  # the gateway serves both on one port
+
+
+@pytest.mark.parametrize("command", ["bench", "report", "explain", "gateway", "dashboard"])
+def test_slo_itl_help_says_it_judges_each_requests_tpot(command: str) -> None:
+    """``--slo-itl`` is judged on each request's mean ITL, which vLLM's benchmark calls TPOT: every
+    command that takes it says so (the README named neither)."""
+    (action, parser), = [(a, p) for cmd, p, a in OPTIONS
+                         if cmd == f"servelens {command}" and "--slo-itl" in a.option_strings]
+    text = _help_text(parser, action)
+    assert "mean ITL" in text and "TPOT" in text, text

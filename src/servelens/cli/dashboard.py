@@ -60,7 +60,8 @@ def add_parser(subparsers: Any) -> None:
                    "counted at the largest le edge at or below the threshold (a lower bound unless it is an edge; "
                    "default: none)")
     p.add_argument("--slo-itl", metavar="SPEC",
-                   help="ITL SLO, as --slo-ttft (the share of tokens within it; default: none)")
+                   help="ITL SLO, as --slo-ttft (histograms: the share of tokens within it; --slo-from counters: of "
+                   "requests whose mean ITL, their TPOT, is; default: none)")
     p.add_argument("--ttft-edges", metavar="EDGES",
                    help="the TTFT le edges the server exports, for the attainment rules: fine, dynamo or "
                    "S1,S2,... as the gateway's flag (default: the prefix's, fine for servelens' names)")

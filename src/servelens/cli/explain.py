@@ -91,7 +91,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--slo-ttft", metavar="SPEC",
                    help="TTFT SLO in seconds: attainment per bucket and goodput (default: none)")
     p.add_argument("--slo-itl", metavar="SPEC",
-                   help="ITL SLO in seconds: attainment per bucket and goodput (default: none)")
+                   help="ITL SLO in seconds, as --slo-ttft (--results: each request's mean ITL, its TPOT; histograms: "
+                   "each token): attainment per bucket and goodput (default: none)")
     p.add_argument("--capacity", action="store_true",
                    help="with --results or --metrics: where the capacity is short in each window (TTFT split into "
                    "queue and prefill per bucket, the prefill throughput fit; see servelens report --capacity)")

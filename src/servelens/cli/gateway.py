@@ -91,7 +91,7 @@ def add_parser(subparsers: Any) -> None:
                    "0-512=0.5,...; seconds), exactly, in {prefix}_requests_within_slo_by_isl_total (default: none, "
                    "no SLO counters)")
     p.add_argument("--slo-itl", metavar="SPEC",
-                   help="the same for each request's mean ITL, seconds (as --slo-ttft; default: none)")
+                   help="the same for each request's mean ITL (its TPOT), seconds (as --slo-ttft; default: none)")
     p.add_argument("--no-uvloop", action="store_true", help="use the default asyncio loop")
     p.set_defaults(func=run)
 

@@ -85,8 +85,8 @@ def add_parser(subparsers: Any) -> None:
                    help="TTFT SLO in seconds (2.0 | 0.5+0.0002*isl | 0-512=0.5,...): attainment per bucket and "
                    "goodput; exact from --results, bounds from histograms (exact only at an le edge; default: none)")
     p.add_argument("--slo-itl", metavar="SPEC",
-                   help="ITL SLO, as --slo-ttft (--results: each request's mean ITL; histograms: each token; "
-                   "default: none)")
+                   help="ITL SLO, as --slo-ttft (--results and --slo-from counters: each request's mean ITL, its "
+                   "TPOT; histograms: each token; default: none)")
     p.add_argument("--slo-from", choices=("histograms", "counters"), default="histograms",
                    help="with --metrics/--prometheus: histograms (bounds, exact at an le edge) or counters "
                    "(exact: the gateway's --slo-ttft/--slo-itl counters; give the gateway's SLOs here) "
