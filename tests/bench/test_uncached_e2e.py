@@ -93,6 +93,13 @@ async def test_uncached_buckets_and_hit_ratio_client_and_server_agree(tmp_path: 
     assert isl_rows["2049-4096"]["cache_hit_ratio"] == pytest.approx(cached / prompt)
     every = [s1.value(name) - s0.value(name) for name in (n.cached_by_isl + "_sum", n.prompt_tokens_by_isl)]
     assert isl_rows["all"]["cache_hit_ratio"] == pytest.approx(every[0] / every[1])  # the probes too
+    # by uncached buckets, "all requests" is the same requests with the same hit ratio (it was None, "-",
+    # beside the bench's server table, which showed it); the uncached buckets have no cached tokens
+    by_uncached = {r.bucket: r for r in rep.rows}
+    assert by_uncached["all"].cache_hit_ratio == pytest.approx(every[0] / every[1])
+    assert all(by_uncached[label].cache_hit_ratio is None for label in UNCACHED.labels)
+    bench_all = next(r for r in warm.uncached_server_rows or () if r.bucket == "all")
+    assert bench_all.cache_hit_ratio == next(r for r in warm.server_rows or () if r.bucket == "all").cache_hit_ratio
     assert isl_rows["513-1024"]["cache_hit_ratio"] is None  # no request there: unknown, not 0
 
 

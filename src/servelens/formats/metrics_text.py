@@ -128,7 +128,8 @@ def bucket_histograms(
     Returns ``(per_bucket, all_requests)``; ``per_bucket`` is empty when the scrape has no by-ISL
     families (bucketing off on that server). Each ISL bucket's ``prompt_tokens`` is its
     ``prompt_tokens_by_isl_total`` (None when the server does not export it), and "all"'s their sum
-    with the by-ISL cached tokens beside it, so every row's hit ratio counts the same requests.
+    with the by-ISL cached tokens beside it, so every row's hit ratio counts the same requests; with
+    ``by="uncached"`` too ("all" is the same requests; the uncached buckets have no cached tokens).
     Raises ValueError when a counter is lower in ``after`` than in ``before`` (swapped scrapes, or a
     restart in between).
     """
@@ -162,11 +163,12 @@ def bucket_histograms(
             b = before.histograms_by(fam, (label,), match)
             a = {k: v.minus(b[k]) if k in b else v for k, v in a.items()}
         got[key] = a
+    # the hit ratio's prompt tokens per ISL bucket; "all" is the same requests whatever the rows' buckets
     prompt: dict[str, float] | None = None
-    if by == "isl" and any(s == names.prompt_tokens_by_isl for s, _ in after.samples):
-        prompt = after.values_by(names.prompt_tokens_by_isl, label, match)
+    if any(s == names.prompt_tokens_by_isl for s, _ in after.samples):
+        prompt = after.values_by(names.prompt_tokens_by_isl, "isl_bucket", match)
         if before is not None:
-            earlier = before.values_by(names.prompt_tokens_by_isl, label, match)
+            earlier = before.values_by(names.prompt_tokens_by_isl, "isl_bucket", match)
             prompt = {k: v - earlier.get(k, 0.0) for k, v in prompt.items()}
     labels = sorted({k[0] for d in got.values() for k in d})
     per_bucket = {
@@ -175,11 +177,15 @@ def bucket_histograms(
             itl=got["itl"].get((bucket,)),
             duration=got["duration"].get((bucket,)),
             cached=got.get("cached", {}).get((bucket,)),
-            prompt_tokens=prompt.get(bucket) if prompt is not None else None,
+            prompt_tokens=prompt.get(bucket) if prompt is not None and by == "isl" else None,
         )
         for bucket in labels
     }
-    hit_cached = sum(h.cached.sum for h in per_bucket.values() if h.cached is not None) if prompt else None
+    hit_cached = None
+    if prompt:  # the by-ISL cached tokens of the same requests (the stock histogram counts more)
+        cached_isl = _sub(after.histogram(names.cached_by_isl, match),
+                          before.histogram(names.cached_by_isl, match) if before else None)
+        hit_cached = cached_isl.sum if cached_isl is not None else None
     all_h = BucketHistograms(
         ttft=_sub(after.histogram(names.ttft, match), before.histogram(names.ttft, match) if before else None),
         itl=_sub(after.histogram(names.itl, match), before.histogram(names.itl, match) if before else None),
@@ -189,7 +195,7 @@ def bucket_histograms(
         cached=_sub(
             after.histogram(names.cached, match), before.histogram(names.cached, match) if before else None
         ),
-        prompt_tokens=sum(prompt.values()) if prompt is not None else None,
+        prompt_tokens=sum(prompt.values()) if prompt is not None and hit_cached is not None else None,
         hit_cached_tokens=hit_cached,
     )
     return per_bucket, all_h
