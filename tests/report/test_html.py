@@ -208,3 +208,25 @@ def test_report_renders_in_chromium_with_drawn_charts(tmp_path: Path) -> None:
     assert plots[-1].points >= 3
     png = browser.screenshot(chromium, path, tmp_path / "r.png", 1024, 2000)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bar_charts_draw_every_set_of_rows_given_the_demos_three_phases() -> None:
+    """The demo gives three phases (two compared, the third as an extra table); the bar charts drew only
+    the first two. Each source keeps the percentile's hue, in its own style, named in the note."""
+    phases = [rows_from_samples(_samples({100: 20 + k, 700: 20, 2000: 20 + 2 * k}), B) for k in range(3)]
+    names = ("phase 1: baseline", "phase 2: shift")
+    figs = _figures(render_html(phases[0], compare_rows=phases[1], names=names,
+                                extra_tables=[("phase 3: slow", phases[2])]))
+    every = (*names, "phase 3: slow")
+    ttft, itl, requests = figs[0]["data"], figs[1]["data"], figs[2]["data"]
+    assert [t["name"] for t in ttft] == [f"{p} ({n})" for p in ("p50", "p95", "p99") for n in every]
+    assert [t["name"] for t in itl] == [f"{p} ({n})" for p in ("p50", "p95") for n in every]
+    assert [t["name"] for t in requests] == list(every)
+    assert [t["y"] for t in requests] == [[20.0 + k, 20.0, 20.0 + 2 * k] for k in range(3)]
+    third = next(t for t in ttft if t["name"] == "p95 (phase 3: slow)")
+    assert third["marker"]["line"]["color"] == palette.PERCENTILE["p95"]
+    assert (third["marker"]["color"], third["marker"]["pattern"]["shape"]) == (
+        palette.lighter(palette.PERCENTILE["p95"], 0.3), "x")
+    page = render_html(phases[0], compare_rows=phases[1], names=names, extra_tables=[("phase 3: slow", phases[2])])
+    assert ("Solid: phase 1: baseline; lighter, hatched /: phase 2: shift; hatched x: phase 3: slow."
+            in page)

@@ -11,8 +11,8 @@ single TTFT p95 of every request beside the same at a reference mix, then the pe
 whose data it is and how a point is made.
 
 Colours have one meaning in every chart (:mod:`servelens.report.palette`): a percentile's hue is the
-same for both sources of a comparison (the second lighter and hatched), buckets have their own cool
-hues (and marker shapes), all requests are black, counts grey. Buckets are in numeric order
+same for every source of a comparison (the second lighter and hatched, a third cross-hatched), buckets
+have their own cool hues (and marker shapes), all requests are black, counts grey. Buckets are in numeric order
 everywhere (categorical axes with an explicit category array, legends in bucket order).
 """
 
@@ -68,14 +68,15 @@ def _ms(x: float | None) -> float | None:
 
 @dataclass(frozen=True)
 class _BarSet:
-    """One bar trace: its legend name and group, values, colour, whether it is the second source
-    (lighter, hatched), and per-bar marks (text over the bar) with their hover lines."""
+    """One bar trace: its legend name and group, values, colour, which source it is (0: the first, solid;
+    1, 2, ...: :data:`~servelens.report.palette.SOURCE_STYLES`), and per-bar marks (text over the bar)
+    with their hover lines."""
 
     name: str
     group: str
     ys: list[float | None]
     colour: str
-    second: bool = False
+    source: int = 0
     marks: list[str] | None = None
     hover: list[str] | None = None
 
@@ -84,9 +85,10 @@ def _bars(title: str, y_title: str, labels: list[str], sets: list[_BarSet]) -> g
     fig = go.Figure()
     for b in sets:
         marker: dict[str, object] = {"color": b.colour, "line": {"color": b.colour, "width": 1}}
-        if b.second:
-            marker = {"color": palette.lighter(b.colour), "line": {"color": b.colour, "width": 1},
-                      "pattern": {"shape": palette.SECOND_PATTERN, "fgcolor": b.colour, "solidity": 0.25}}
+        if b.source:
+            amount, shape = palette.SOURCE_STYLES[b.source % len(palette.SOURCE_STYLES)]
+            marker = {"color": palette.lighter(b.colour, amount), "line": {"color": b.colour, "width": 1},
+                      "pattern": {"shape": shape, "fgcolor": b.colour, "solidity": 0.25}}
         fig.add_trace(go.Bar(
             name=b.name, legendgroup=b.group, x=labels, y=b.ys, marker=marker,
             text=b.marks, textposition="outside", cliponaxis=False,
@@ -200,15 +202,20 @@ def _figures(
     names: tuple[str, str],
     overall: AllRequestsSeries | None = None,
     marks: Sequence[tuple[float, str]] = (),
+    extra: Sequence[tuple[str, Sequence[BucketRow]]] = (),
 ) -> list[tuple[go.Figure | None, str]]:
     """The charts in page order, each with its note (plain text, may be empty; a chart of None: only
-    the note, saying why there is no chart)."""
-    labels = bucket_order(list(rows) + list(compare_rows or []))
+    the note, saying why there is no chart). The bar charts draw every set of rows given: ``rows``,
+    ``compare_rows`` and each of ``extra`` (the extra tables: the demo's third phase), in that order."""
     sets: list[tuple[str, dict[str, BucketRow]]] = [(names[0], {r.bucket: r for r in rows})]
     if compare_rows is not None:
         sets.append((names[1], {r.bucket: r for r in compare_rows}))
-    two = compare_rows is not None
-    pair_note = f"Solid: {names[0]}; lighter, hatched: {names[1]}." if two else ""
+    sets += [(caption, {r.bucket: r for r in more}) for caption, more in extra]
+    labels = bucket_order([r for _, by in sets for r in by.values()])
+    two = len(sets) > 1
+    words = palette.SOURCE_WORDS
+    pair_note = ("; ".join(f"{words[i % len(words)].capitalize() if i == 0 else words[i % len(words)]}: {src}"
+                           for i, (src, _) in enumerate(sets)) + ".") if two else ""
 
     def pct(attr: str) -> list[_BarSet]:
         tag = attr.split("_")[1]  # ttft_p95_s -> p95
@@ -221,7 +228,7 @@ def _figures(
                                                                                                     strict=True)]
             hover = [f"interpolated inside the le bucket {r[0] * 1000:.4g}-{r[1] * 1000:.4g} ms that holds every "
                      "TTFT of this bucket" if r is not None else "" for r in ranges]
-            out.append(_BarSet(f"{tag} ({src})" if two else tag, tag, ys, palette.PERCENTILE[tag], second=i == 1,
+            out.append(_BarSet(f"{tag} ({src})" if two else tag, tag, ys, palette.PERCENTILE[tag], source=i,
                                marks=marks_ if any(marks_) else None, hover=hover))
         return out
 
@@ -232,7 +239,7 @@ def _figures(
             for label in labels:
                 v = getattr(by[label], attr) if label in by else None
                 ys.append(None if v is None else float(v))
-            out.append(_BarSet(src if two else name, src, ys, palette.COUNT, second=i == 1))
+            out.append(_BarSet(src if two else name, src, ys, palette.COUNT, source=i))
         return out
 
     ttft_sets = [b for attr in ("ttft_p50_s", "ttft_p95_s", "ttft_p99_s") for b in pct(attr)]
@@ -317,7 +324,8 @@ def render_html(
         overall: the all-requests TTFT over time, raw and at a reference mix (first time chart).
         marks: ``(unix time, label)`` vertical lines on the time charts.
         notes: lines shown under the title (e.g. ``servelens explain``'s verdicts).
-        extra_tables: more ``(caption, rows)`` tables after the first ones.
+        extra_tables: more ``(caption, rows)`` tables after the first ones; their rows are drawn in the bar
+            charts too, after ``rows`` and ``compare_rows`` (the demo's three phases: every phase given).
         label_header: the bucket column's header of the first table (``Uncached prompt (tokens)`` for rows
             by uncached prompt tokens).
     """
@@ -340,7 +348,7 @@ def render_html(
                  f"Colours: percentiles warm (p50, p95, p99 darker as they rise), input-length buckets cool "
                  f"(violet for the shortest to green for the longest), all requests black, counts grey.</p>")
     plotlyjs = True
-    for fig, note in _figures(rows, timeseries, compare_rows, names, overall, marks):
+    for fig, note in _figures(rows, timeseries, compare_rows, names, overall, marks, extra_tables):
         parts.append("<div class='chart'>")
         if fig is not None:
             parts.append(fig.to_html(full_html=False, include_plotlyjs=plotlyjs,

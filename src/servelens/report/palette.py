@@ -28,6 +28,14 @@ COUNT = "#5F6B7A"
 SECOND_PATTERN = "/"
 """Hatch of the second source's bars."""
 
+SOURCE_STYLES: tuple[tuple[float, str], ...] = ((0.0, ""), (0.55, SECOND_PATTERN), (0.3, "x"), (0.75, "."))
+"""Per source of a comparison, in order: how much lighter its bars are (:func:`lighter`) and their hatch
+(none for the first). The first two are the pair's (solid; lighter, hatched ``/``); a third source (the
+demo's third phase) is lighter and cross-hatched, a fourth dotted; past four, the styles repeat."""
+
+SOURCE_WORDS = ("solid", "lighter, hatched /", "hatched x", "dotted")
+"""How a chart's note names each source's style, in :data:`SOURCE_STYLES` order."""
+
 _VIRIDIS_SPAN = (0.0, 0.82)  # stops before Viridis' yellow end, which is close to the p50 amber
 
 
