@@ -47,7 +47,7 @@ def test_rows_from_samples_every_field() -> None:
         # ITL 0.01 .. 1.00 s: linear-interpolation percentiles
         itl_p50_s=pytest.approx(0.505), itl_p95_s=pytest.approx(0.9505), mean_cached_tokens=60.0,
         ttft_mean_s=pytest.approx(0.2), exact=True, itl_p99_s=pytest.approx(0.9901),
-        cache_hit_ratio=pytest.approx(120 / 400), ttft_le_range_s=None,
+        cache_hit_ratio=pytest.approx(120 / 400), ttft_le_range_s=None, ttft_le_edges=None, itl_le_edges=None,
     )
     assert rows[1].requests == 1 and rows[1].cache_hit_ratio is None and rows[1].ttft_mean_s == 0.5
     assert rows[2] == BucketRow("1025+", 0, 0, None, None, None, None, None, None, None, True, None, None)
@@ -105,6 +105,7 @@ def test_row_from_histograms_every_field() -> None:
         ttft_p50_s=1.0, ttft_p95_s=pytest.approx(1.9), ttft_p99_s=pytest.approx(1.98),
         itl_p50_s=0.5, itl_p95_s=pytest.approx(0.95), mean_cached_tokens=15.0, ttft_mean_s=1.0, exact=False,
         itl_p99_s=pytest.approx(0.99), cache_hit_ratio=0.1, ttft_le_range_s=None,
+        ttft_le_edges="other", itl_le_edges="other",  # edges (1, 2): neither servelens' nor Dynamo's
     )
     # without a duration histogram the TTFT count is the requests; without either, 0
     no_duration = BucketHistograms(ttft=hist((0, 3, 3), 4.5), itl=None, duration=None, cached=None)

@@ -16,6 +16,7 @@ from servelens.cli.main import main
 from servelens.core.buckets import IslBuckets
 from servelens.core.summary import rows_from_samples
 from servelens.formats.results import BenchRecord, write_results
+from servelens.formats.table import format_rows
 from servelens.prometheus.frontend import FrontendMetrics
 from servelens.prometheus.names import MetricNames
 from servelens.report.html import bucket_order, render_html, write_html
@@ -387,3 +388,32 @@ def test_cli_results_use_the_bench_runs_buckets_and_refuse_the_summary(results_f
     assert rc == 0 and "513+" in out  # the flag wins
     rc, _, err = _run(["report", "--results", str(summary)])
     assert rc == 2 and "is the bench's summary; give its results.jsonl" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(("prefix", "edges", "said"), [
+    ("servelens", None, "(TTFT edges 2^(1/8) apart (servelens' fine edges, 0.977 ms to 128 s): within 9.8 % of "
+     "the value; ITL gaps of 0, chunks read together, share the first of fine ITL edges with gaps up to 0.12 ms)"),
+    ("dynamo_frontend", None, "(with Dynamo's edges TTFT jumps 0.47 s, 1 s, 2.2 s; ITL gaps of 0, chunks read "
+     "together, share the first of Dynamo's ITL edges with gaps up to 1.8 ms)"),
+    ("servelens", "custom", "(TTFT edges as the server was given them; ITL gaps of 0, chunks read together, "
+     "share the first of fine ITL edges with gaps up to 0.12 ms)"),
+])
+def test_interpolation_note_describes_the_edges_scraped(tmp_path: Path, prefix: str, edges: str | None,
+                                                        said: str) -> None:
+    """The note under a server-side table quoted Dynamo's edges ("TTFT jumps 0.47 s, 1 s, 2.2 s") whatever
+    the scrape held; it now says which edges the histograms have."""
+    from servelens.core.edges import MetricEdges
+
+    kw = {"edges": MetricEdges(ttft_s=(0.01, 0.1, 1.0))} if edges else {}
+    m = FrontendMetrics(isl_buckets=BUCKETS, prefix=prefix, **kw)  # type: ignore[arg-type]
+    m.register_model("a")
+    feed(m, synthetic_samples(30, BUCKETS, seed=2), "a")
+    path = tmp_path / "m.txt"
+    path.write_bytes(m.exposition())
+    rep = report_from_metrics(str(path), MetricNames(prefix))
+    text = format_rows(list(rep.rows), "markdown")
+    note = ("percentiles interpolated inside the histograms' le buckets: off by up to a bucket's width " + said)
+    assert note in text.splitlines()
+    assert ("Dynamo" in text) == (prefix == "dynamo_frontend")
+    html_page = render_html(list(rep.rows))
+    assert html_page.count(note.replace("'", "&#x27;")) == 1

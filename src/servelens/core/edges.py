@@ -27,6 +27,7 @@ dashboards' and report's ``_bucket``/``le`` queries work unchanged with finer ed
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
@@ -74,6 +75,22 @@ FINE_TTFT_EDGES_S: tuple[float, ...] = _fine(-10, 7, TTFT_EDGES_S)
 """0, then 2^(k/8) from 2^-10 s (0.977 ms) to 128 s, then Dynamo's 220 and 480 s: 140 edges."""
 FINE_ITL_EDGES_S: tuple[float, ...] = _fine(-13, 3, ITL_EDGES_S)
 """0, then 2^(k/8) from 2^-13 s (0.122 ms) to 8 s, then Dynamo's 13, 24, 44 and 80 s: 134 edges."""
+
+def edges_kind(edges: Sequence[float], metric: str) -> str:
+    """Which set ``edges`` (a histogram's finite ``le`` values, seconds, in order) is for ``metric``
+    (``ttft`` or ``itl``): ``fine`` (servelens' default), ``dynamo`` (Dynamo 1.6.1's) or ``other`` (set by
+    hand, ``--ttft-edges``/``--itl-edges``). What the report's notes describe. Raises ValueError for
+    another ``metric``."""
+    if metric not in ("ttft", "itl"):
+        raise ValueError(f"metric must be 'ttft' or 'itl', got {metric!r}")
+    finite = tuple(float(e) for e in edges if math.isfinite(e))
+    fine, dynamo = (FINE_TTFT_EDGES_S, TTFT_EDGES_S) if metric == "ttft" else (FINE_ITL_EDGES_S, ITL_EDGES_S)
+    if finite == fine:
+        return "fine"
+    if finite == tuple(float(e) for e in dynamo):
+        return "dynamo"
+    return "other"
+
 
 EDGE_PRESETS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
     "fine": (FINE_TTFT_EDGES_S, FINE_ITL_EDGES_S),

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from servelens.core.buckets import IslBuckets, label_sort_key
+from servelens.core.edges import edges_kind
 from servelens.core.quantiles import histogram_quantile, percentile
 
 ALL_LABEL = "all"
@@ -43,6 +44,9 @@ class BucketRow:
             holds every TTFT observation of the row (always so for one request), else None. The row's
             TTFT percentiles are then points of a linear interpolation inside that bucket
             (``histogram_quantile``), not measurements: all that is known is that each TTFT is in it.
+        ttft_le_edges, itl_le_edges: interpolated rows: which ``le`` edges the TTFT and ITL histograms
+            have (:func:`~servelens.core.edges.edges_kind`: ``fine``, ``dynamo`` or ``other``), so that
+            the notes describe the edges actually read; None for exact rows or where a source does not say.
     """
 
     bucket: str
@@ -59,6 +63,8 @@ class BucketRow:
     itl_p99_s: float | None = None
     cache_hit_ratio: float | None = None
     ttft_le_range_s: tuple[float, float] | None = None
+    ttft_le_edges: str | None = None
+    itl_le_edges: str | None = None
 
     @property
     def low_count(self) -> bool:
@@ -158,6 +164,11 @@ class CumulativeHistogram:
     sum: float
 
     @property
+    def edges(self) -> tuple[float, ...]:
+        """The ``le`` values in order (``+Inf`` last)."""
+        return tuple(le for le, _ in self.buckets)
+
+    @property
     def count(self) -> float:
         """Total observations (the ``+Inf`` bucket)."""
         return self.buckets[-1][1] if self.buckets else 0.0
@@ -245,6 +256,8 @@ def row_from_histograms(label: str, h: BucketHistograms) -> BucketRow:
         itl_p99_s=h.itl.quantile(0.99) if h.itl else None,
         cache_hit_ratio=h.hit_ratio(),
         ttft_le_range_s=h.ttft.single_bucket() if h.ttft else None,
+        ttft_le_edges=edges_kind(h.ttft.edges, "ttft") if h.ttft else None,
+        itl_le_edges=edges_kind(h.itl.edges, "itl") if h.itl else None,
     )
 
 

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from servelens.core.edges import FINE_ITL_EDGES_S, FINE_TTFT_EDGES_S, ITL_EDGES_S
 from servelens.core.summary import LOW_COUNT, BucketRow
 
 FORMATS = ("table", "csv", "json", "markdown")
@@ -85,9 +86,38 @@ def low_count_note(rows: Sequence[BucketRow]) -> str | None:
     return f"* fewer than {LOW_COUNT} requests" if any(starred(r) for r in rows) else None
 
 
-INTERPOLATED_NOTE = ("percentiles interpolated inside the histograms' le buckets: off by up to a bucket's width "
-                     "(with Dynamo's edges TTFT jumps 0.47 s, 1 s, 2.2 s; ITL gaps of 0, chunks read together, "
-                     "share the first bucket with gaps up to 1.8 ms)")
+INTERPOLATED_NOTE = "percentiles interpolated inside the histograms' le buckets: off by up to a bucket's width"
+"""The interpolation note's start; :func:`interpolated_note` adds what the edges read are."""
+
+
+def _edge_text(metric: str, kind: str) -> str:
+    if metric == "ttft":
+        if kind == "fine":
+            return ("TTFT edges 2^(1/8) apart (servelens' fine edges, "
+                    f"{FINE_TTFT_EDGES_S[1] * 1000:.3g} ms to {2 ** 7:g} s): within 9.8 % of the value")
+        if kind == "dynamo":
+            return "with Dynamo's edges TTFT jumps 0.47 s, 1 s, 2.2 s"
+        return "TTFT edges as the server was given them"
+    first = FINE_ITL_EDGES_S[1] if kind == "fine" else ITL_EDGES_S[1] if kind == "dynamo" else None
+    where = {"fine": "fine", "dynamo": "Dynamo's"}.get(kind)
+    if first is None:
+        return "ITL edges as the server was given them"
+    return (f"ITL gaps of 0, chunks read together, share the first of {where} ITL edges with gaps up to "
+            f"{first * 1000:.2g} ms")
+
+
+def interpolated_note(rows: Sequence[BucketRow]) -> str | None:
+    """The note for interpolated rows, describing the ``le`` edges they were read from (the rows'
+    ``ttft_le_edges``/``itl_le_edges``: servelens' fine edges, Dynamo's, or the server's own), or None
+    when every row is exact."""
+    approx = [r for r in rows if not r.exact]
+    if not approx:
+        return None
+    parts = []
+    for metric in ("ttft", "itl"):
+        kinds = {getattr(r, f"{metric}_le_edges") for r in approx} - {None}
+        parts += [_edge_text(metric, kind) for kind in sorted(kinds)]
+    return INTERPOLATED_NOTE + (f" ({'; '.join(parts)})" if parts else "")
 
 
 ONE_LE_BUCKET_MARK = "~"
@@ -193,7 +223,7 @@ def rich_table(rows: Sequence[BucketRow], title: str | None = None, caption: str
     times in ms with the unit in the header (:data:`COMPACT_HEADERS`), for a narrow terminal."""
     exact = all(r.exact for r in rows) if rows else True
     notes = [n for n in (low_count_note(rows), one_bucket_note(rows), unbucketed_note(rows),
-                         None if exact else INTERPOLATED_NOTE) if n]
+                         None if exact else interpolated_note(rows)) if n]
     lines = ([caption] if caption else []) + notes
     # compact: one space between columns, not two (nine columns in 80)
     table = Table(title=title, caption="\n".join(lines) or None, collapse_padding=compact)
@@ -231,7 +261,7 @@ def side_by_side(
     ``notes``: more caption lines. The cache-hit column appears when a row on either side has a hit ratio.
     """
     srv = {r.bucket: r for r in server}
-    lines = ["client: exact percentiles; server: " + INTERPOLATED_NOTE]
+    lines = ["client: exact percentiles; server: " + (interpolated_note(list(server)) or INTERPOLATED_NOTE)]
     lines += [n for n in (low_count_note(client), one_bucket_note(list(server)), unbucketed_note(client)) if n]
     table = Table(title=title, caption="\n".join([*lines, *notes]))
     # the hit ratio's column only when a side knows it (the table is wide: it must fit 150 columns)
@@ -387,8 +417,7 @@ def format_rows(rows: Sequence[BucketRow], fmt: str, title: str | None = None, w
             if r.bucket == "all":
                 cells = [f"**{c}**" for c in cells]
             lines.append("| " + " | ".join(cells) + " |")
-        for extra in (one_bucket_note(rows), unbucketed_note(rows),
-                      None if all(r.exact for r in rows) else INTERPOLATED_NOTE):
+        for extra in (one_bucket_note(rows), unbucketed_note(rows), interpolated_note(rows)):
             if extra:
                 lines += ["", extra]
         note = low_count_note(rows)

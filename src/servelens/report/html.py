@@ -30,8 +30,8 @@ from servelens.core.buckets import label_sort_key
 from servelens.core.summary import ALL_LABEL, LOW_COUNT, BucketRow
 from servelens.formats.table import (
     HEADERS,
-    INTERPOLATED_NOTE,
     ONE_LE_BUCKET_MARK,
+    interpolated_note,
     low_count_note,
     one_bucket_note,
     row_cells,
@@ -274,8 +274,7 @@ def _figures(
 def table_notes(rows: Sequence[BucketRow]) -> list[str]:
     """The footnotes a table of ``rows`` needs, only those its rows call for: ``*`` (a starred row),
     ``~`` (a row whose TTFTs fell in one le bucket), requests in no bucket, interpolated percentiles."""
-    notes = [low_count_note(rows), one_bucket_note(rows), unbucketed_note(rows),
-             None if all(r.exact for r in rows) else INTERPOLATED_NOTE]
+    notes = [low_count_note(rows), one_bucket_note(rows), unbucketed_note(rows), interpolated_note(rows)]
     return [n for n in notes if n]
 
 

@@ -16,10 +16,11 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from servelens.core.buckets import IslBuckets, label_sort_key
+from servelens.core.edges import edges_kind
 from servelens.core.quantiles import percentile
 from servelens.core.summary import ALL_LABEL, BucketRow, rows_from_histograms, rows_from_samples
 from servelens.dashboards.queries import FIGURE_BY_KEY, UNCACHED_FIGURE_BY_KEY, Figure, model_matcher
@@ -296,6 +297,14 @@ def exact_counts(
     return {(key[0] if key else ""): v for key, v in got.items()}
 
 
+def le_kind(client: PromClient, bucket_series: str, model: str, at_s: float, metric: str) -> str | None:
+    """Which ``le`` edges (:func:`~servelens.core.edges.edges_kind`) a histogram's ``_bucket`` series have
+    on the server at ``at_s``; None when it has none. Raises PromApiError."""
+    got = client.query(f"count by (le) ({bucket_series}{{{model}}})", at_s)
+    edges = sorted(float(s.labels["le"]) for s in got if "le" in s.labels)
+    return edges_kind(edges, metric) if edges else None
+
+
 def _prom_row(
     client: PromClient,
     names: MetricNames,
@@ -381,6 +390,10 @@ def report_from_prometheus(
     total = exact_counts(client, f"{names.duration}_count", m, window, at, by=None)
     rows = [_prom_row(client, names, label, window, m, at, by_bucket, figures) for label in labels]
     rows.append(_prom_row(client, names, None, window, m, at, total, FIGURE_BY_KEY))
+    kinds = {metric: le_kind(client, f"{family}_bucket", m, at, metric) for metric, family in
+             (("ttft", names.ttft_by_uncached if uncached else names.ttft_by_isl),
+              ("itl", names.itl_by_uncached if uncached else names.itl_by_isl))}
+    rows = [replace(r, ttft_le_edges=kinds["ttft"], itl_le_edges=kinds["itl"]) for r in rows]
     series: tuple[TimeSeries, ...] = ()
     if range_s and not uncached:
         step = max(range_s / 240, 1.0)
