@@ -6,7 +6,15 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from servelens.core.compare import MIXED, bootstrap_quantiles, compare_runs, linear_quantiles
+from servelens.core.compare import (
+    MIXED,
+    NO_DATA_RUNS,
+    ONLY_BASELINE,
+    ONLY_CANDIDATE,
+    bootstrap_quantiles,
+    compare_runs,
+    linear_quantiles,
+)
 from servelens.core.decompose import FASTER, SLOWER, TOO_FEW, UNCHANGED
 from servelens.core.summary import RequestSample, rows_from_samples
 from servelens.core.windows import BucketSamples, ExplainError, SampleWindow
@@ -87,8 +95,20 @@ def test_small_buckets_and_tails_are_not_judged() -> None:
     assert all(d.verdict == TOO_FEW for r in got for d in r.quantiles[2:])
     empty = replace(b, buckets=(BucketSamples(()), *b.buckets[1:]))
     first = compare_runs(a, empty, resamples=50)[0]
-    assert first.verdict == TOO_FEW and first.requests_candidate == 0
+    # no request in the candidate is not "too few": it has none (was TOO_FEW, as a bucket of 3 requests)
+    assert first.verdict == ONLY_BASELINE and first.requests_candidate == 0
+    assert [d.verdict for d in first.quantiles] == [ONLY_BASELINE] * 3
     assert first.quantiles[0].candidate_s is None and first.quantiles[0].baseline_s is not None
+    assert compare_runs(empty, a, resamples=50)[0].verdict == ONLY_CANDIDATE
+
+
+def test_a_bucket_empty_in_both_runs_has_no_data() -> None:
+    """As explain says of its windows; ``report --compare`` called such a bucket "too few"."""
+    a, b = sample_window(4, EARLY_MIX, 1000), sample_window(5, EARLY_MIX, 1000)
+    a, b = (replace(w, buckets=(*w.buckets[:6], BucketSamples(()))) for w in (a, b))
+    top = compare_runs(a, b, resamples=50)[6]
+    assert (top.label, top.verdict, top.requests_baseline, top.requests_candidate) == ("16385+", NO_DATA_RUNS, 0, 0)
+    assert [(d.verdict, d.baseline_s, d.candidate_s) for d in top.quantiles] == [(NO_DATA_RUNS, None, None)] * 3
 
 
 def test_itl_resamples_whole_requests() -> None:

@@ -11,7 +11,14 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from servelens.core.compare import QuantileDiff, bootstrap_quantiles, compare_runs, linear_quantiles
+from servelens.core.compare import (
+    ONLY_BASELINE,
+    ONLY_CANDIDATE,
+    QuantileDiff,
+    bootstrap_quantiles,
+    compare_runs,
+    linear_quantiles,
+)
 from servelens.core.decompose import TOO_FEW, UNCHANGED
 from servelens.core.windows import BucketSamples, ExplainError, SampleWindow
 
@@ -100,11 +107,13 @@ def fields(d: QuantileDiff) -> tuple[object, ...]:
 def test_a_bucket_empty_in_one_run_has_its_points_and_no_verdict() -> None:
     empty = BucketSamples(())
     before, after = compare_runs(window(empty, BASE), window(SMALL, BASE), (0.5, 0.95), resamples=20)
-    assert before.quantiles[0] == QuantileDiff(0.5, None, 0.4, None, None, TOO_FEW)
-    assert fields(before.quantiles[1]) == (0.95, None, pytest.approx(0.58), None, None, TOO_FEW)
-    assert (before.requests_baseline, before.requests_candidate, before.verdict) == (0, 3, TOO_FEW)
+    # no request in a run is not "too few": the bucket is only in the other run
+    assert before.quantiles[0] == QuantileDiff(0.5, None, 0.4, None, None, ONLY_CANDIDATE)
+    assert fields(before.quantiles[1]) == (0.95, None, pytest.approx(0.58), None, None, ONLY_CANDIDATE)
+    assert (before.requests_baseline, before.requests_candidate, before.verdict) == (0, 3, ONLY_CANDIDATE)
     gone = compare_runs(window(SMALL, BASE), window(empty, BASE), (0.95,), resamples=20)[0]
-    assert [fields(d) for d in gone.quantiles] == [(0.95, pytest.approx(0.58), None, None, None, TOO_FEW)]
+    assert [fields(d) for d in gone.quantiles] == [(0.95, pytest.approx(0.58), None, None, None, ONLY_BASELINE)]
+    assert gone.verdict == ONLY_BASELINE
     assert after.metric == "TTFT"
 
 

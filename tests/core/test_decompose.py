@@ -8,6 +8,7 @@ import pytest
 
 from servelens.core.decompose import (
     FASTER,
+    NO_DATA,
     ONLY_AFTER,
     ONLY_BEFORE,
     SLOWER,
@@ -202,6 +203,19 @@ def test_bucket_seen_in_one_window_is_mix_only_and_stated(kind: str) -> None:
     m = [c.mean_after_s if c.mean_after_s is not None else c.mean_before_s or 0.0 for c in e.buckets]
     want = math.fsum(c.share_before * v for c, v in zip(e.buckets, m, strict=True))
     assert e.counterfactual_mean_s == pytest.approx(want)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_bucket_empty_in_both_windows_has_no_data(kind: str) -> None:
+    """It was labelled "only in the later window" (table: "later only")."""
+    a = sample_window(8, EARLY_MIX, 1000)
+    b = sample_window(9, EARLY_MIX, 1000)
+    a, b = (replace(w, buckets=(*w.buckets[:6], BucketSamples(()))) for w in (a, b))
+    e = explain(as_kind(a, kind), as_kind(b, kind), resamples=200)
+    top = e.buckets[6]
+    assert (top.label, top.change, top.count_before, top.count_after) == ("16385+", NO_DATA, 0.0, 0.0)
+    assert (top.mean_before_s, top.mean_after_s, top.mix_effect_s, top.latency_effect_s) == (None, None, 0.0, 0.0)
+    assert not any("16385+" in note for note in e.limitations)  # nothing to say of a bucket nobody used
 
 
 def test_too_few_requests_and_unbucketed_are_stated() -> None:

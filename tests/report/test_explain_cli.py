@@ -134,6 +134,22 @@ def test_a_bucket_empty_in_one_window_is_stated(runs: dict[str, str]) -> None:
     assert top["mean_change_ci_s"] is None and top["latency_effect_s"] == 0
 
 
+def test_a_bucket_empty_in_both_windows_says_no_data(runs: dict[str, str]) -> None:
+    """It read ``later only`` (JSON: "only in the later window"); report --compare said "too few"."""
+    rc, out, _ = cli("--results", runs["no_top"], runs["no_top"], "--metric", "ttft")
+    assert rc == 0
+    row = out.split("by ISL bucket")[1].splitlines()[3 + BUCKETS.labels.index("16385+")]
+    assert row.split() == ["16385+", "0→0", "0→0%", "-→-", "-→-", "no", "data"]
+    doc = json.loads(cli("--results", runs["no_top"], runs["no_top"], "--metric", "ttft", "--format", "json")[1])
+    assert doc["metrics"]["TTFT"]["buckets"][-1]["change"] == "no data in either window"
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main(["report", "--results", runs["no_top"], "--compare", runs["no_top"]]) == 0
+    verdicts = out.getvalue().split("verdict per ISL bucket")[1].splitlines()
+    assert next(line for line in verdicts if line.startswith("16385+")).split() == [
+        "16385+", "0→0", "no", "data", "no", "data"]
+
+
 def test_json_has_every_figure_and_no_nan(runs: dict[str, str]) -> None:
     rc, out, _ = cli("--results", runs["no_top"], runs["b"], "--format", "json", "--slo-ttft", "0.5")
     assert rc == 0 and "NaN" not in out and "Infinity" not in out

@@ -19,7 +19,9 @@ Method (issue 17, section 4):
   :data:`~servelens.core.decompose.MIN_BUCKET_REQUESTS` requests; otherwise ``too few requests``.
 * A bucket is ``slower`` when some judged quantile is significantly slower and none faster,
   ``faster`` the other way round, ``mixed`` when both occur (e.g. p50 faster, p99 slower), ``no
-  significant change`` when none is, and ``too few requests`` when no quantile could be judged.
+  significant change`` when none is, and ``too few requests`` when no quantile could be judged; a
+  bucket without requests in a run is ``only in the baseline run`` / ``only in the candidate run``, or
+  ``no data in either run`` (``servelens explain`` says the same of its windows).
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ from servelens.core.uncertainty import Interval, z_value
 from servelens.core.windows import BucketSamples, ExplainError, SampleWindow
 
 MIXED = "mixed"
+ONLY_BASELINE, ONLY_CANDIDATE = "only in the baseline run", "only in the candidate run"
+NO_DATA_RUNS = "no data in either run"
+"""A bucket without requests in one run, or in both: nothing to compare (``too few requests`` is for a
+bucket that has some, too few to judge)."""
 MIN_TAIL = 5
 """Distinct requests each run needs above a quantile for it to be judged."""
 
@@ -49,7 +55,9 @@ class QuantileDiff:
         baseline_s, candidate_s: the quantile in each run (None when the bucket is empty there).
         diff_s: ``candidate_s - baseline_s`` (None when either is).
         ci_s: the interval on ``diff_s`` (None when not judged).
-        verdict: ``faster``, ``slower``, ``no significant change`` or ``too few requests``.
+        verdict: ``faster``, ``slower``, ``no significant change`` or ``too few requests``; for a
+            bucket empty in a run ``only in the baseline run`` / ``only in the candidate run``, or ``no
+            data in either run``.
     """
 
     q: float
@@ -122,6 +130,8 @@ def bootstrap_quantiles(
 
 
 def _summary(verdicts: Sequence[str]) -> str:
+    if verdicts and all(v in (NO_DATA_RUNS, ONLY_BASELINE, ONLY_CANDIDATE) for v in verdicts):
+        return verdicts[0]  # an empty bucket's quantiles all say the same
     judged = [v for v in verdicts if v != TOO_FEW]
     if not judged:
         return TOO_FEW
@@ -175,7 +185,8 @@ def compare_runs(
     for label, a, c, ok in zip(baseline.labels, baseline.buckets, candidate.buckets, judged, strict=True):
         diffs = []
         if not (a.count and c.count):
-            diffs = [QuantileDiff(q, _point(a, q), _point(c, q), None, None, TOO_FEW) for q in quantiles]
+            empty = NO_DATA_RUNS if not (a.count or c.count) else ONLY_CANDIDATE if not a.count else ONLY_BASELINE
+            diffs = [QuantileDiff(q, _point(a, q), _point(c, q), None, None, empty) for q in quantiles]
             quantiles_left: Sequence[float] = ()
         else:
             reps = resamples if any(ok) else 0  # nothing judged: the point figures only

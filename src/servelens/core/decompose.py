@@ -67,6 +67,7 @@ VERDICTS = ("mix", "latency", "both", "none")
 
 SLOWER, FASTER, UNCHANGED, TOO_FEW = "slower", "faster", "no significant change", "too few requests"
 ONLY_BEFORE, ONLY_AFTER = "only in the earlier window", "only in the later window"
+NO_DATA = "no data in either window"
 
 MIN_BUCKET_REQUESTS = 5
 """A bucket's own latency change is judged only with at least this many requests in each window
@@ -199,8 +200,8 @@ class BucketChange:
         mean_change_ci_s: interval of ``mean_after - mean_before`` (None when seen in one window only).
         mix_effect_s: its mix term ``(wB - wA) * mA``.
         latency_effect_s: its latency term ``wB * (mB - mA)``, with ``latency_effect_ci_s``.
-        change: ``slower``, ``faster``, ``no significant change``, ``too few requests``, or
-            ``only in the earlier window`` / ``only in the later window``.
+        change: ``slower``, ``faster``, ``no significant change``, ``too few requests``,
+            ``only in the earlier window`` / ``only in the later window``, or ``no data in either window``.
         quantiles_before_s, quantiles_after_s: its quantiles at the explanation's ``q`` values.
     """
 
@@ -286,6 +287,8 @@ def decide_verdict(
 
 def _bucket_change(i: int, a: Window, b: Window, ci: SplitIntervals) -> str:
     n_a, n_b = a.counts()[i], b.counts()[i]
+    if n_a <= 0 and n_b <= 0:
+        return NO_DATA
     if n_a <= 0 or n_b <= 0:
         return ONLY_AFTER if n_a <= 0 else ONLY_BEFORE
     if min(a.units()[i], b.units()[i]) < MIN_BUCKET_REQUESTS:

@@ -94,7 +94,7 @@ def render_text(c: RunComparison, width: int = WIDTH) -> str:
     for line in (f"change: candidate minus baseline; interval: normal bootstrap over requests ({c.resamples} "
                  f"resamples, seed {c.seed}), {c.confidence:.0%} for all quantiles judged together (Bonferroni)",
                  "no change: no significant change; too few: under 5 requests, or under 5 distinct requests "
-                 "above the quantile, in a run"):
+                 "above the quantile, in a run; no data: no request in either run"):
         console.print(line, soft_wrap=True, highlight=False)
     return console.export_text()
 

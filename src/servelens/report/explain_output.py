@@ -19,8 +19,10 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from servelens.core.compare import NO_DATA_RUNS, ONLY_BASELINE, ONLY_CANDIDATE
 from servelens.core.decompose import (
     FASTER,
+    NO_DATA,
     ONLY_AFTER,
     ONLY_BEFORE,
     SLOWER,
@@ -45,7 +47,8 @@ WIDTH = 80
 """Columns the text output is laid out for."""
 
 SHORT = {SLOWER: "slower", FASTER: "faster", UNCHANGED: "no change", TOO_FEW: "too few",
-         ONLY_BEFORE: "earlier only", ONLY_AFTER: "later only"}
+         ONLY_BEFORE: "earlier only", ONLY_AFTER: "later only", NO_DATA: "no data",
+         ONLY_BASELINE: "baseline only", ONLY_CANDIDATE: "candidate only", NO_DATA_RUNS: "no data"}
 """The per-bucket change as the table shows it (``no change``: no significant change)."""
 
 
