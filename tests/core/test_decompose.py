@@ -1,6 +1,7 @@
 """The shift-share split, the counterfactual and the verdict, on synthetic windows whose truth is known."""
 
 import math
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -21,6 +22,7 @@ from servelens.core.decompose import (
 )
 from servelens.core.quantiles import bucket_bounds, weighted_quantile
 from servelens.core.summary import CumulativeHistogram
+from servelens.core.units import format_in
 from servelens.core.windows import BucketSamples, ExplainError, HistogramWindow, Mix, SampleWindow, Window, window_mix
 from servelens.testing.latency_windows import BUCKETS, EARLY_MIX, LATE_MIX, binned, sample_window, true_split
 
@@ -316,5 +318,9 @@ def test_material_interaction_is_stated() -> None:
     e = explain(a, b)
     assert e.interaction_s < 0
     note = [line for line in e.limitations if "also changed share" in line]
-    assert len(note) == 1 and f"{e.latency_effect_s - e.interaction_s:+.3g} s" in note[0]
+    would, was, inter = (format_in(x, "ms", signed=True)  # the three in one unit (was "+0.878 s, not +0.047 s")
+                         for x in (e.latency_effect_s - e.interaction_s, e.latency_effect_s, e.interaction_s))
+    assert note == [f"the buckets that changed latency also changed share: at the earlier mix the latency effect "
+                    f"would be {would}, not {was} (interaction {inter})"]
+    assert re.fullmatch(r"\+\d+ ms", would), would
     assert e.counterfactual_mean_s - e.mean_before_s == pytest.approx(e.latency_effect_s - e.interaction_s)

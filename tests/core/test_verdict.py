@@ -67,7 +67,7 @@ def test_shift_toward_short_prompts() -> None:
 
 def test_format_s() -> None:
     assert [format_s(x) for x in (9.84, 2.0, 0.9, 0.314, 0.0456, 0.00312, 0.09996, None)] == [
-        "9.8 s", "2.0 s", "0.9 s", "0.31 s", "46 ms", "3.1 ms", "100 ms", "-"]
+        "9.8 s", "2.0 s", "900 ms", "314 ms", "46 ms", "3.1 ms", "100 ms", "-"]
 
 
 def test_label_range_merges_adjacent_buckets() -> None:

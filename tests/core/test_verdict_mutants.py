@@ -42,7 +42,7 @@ MOVED = (
 
 def test_format_s_at_its_thresholds() -> None:
     assert [format_s(x) for x in (1.0, 0.999, 0.1, 0.0999, 0.0125, 0.0, None)] == [
-        "1.0 s", "1 s", "0.1 s", "100 ms", "12 ms", "0 ms", "-"]
+        "1.0 s", "999 ms", "100 ms", "100 ms", "12 ms", "0 ms", "-"]
 
 
 def test_mix_verdict_without_changed_buckets() -> None:
@@ -84,14 +84,14 @@ def test_latency_both_and_none_verdicts() -> None:
         "TTFT p95 fell 2.0 s -> 1.0 s: faster within buckets, not a traffic shift"
     e = explanation("both", MOVED, (1.0, 1.01, None), mix=0.45, latency=0.0)
     assert verdict_line(e) == ("TTFT p95 stayed at 1.0 s: a traffic shift toward 2049+ prompts and slower buckets "
-                               "(mean: mix +0.45 s, latency +0 ms)")
+                               "(mean: mix +450 ms, latency +0 ms)")
     e = explanation("both", MOVED, (None, 1.0, None), mix=-0.5, latency=-0.25)
     assert verdict_line(e) == ("TTFT p95 - -> 1.0 s: a traffic shift toward 2049+ prompts and faster buckets "
-                               "(mean: mix -0.5 s, latency -0.25 s)")
+                               "(mean: mix -500 ms, latency -250 ms)")
     e = explanation("none", (replace(MOVED[0], change=SLOWER, quantiles_before_s=(0.5,), quantiles_after_s=(0.6,)),),
                     (1.0, 1.0, None), mean=(1.0, 1.02))
     assert verdict_line(e) == ("TTFT p95 stayed at 1.0 s: no significant change of the mean (1.0 s -> 1.0 s); "
-                               "0-512 slowed, 0.5 s -> 0.6 s")
+                               "0-512 slowed, 500 ms -> 600 ms")
     assert verdict_line(explanation("none", MOVED, (1.0, 1.0, None))).endswith("of the mean (1.0 s -> 1.0 s)")
 
 

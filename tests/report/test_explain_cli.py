@@ -142,10 +142,10 @@ def test_a_bucket_empty_in_both_windows_says_no_data(runs: dict[str, str]) -> No
     assert row.split() == ["16385+", "0→0", "0→0%", "-→-", "-→-", "no", "data"]
     doc = json.loads(cli("--results", runs["no_top"], runs["no_top"], "--metric", "ttft", "--format", "json")[1])
     assert doc["metrics"]["TTFT"]["buckets"][-1]["change"] == "no data in either window"
-    out = io.StringIO()
-    with redirect_stdout(out):
+    compared = io.StringIO()
+    with redirect_stdout(compared):
         assert main(["report", "--results", runs["no_top"], "--compare", runs["no_top"]]) == 0
-    verdicts = out.getvalue().split("verdict per ISL bucket")[1].splitlines()
+    verdicts = compared.getvalue().split("verdict per ISL bucket")[1].splitlines()
     assert next(line for line in verdicts if line.startswith("16385+")).split() == [
         "16385+", "0→0", "no", "data", "no", "data"]
 

@@ -13,7 +13,8 @@ the bench client, the simulator and library users alike.
   (the per-bucket table as data).
 - Analysis: :mod:`.windows` (inputs), :mod:`.decompose` and :mod:`.uncertainty` (a latency change
   split into traffic mix and latency, ``servelens explain``), :mod:`.verdict` (its one line),
-  :mod:`.compare` (two runs bucket by bucket), :mod:`.slo` (attainment and goodput),
+  :mod:`.units` (times in running text, one unit per group of figures), :mod:`.compare` (two runs
+  bucket by bucket), :mod:`.slo` (attainment and goodput),
   :mod:`.capacity` (where the capacity is short: TTFT split into queue and prefill) and
   :mod:`.prefill_fit` (the prefill throughput fitted from TTFT against uncached tokens).
 

@@ -50,6 +50,7 @@ import numpy as np
 from servelens.core.binned_quantiles import Part, mixture_quantiles
 from servelens.core.summary import CumulativeHistogram
 from servelens.core.uncertainty import Interval, SplitIntervals, split_arrays, split_intervals
+from servelens.core.units import format_times
 from servelens.core.windows import (
     PER_REQUEST,
     ExplainError,
@@ -375,9 +376,10 @@ def explain(
     mean_a, mean_b = float(s_a.sum() / n_a.sum()), float(s_b.sum() / n_b.sum())
     interaction = float(((w_b - w_a) * (m_b - m_a)).sum())
     if abs(interaction) > min_share * (abs(mix_s) + abs(lat_s)) and abs(interaction) > 0:
+        would, was, inter = format_times(lat_s - interaction, lat_s, interaction, signed=True)  # one unit
         notes.append(
             f"the buckets that changed latency also changed share: at the earlier mix the latency effect would be "
-            f"{lat_s - interaction:+.3g} s, not {lat_s:+.3g} s (interaction {interaction:+.3g} s)"
+            f"{would}, not {was} (interaction {inter})"
         )
     return Explanation(
         metric=before.metric,

@@ -3,6 +3,9 @@
 ``TTFT p95 rose 2.0 s -> 9.8 s; at the earlier mix it would be 2.3 s: mostly a traffic shift
 toward 8193+ prompts; 4097-8192 also slowed, 0.9 s -> 4.4 s``
 
+Figures read together (a pair, the headline with its counterfactual, the mean's two effects) share
+one unit (:mod:`servelens.core.units`): ``77 ms -> 110 ms``, not ``77 ms -> 0.11 s``.
+
 The headline is one quantile (p95 unless asked); the explanation after the colon follows the
 mean's verdict (mix, latency, both, none); buckets named as slower or faster are those whose own
 mean changed significantly (:meth:`Explanation.ranked`), shown with their figures at the headline
@@ -15,21 +18,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from servelens.core.decompose import FASTER, BucketChange, Explanation
+from servelens.core.units import format_in, format_times, time_unit
 
 
 def format_s(x: float | None) -> str:
-    """A latency for one line: ``9.8 s``, ``0.31 s``, ``45 ms``, ``3.1 ms``; ``-`` for None."""
-    if x is None:
-        return "-"
-    if abs(x) >= 1:
-        return f"{x:.1f} s"
-    if abs(x) >= 0.1:
-        return f"{float(f'{x:.2g}'):g} s"
-    return f"{float(f'{x * 1000:.2g}'):g} ms"
-
-
-def _signed(x: float) -> str:
-    return ("+" if x >= 0 else "-") + format_s(abs(x))
+    """One latency alone: ``9.8 s``, ``310 ms``, ``3.1 ms``; ``-`` for None
+    (:func:`~servelens.core.units.format_times`; figures read together share one unit)."""
+    return format_times(x)[0]
 
 
 def _bounds(label: str) -> tuple[str, str | None]:
@@ -79,12 +74,13 @@ def shifted_toward(e: Explanation, cover: float = 0.8) -> str:
     return label_range(names, e.labels)
 
 
-def _moved(a: float | None, b: float | None) -> str:
+def _moved(a: float | None, b: float | None, unit: str) -> str:
+    fa, fb = format_in(a, unit), format_in(b, unit)
     if a is None or b is None:
-        return f"{format_s(a)} -> {format_s(b)}"
+        return f"{fa} -> {fb}"
     # figures that read the same at the line's precision stayed, whatever their last digits
-    word = "stayed at" if format_s(a) == format_s(b) else "rose" if b > a else "fell"
-    return f"{word} {format_s(a)}" if word == "stayed at" else f"{word} {format_s(a)} -> {format_s(b)}"
+    word = "stayed at" if fa == fb else "rose" if b > a else "fell"
+    return f"{word} {fa}" if word == "stayed at" else f"{word} {fa} -> {fb}"
 
 
 def _figures(b: BucketChange, qi: int | None) -> tuple[float | None, float | None, str]:
@@ -102,9 +98,10 @@ def verdict_line(e: Explanation, q: float = 0.95, top: int = 3) -> str:
     """One line (module docstring). Raises KeyError when ``q`` is not among ``e``'s quantiles."""
     s = e.quantile(q)
     qi = next(i for i, x in enumerate(e.quantiles) if x is s)
-    line = f"{e.metric} p{q * 100:g} {_moved(s.before_s, s.after_s)}"
+    unit = time_unit((s.before_s, s.after_s, s.counterfactual_s))  # one unit for the headline's figures
+    line = f"{e.metric} p{q * 100:g} {_moved(s.before_s, s.after_s, unit)}"
     if s.counterfactual_s is not None:
-        line += f"; at the earlier mix it would be {format_s(s.counterfactual_s)}"
+        line += f"; at the earlier mix it would be {format_in(s.counterfactual_s, unit)}"
     changed = e.ranked()
     shown, rest = changed[:top], len(changed) - top
 
@@ -113,12 +110,14 @@ def verdict_line(e: Explanation, q: float = 0.95, top: int = 3) -> str:
         for b in shown:
             a, z, what = _figures(b, qi)
             verb = "got faster" if b.change == FASTER else "slowed"
-            parts.append(f"{b.label} {also}{verb}, {what}{format_s(a)} -> {format_s(z)}")
+            fa, fz = format_times(a, z)
+            parts.append(f"{b.label} {also}{verb}, {what}{fa} -> {fz}")
         if rest > 0:
             parts.append(f"{rest} more bucket{'s' if rest > 1 else ''} changed")
         return "; ".join(parts)
 
-    mean = f"mean: mix {_signed(e.mix_effect_s)}, latency {_signed(e.latency_effect_s)}"
+    mix, lat = format_times(e.mix_effect_s, e.latency_effect_s, signed=True)
+    mean = f"mean: mix {mix}, latency {lat}"
     if e.verdict == "mix":
         line += f": {'mostly ' if changed else ''}a traffic shift toward {shifted_toward(e)} prompts"
         line += f"; {items('also ')}" if shown else f", no bucket {'slower' if e.mix_effect_s >= 0 else 'faster'}"
@@ -131,6 +130,7 @@ def verdict_line(e: Explanation, q: float = 0.95, top: int = 3) -> str:
         line += f": a traffic shift toward {shifted_toward(e)} prompts and {word} buckets ({mean})"
         line += f"; {items('')}" if shown else ""
     else:
-        line += f": no significant change of the mean ({format_s(e.mean_before_s)} -> {format_s(e.mean_after_s)})"
+        before, after = format_times(e.mean_before_s, e.mean_after_s)
+        line += f": no significant change of the mean ({before} -> {after})"
         line += f"; {items('')}" if shown else ""
     return line
