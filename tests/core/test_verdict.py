@@ -5,6 +5,7 @@ import re
 import pytest
 
 from servelens.core.decompose import explain
+from servelens.core.units import format_times
 from servelens.core.verdict import format_s, label_range, verdict_line
 from servelens.testing.latency_windows import BUCKETS, EARLY_MIX, binned, sample_window
 
@@ -23,7 +24,7 @@ def test_the_story_reads_mostly_mix_with_one_bucket_also_slower(binned_windows: 
     line = verdict_line(e)
     assert re.fullmatch(
         rf"TTFT p95 rose {FIG} -> {FIG}; at the earlier mix it would be {FIG}: mostly a traffic shift toward "
-        rf"8193\+ prompts; 4097-8192 also slowed, {FIG} -> {FIG}",
+        rf"8193\+ prompts \(mean: mix \+{FIG}, latency \+{FIG}\); 4097-8192 also slowed, {FIG} -> {FIG}",
         line,
     ), line
     p95 = e.quantile(0.95)
@@ -38,7 +39,8 @@ def test_latency_verdict_names_the_buckets() -> None:
     e = explain(a, sample_window(4, EARLY_MIX, 2000, {4: 0.5, 5: 0.5}))
     line = verdict_line(e, q=0.5)
     assert line.startswith("TTFT p50 fell ")
-    assert ": faster within buckets, not a traffic shift; 8193-16384 got faster, " in line
+    assert re.search(rf": faster within buckets, not a traffic shift \(mean: mix -{FIG}, latency -{FIG}\); "
+                     "8193-16384 got faster, ", line), line
     assert "; 4097-8192 got faster, " in line
     assert "1 more bucket changed" in verdict_line(e, top=1)
 
@@ -53,7 +55,8 @@ def test_both_and_none_verdicts() -> None:
                      rf"latency \+{FIG}\); 8193-16384 slowed, ", line), line
     none = explain(a, sample_window(7, STORY_BEFORE, 2000))
     assert none.verdict == "none"
-    assert re.search(rf": no significant change of the mean \({FIG} -> {FIG}\)$", verdict_line(none))
+    assert re.search(rf": no significant change of the mean \({FIG} -> {FIG}: mix [+-]{FIG}, latency [+-]{FIG}\)$",
+                     verdict_line(none))
     with pytest.raises(KeyError):
         verdict_line(none, q=0.9)
 
@@ -76,3 +79,18 @@ def test_label_range_merges_adjacent_buckets() -> None:
     assert label_range(["0-512", "513-1024"], order) == "0-1024"
     assert label_range(["0-512", "2049-4096", "4097-8192", "16385+"], order) == "0-512, 2049-8192 and 16385+"
     assert label_range(["1025-2048"], order) == "1025-2048"
+
+
+def test_every_verdict_shows_the_mean_it_is_judged_on() -> None:
+    """A quantile can move another way than the mean: "ITL p95 rose 3.3 ms -> 3.4 ms; at the earlier mix it
+    would be 2.8 ms: slower within buckets, not a traffic shift" read as a contradiction, because the
+    latency verdict (unlike both's) left out the mean's split it is judged on."""
+    a = sample_window(3, EARLY_MIX, 2000)
+    e = explain(a, sample_window(4, EARLY_MIX, 2000, {4: 0.5, 5: 0.5}))
+    assert e.verdict == "latency"
+    mix, lat = format_times(e.mix_effect_s, e.latency_effect_s, signed=True)
+    assert f"faster within buckets, not a traffic shift (mean: mix {mix}, latency {lat}); " in verdict_line(e)
+    shift = explain(sample_window(1, STORY_BEFORE, 2000), sample_window(2, STORY_AFTER, 2000))
+    assert shift.verdict == "mix"
+    mix, lat = format_times(shift.mix_effect_s, shift.latency_effect_s, signed=True)
+    assert f"a traffic shift toward 8193+ prompts (mean: mix {mix}, latency {lat})" in verdict_line(shift)

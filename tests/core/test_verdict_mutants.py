@@ -48,10 +48,11 @@ def test_format_s_at_its_thresholds() -> None:
 def test_mix_verdict_without_changed_buckets() -> None:
     e = explanation("mix", MOVED, (1.0, 1.6, 1.05), mix=0.45)
     assert verdict_line(e) == ("TTFT p95 rose 1.0 s -> 1.6 s; at the earlier mix it would be 1.1 s: a traffic shift "
-                               "toward 2049+ prompts, no bucket slower")
+                               "toward 2049+ prompts (mean: mix +450 ms, latency +0 ms), no bucket slower")
     toward_short = tuple(replace(b, share_before=b.share_after, share_after=b.share_before) for b in MOVED)
     e = explanation("mix", toward_short, (1.6, 1.0, None), mix=-0.45)
-    assert verdict_line(e) == "TTFT p95 fell 1.6 s -> 1.0 s: a traffic shift toward 0-512 prompts, no bucket faster"
+    assert verdict_line(e) == ("TTFT p95 fell 1.6 s -> 1.0 s: a traffic shift toward 0-512 prompts (mean: mix -450 ms, "
+                               "latency +0 ms), no bucket faster")
 
 
 def test_mix_verdict_with_buckets_that_also_changed() -> None:
@@ -59,8 +60,9 @@ def test_mix_verdict_with_buckets_that_also_changed() -> None:
     faster = replace(MOVED[2], change=FASTER, quantiles_before_s=(2.0,), quantiles_after_s=(1.5,),
                      latency_effect_s=-0.05)
     e = explanation("mix", (MOVED[0], slowed, faster, MOVED[3]), (1.0, 1.6, None), mix=0.45)
-    assert verdict_line(e) == ("TTFT p95 rose 1.0 s -> 1.6 s: mostly a traffic shift toward 2049+ prompts; 513-1024 "
-                               "also slowed, 1.2 s -> 1.8 s; 1025-2048 also got faster, 2.0 s -> 1.5 s")
+    assert verdict_line(e) == ("TTFT p95 rose 1.0 s -> 1.6 s: mostly a traffic shift toward 2049+ prompts (mean: mix "
+                               "+450 ms, latency +0 ms); 513-1024 also slowed, 1.2 s -> 1.8 s; 1025-2048 also got "
+                               "faster, 2.0 s -> 1.5 s")
     # a quantile that did not move the bucket's way (both in one le bucket): its mean, named so
     flat = replace(slowed, quantiles_before_s=(1.5,), quantiles_after_s=(1.5,), mean_before_s=1.0, mean_after_s=1.3)
     backwards = replace(faster, quantiles_before_s=(1.5,), quantiles_after_s=(1.6,))
@@ -77,11 +79,12 @@ def test_latency_both_and_none_verdicts() -> None:
                          latency_effect_s=0.1 * (4 - i)) for i, b in enumerate(MOVED))
     e = explanation("latency", slow, (1.0, 2.0, 2.0), latency=0.5)
     assert verdict_line(e) == ("TTFT p95 rose 1.0 s -> 2.0 s; at the earlier mix it would be 2.0 s: slower within "
-                               "buckets, not a traffic shift; 0-512 slowed, 1.0 s -> 2.0 s; 513-1024 slowed, "
+                               "buckets, not a traffic shift (mean: mix +0 ms, latency +500 ms); 0-512 slowed, "
+                               "1.0 s -> 2.0 s; 513-1024 slowed, "
                                "1.0 s -> 2.0 s; 1025-2048 slowed, 1.0 s -> 2.0 s; 1 more bucket changed")
     assert verdict_line(e, top=2).endswith("; 2 more buckets changed")
     assert verdict_line(explanation("latency", MOVED, (2.0, 1.0, None), latency=-0.5)) == \
-        "TTFT p95 fell 2.0 s -> 1.0 s: faster within buckets, not a traffic shift"
+        "TTFT p95 fell 2.0 s -> 1.0 s: faster within buckets, not a traffic shift (mean: mix +0 ms, latency -500 ms)"
     e = explanation("both", MOVED, (1.0, 1.01, None), mix=0.45, latency=0.0)
     assert verdict_line(e) == ("TTFT p95 stayed at 1.0 s: a traffic shift toward 2049+ prompts and slower buckets "
                                "(mean: mix +450 ms, latency +0 ms)")
@@ -90,9 +93,10 @@ def test_latency_both_and_none_verdicts() -> None:
                                "(mean: mix -500 ms, latency -250 ms)")
     e = explanation("none", (replace(MOVED[0], change=SLOWER, quantiles_before_s=(0.5,), quantiles_after_s=(0.6,)),),
                     (1.0, 1.0, None), mean=(1.0, 1.02))
-    assert verdict_line(e) == ("TTFT p95 stayed at 1.0 s: no significant change of the mean (1.0 s -> 1.0 s); "
-                               "0-512 slowed, 500 ms -> 600 ms")
-    assert verdict_line(explanation("none", MOVED, (1.0, 1.0, None))).endswith("of the mean (1.0 s -> 1.0 s)")
+    assert verdict_line(e) == ("TTFT p95 stayed at 1.0 s: no significant change of the mean (1.0 s -> 1.0 s: mix "
+                               "+0 s, latency +0 s); 0-512 slowed, 500 ms -> 600 ms")
+    assert verdict_line(explanation("none", MOVED, (1.0, 1.0, None), mix=-0.01, latency=0.03)).endswith(
+        "of the mean (1.0 s -> 1.0 s: mix -0.01 s, latency +0.03 s)")
 
 
 def test_shifted_toward_covers_the_mix_effect() -> None:
@@ -117,7 +121,8 @@ def test_edge_cases_of_the_line() -> None:
     assert verdict_line(explanation("latency", slow, (1.0, 2.0, None), latency=0.5), top=4).endswith(
         "2049+ slowed, 1.0 s -> 2.0 s")  # all four shown: no "more buckets"
     assert verdict_line(explanation("latency", MOVED, (1.0, 1.0, None), latency=0.0)).endswith(
-        ": slower within buckets, not a traffic shift")  # a latency effect of exactly 0 reads "slower"
+        # a latency effect of exactly 0 reads "slower"
+        ": slower within buckets, not a traffic shift (mean: mix +0 ms, latency +0 ms)")
     assert verdict_line(explanation("mix", MOVED, (1.0, 1.6, None), mix=0.0)).endswith(", no bucket slower")
     assert verdict_line(explanation("none", MOVED, (1.0, None, None))).startswith("TTFT p95 1.0 s -> -: ")
 

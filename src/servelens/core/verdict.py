@@ -7,7 +7,9 @@ Figures read together (a pair, the headline with its counterfactual, the mean's 
 one unit (:mod:`servelens.core.units`): ``77 ms -> 110 ms``, not ``77 ms -> 0.11 s``.
 
 The headline is one quantile (p95 unless asked); the explanation after the colon follows the
-mean's verdict (mix, latency, both, none); buckets named as slower or faster are those whose own
+mean's verdict (mix, latency, both, none), with the mean's split it is judged on (``(mean: mix
++360 ms, latency +430 ms)``; for ``none`` the mean in both windows and its split), since a
+quantile can move another way than the mean. Buckets named as slower or faster are those whose own
 mean changed significantly (:meth:`Explanation.ranked`), shown with their figures at the headline
 quantile, at most ``top`` of them. Adjacent buckets are named as one range (``8193-16384`` and
 ``16385+`` read ``8193+``).
@@ -116,21 +118,29 @@ def verdict_line(e: Explanation, q: float = 0.95, top: int = 3) -> str:
             parts.append(f"{rest} more bucket{'s' if rest > 1 else ''} changed")
         return "; ".join(parts)
 
+    # what every verdict is judged on, the mean's split, shown with it: a quantile can move the other way
+    # (ITL p95 3.3 -> 3.4 ms, 2.8 ms at the earlier mix, while the mean's change is all latency)
     mix, lat = format_times(e.mix_effect_s, e.latency_effect_s, signed=True)
     mean = f"mean: mix {mix}, latency {lat}"
     if e.verdict == "mix":
-        line += f": {'mostly ' if changed else ''}a traffic shift toward {shifted_toward(e)} prompts"
+        line += f": {'mostly ' if changed else ''}a traffic shift toward {shifted_toward(e)} prompts ({mean})"
         line += f"; {items('also ')}" if shown else f", no bucket {'slower' if e.mix_effect_s >= 0 else 'faster'}"
     elif e.verdict == "latency":
         word = "slower" if e.latency_effect_s >= 0 else "faster"
-        line += f": {word} within buckets, not a traffic shift"
+        line += f": {word} within buckets, not a traffic shift ({mean})"
         line += f"; {items('')}" if shown else ""
     elif e.verdict == "both":
         word = "slower" if e.latency_effect_s >= 0 else "faster"
         line += f": a traffic shift toward {shifted_toward(e)} prompts and {word} buckets ({mean})"
         line += f"; {items('')}" if shown else ""
     else:
-        before, after = format_times(e.mean_before_s, e.mean_after_s)
-        line += f": no significant change of the mean ({before} -> {after})"
+        before, after, mix, lat = format_times(e.mean_before_s, e.mean_after_s, e.mix_effect_s, e.latency_effect_s)
+        line += (f": no significant change of the mean ({before} -> {after}: mix {_sign(mix)}, "
+                 f"latency {_sign(lat)})")
         line += f"; {items('')}" if shown else ""
     return line
+
+
+def _sign(text: str) -> str:
+    """A formatted figure with its sign (``+0.31 ms``)."""
+    return text if text.startswith(("-", "+")) else "+" + text
