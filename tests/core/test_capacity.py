@@ -151,3 +151,28 @@ def test_fit_over_bucket_means_is_exact_for_a_linear_engine() -> None:
                                     zip(("a", "b", "c"), (10, 5, 1), ttft, unc, strict=True)], None)
     assert rep.fit is not None and all(b.split == "fit" for b in rep.buckets)
     assert not math.isnan(rep.fit.throughput_tps)
+
+
+def test_a_fitted_intercept_below_zero_is_not_shown_as_an_overhead() -> None:
+    """``explain --capacity`` printed "fixed overhead + queue floor -3 ms": a line through a TTFT that grows
+    faster than linearly (attention) meets 0 tokens below 0, which no overhead can be."""
+    xs = [100 + (7900 * i) // 59 for i in range(60)]
+    convex = [CapacitySample(x, 0, 0.002 + x / 40_000 + 0.1 * (x / 4000) ** 2, None, None) for x in xs]
+    rep = capacity_from_samples(convex, BUCKETS)
+    assert rep.fit is not None and rep.fit.intercept_s < 0
+    ms = rep.fit.intercept_s * 1000
+    assert verdict_line(rep).endswith(
+        f"prefill throughput {rep.fit.throughput_tps:,.0f} tokens/s, fixed overhead + queue floor not resolved (the "
+        f"fit's intercept is {ms:.0f} ms, below 0: see the note)")
+    assert rep.notes[0] == (
+        f"prefill throughput: the fitted line's intercept is {ms:.1f} ms, below 0, which no overhead or wait can "
+        "be: TTFT is not linear in the prompt's tokens here (attention makes long prompts cost more per token), so "
+        "the fixed overhead + queue floor cannot be read from the fit")
+    # the same from bucket means; an intercept at or above 0 is shown as it was, with no such note
+    means = capacity_from_histograms([BucketMeans(lab, 10, 0.002 + u / 40_000 + 0.1 * (u / 4000) ** 2, u)
+                                      for lab, u in (("a", 300.0), ("b", 2500.0), ("c", 9000.0))], None)
+    assert means.fit is not None and means.fit.intercept_s < 0
+    assert any(n.startswith("prefill throughput: the fitted line's intercept is ") for n in means.notes)
+    linear = capacity_from_samples(line(60, 20_000, 0.05), BUCKETS)
+    assert verdict_line(linear).endswith("fixed overhead + queue floor 50 ms")
+    assert not any("intercept" in n for n in linear.notes)

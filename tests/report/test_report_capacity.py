@@ -169,3 +169,15 @@ def test_scrapes_with_a_prompt_token_counter_fit_over_bucket_means(tmp_path: Pat
     assert fit["throughput_tps"] == pytest.approx(1 / linear.prefill_s_per_token, rel=0.01)
     buckets = cap["buckets"]
     assert isinstance(buckets, list) and all(b["split"] == "fit" for b in buckets)
+
+
+def test_fit_line_says_an_intercept_below_zero_is_no_overhead() -> None:
+    from servelens.core.prefill_fit import PrefillFit
+    from servelens.report.capacity_output import fit_line
+
+    below = PrefillFit(60, 13_224.0, 12_530.0, 14_000.0, -0.0752, "uncached", "theil-sen")
+    assert fit_line(below) == ("prefill throughput 13,224 tokens/s (95% interval 12,530-14,000), intercept -75.2 ms "
+                               "(below 0: no overhead or wait, see the note): TTFT against uncached prompt tokens, "
+                               "Theil-Sen over requests, 60 points")
+    above = PrefillFit(60, 13_224.0, None, None, 0.3, "uncached", "wls-bucket-means")
+    assert "intercept 300.0 ms (fixed overhead + queue floor)" in (fit_line(above) or "")

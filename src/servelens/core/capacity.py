@@ -13,8 +13,9 @@ pays for.
 the median of the pairwise slopes, robust to up to ~29 % outliers, such as requests stuck behind a
 long prefill) fits ``TTFT = intercept + slope * uncached`` over per-request data; the **prefill
 throughput** is ``1 / slope`` tokens/s and its interval comes from the slope's 95 % interval. The
-intercept is the fixed overhead plus the typical wait (the queue floor). Under load a request's
-prefill shares its steps with other requests' decode and prefill, so the fitted figure is the
+intercept is the fixed overhead plus the typical wait (the queue floor); a fitted intercept below 0
+is not shown as one (the verdict says "not resolved", and a note why: :func:`intercept_note`). Under
+load a request's prefill shares its steps with other requests' decode and prefill, so the fitted figure is the
 throughput a request sees, at or below the engine's own rate; attention cost, which grows with the
 context, makes long prompts pay more per token than the line says. From histograms (no requests)
 the fit is weighted least squares over the buckets' mean TTFT and mean uncached tokens (means keep
@@ -51,7 +52,8 @@ MIN_BUCKET_REQUESTS = 5
 
 __all__ = ["FIT_MAX_POINTS", "LOOSE_FIT", "MIN_BUCKET_REQUESTS", "MIN_FIT_REQUESTS", "PREFILL", "QUEUE",
            "BucketCapacity", "BucketMeans", "CapacityReport", "CapacitySample", "EngineTimes", "PrefillFit",
-           "capacity_from_histograms", "capacity_from_samples", "fit_bucket_means", "fit_prefill", "verdict_line"]
+           "capacity_from_histograms", "capacity_from_samples", "fit_bucket_means", "fit_prefill", "intercept_note",
+           "verdict_line"]
 
 QUEUE = "queue"
 PREFILL = "prefill"
@@ -205,8 +207,7 @@ def capacity_from_samples(samples: Sequence[CapacitySample], buckets: IslBuckets
     if timed:
         pts = [(float(t), s.ttft_s) for s in known if (t := _tokens(s, x)) is not None and s.ttft_s is not None]
         fit, note = fit_prefill([t for t, _ in pts], [y for _, y in pts], x)
-        if note:
-            notes.append(note)
+        notes += [n for n in (note, intercept_note(fit)) if n]
     with_engine = [s for s in timed if s.queue_s is not None and s.prefill_s is not None]
     if timed and not with_engine:
         notes.append("no queue or prefill time per request from the engine: the split is TTFT minus the fitted "
@@ -262,8 +263,7 @@ def capacity_from_histograms(per_bucket: Sequence[BucketMeans], engine: EngineTi
         fit, note = fit_bucket_means([b.uncached_mean_tokens for b in with_tokens],  # type: ignore[misc]
                                      [b.ttft_mean_s for b in with_tokens],  # type: ignore[misc]
                                      [b.requests for b in with_tokens])
-        if note:
-            notes.append(note)
+        notes += [n for n in (note, intercept_note(fit)) if n]
     elif with_tokens:
         notes.append("prefill throughput: the fit needs uncached tokens per bucket: per-request data (bench "
                      "results) or a prompt-token sum per isl_bucket, which this source does not have")
@@ -296,6 +296,18 @@ def capacity_from_histograms(per_bucket: Sequence[BucketMeans], engine: EngineTi
     return CapacityReport(tuple(rows), fit, tuple(notes), queue, prefill)
 
 
+def intercept_note(fit: PrefillFit | None) -> str | None:
+    """The note for a fit whose intercept is below 0 (None otherwise): no overhead or wait is negative,
+    so the line says nothing of the fixed overhead + queue floor. The usual cause: TTFT grows faster
+    than linearly with the prompt (attention's cost rises with the context), so the line through the
+    long prompts meets 0 tokens below 0."""
+    if fit is None or fit.intercept_s >= 0:
+        return None
+    return (f"prefill throughput: the fitted line's intercept is {fit.intercept_s * 1000:.1f} ms, below 0, which "
+            "no overhead or wait can be: TTFT is not linear in the prompt's tokens here (attention makes long "
+            "prompts cost more per token), so the fixed overhead + queue floor cannot be read from the fit")
+
+
 def verdict_line(report: CapacityReport) -> str:
     """One line: which buckets wait in the queue and which are slow to prefill, and the fit, e.g.
     ``where the capacity is short: 0-512, 513-1024 wait in the queue (queue 54-84% of queue +
@@ -320,6 +332,8 @@ def verdict_line(report: CapacityReport) -> str:
         parts.append("no bucket could be judged (see the notes)")
     if report.fit is not None:
         f = report.fit
-        parts.append(f"prefill throughput {f.throughput_tps:,.0f} tokens/s, fixed overhead + queue floor "
-                     f"{f.intercept_s * 1000:.0f} ms")
+        floor = (f"fixed overhead + queue floor {f.intercept_s * 1000:.0f} ms" if f.intercept_s >= 0 else
+                 f"fixed overhead + queue floor not resolved (the fit's intercept is {f.intercept_s * 1000:.0f} ms, "
+                 "below 0: see the note)")
+        parts.append(f"prefill throughput {f.throughput_tps:,.0f} tokens/s, {floor}")
     return "where the capacity is short: " + "; ".join(parts)

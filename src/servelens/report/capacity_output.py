@@ -46,8 +46,9 @@ def fit_line(fit: PrefillFit | None) -> str | None:
     interval = ("" if fit.throughput_low_tps is None or fit.throughput_high_tps is None
                 else f" (95% interval {fit.throughput_low_tps:,.0f}-{fit.throughput_high_tps:,.0f})")
     how = "Theil-Sen over requests" if fit.method == "theil-sen" else "least squares over bucket means"
+    what = "fixed overhead + queue floor" if fit.intercept_s >= 0 else "below 0: no overhead or wait, see the note"
     return (f"prefill throughput {fit.throughput_tps:,.0f} tokens/s{interval}, intercept "
-            f"{fit.intercept_s * 1000:.1f} ms (fixed overhead + queue floor): TTFT against {fit.x} prompt tokens, "
+            f"{fit.intercept_s * 1000:.1f} ms ({what}): TTFT against {fit.x} prompt tokens, "
             f"{how}, {fit.requests} points")
 
 
