@@ -152,3 +152,19 @@ def test_threshold_note_says_why_a_share_is_a_bound() -> None:
     note = threshold_note("TTFT", table, edges, B)
     assert note is not None and "bucket 513-1024 (" in note
     assert "grows with ISL" in (threshold_note("TTFT", parse_threshold("0.5+0.001*isl", B), edges, B) or "")
+
+
+def test_threshold_spec_reads_back_the_same_and_same_as_ignores_spelling() -> None:
+    """What the gateway exports (``{p}_slo_threshold_info{threshold=...}``) parses back to the threshold it
+    counts against; ``same_as`` is what report compares with."""
+    for text in ("2", "0.5+0.00002*isl", "0-512=0.5,513-1024=0.8,1025+=1.5", "0.001"):
+        th = parse_threshold(text, B)
+        back = parse_threshold(th.spec, B)
+        assert back == th and back.spec == th.spec
+    assert parse_threshold("0.5+0.00002*isl", B).spec == "0.5+2e-05*isl"
+    assert parse_threshold("2", B).spec == "2.0"
+    assert parse_threshold("0.5", B).same_as(parse_threshold("0.5+0*isl", B))
+    assert parse_threshold("1025+=1.5,0-512=0.5,513-1024=0.8", B).same_as(
+        parse_threshold("0-512=0.5,513-1024=0.8,1025+=1.5", B))
+    assert not parse_threshold("0.5+2e-05*isl", B).same_as(parse_threshold("0.001", B))
+    assert not parse_threshold("0-512=0.5,513-1024=0.5,1025+=0.5", B).same_as(parse_threshold("0.5", B))

@@ -166,6 +166,66 @@ def test_report_reads_the_counters_exactly(tmp_path: Path, capsys: pytest.Captur
     assert f"bucket {busy}:" in capsys.readouterr().err
 
 
+def test_gateway_exports_its_thresholds_and_report_refuses_others(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """``report --slo-from counters --slo-ttft 0.001`` against a gateway counting ``0.5+0.00002*isl`` printed
+    "met 100 %": only the kinds were compared. The gateway exports what it counts against (an info gauge,
+    the threshold as a label) and report refuses a threshold that differs; a scrape without the gauge (an
+    older gateway) is read with a note saying the thresholds were not checked."""
+    slo = Slo(parse_threshold("0.5+0.00002*isl", BUCKETS), parse_threshold("1001-4000=0.05,0-1000=0.04,4001+=0.06",
+                                                                            BUCKETS))
+    m = FrontendMetrics(isl_buckets=BUCKETS, slo=slo)
+    m.register_model("m")
+    feed(m)
+    text = m.exposition().decode()
+    info = m.names.slo_threshold_info
+    assert [line for line in text.splitlines() if line.startswith(info)] == [
+        f'{info}{{slo="ttft",threshold="0.5+2e-05*isl"}} 1.0',
+        f'{info}{{slo="itl",threshold="1001-4000=0.05,0-1000=0.04,4001+=0.06"}} 1.0']
+    assert f"# TYPE {info} gauge" in text
+    scrape = tmp_path / "s.txt"
+    scrape.write_text(text)
+    base = ["report", "--metrics", str(scrape), "--slo-from", "counters", "--isl-buckets", "1000,4000"]
+    # the same thresholds spelt otherwise: accepted (a table in another order, 0.00002 as 2e-5)
+    assert main([*base, "--slo-ttft", "0.5+2e-5*isl", "--slo-itl", "0-1000=0.04,1001-4000=0.05,4001+=0.06"]) == 0
+    assert "not checked" not in capsys.readouterr().out
+    assert main([*base, "--slo-ttft", "0.001", "--slo-itl", "0-1000=0.04,1001-4000=0.05,4001+=0.06"]) == 2
+    assert capsys.readouterr().err == (
+        f"servelens: error: {scrape}: the gateway counts TTFT against 0.5+2e-05*isl, --slo-ttft gives 0.001 "
+        "(seconds): give the SLOs the gateway was started with (--slo-ttft '0.5+2e-05*isl')\n")
+    assert main([*base, "--slo-ttft", "0.5+0.00002*isl", "--slo-itl", "0.05"]) == 2
+    assert "the gateway counts ITL against 1001-4000=0.05,0-1000=0.04,4001+=0.06, --slo-itl gives 0.05" in (
+        capsys.readouterr().err)
+    older = tmp_path / "older.txt"  # the same scrape without the info gauge
+    older.write_text("".join(line + "\n" for line in text.splitlines() if info not in line))
+    assert main(["report", "--metrics", str(older), "--slo-from", "counters", "--isl-buckets", "1000,4000",
+                 "--slo-ttft", "0.001", "--slo-itl", "0.05"]) == 0
+    assert (f"{older} exports no SLO thresholds ({info}: a gateway older than it): the thresholds given are taken "
+            "to be the ones it counts against, not checked") in capsys.readouterr().out
+
+
+def test_workers_merge_keeps_one_threshold_series() -> None:
+    """The info gauge is the gateway's, not a count: summed over workers it would read 2, 3, ..."""
+    from servelens.core.merge import merge_snapshots
+    from servelens.core.snapshot import take_snapshot
+    from servelens.prometheus.exposition import TextExposition
+
+    slo = Slo(parse_threshold("2", BUCKETS), None)
+    parts = []
+    for _ in range(3):
+        m = FrontendMetrics(isl_buckets=BUCKETS, slo=slo)
+        m.register_model("m")
+        parts.append(take_snapshot(m.state))
+    merged = merge_snapshots(parts)
+    text = TextExposition(m.names, m.state.edges).render(merged).decode()
+    assert [line for line in text.splitlines() if line.startswith(m.names.slo_threshold_info)] == [
+        f'{m.names.slo_threshold_info}{{slo="ttft",threshold="2.0"}} 1.0']
+    other = FrontendMetrics(isl_buckets=BUCKETS, slo=Slo(parse_threshold("3", BUCKETS), None))
+    other.register_model("m")
+    with pytest.raises(ValueError, match="other edges, buckets or SLOs"):
+        merge_snapshots([parts[0], take_snapshot(other.state)])
+
+
 def test_config_file_numbers_are_slo_specs(tmp_path: Path) -> None:
     """`slo_itl: 0.05` in YAML is a number, as the config docstring's own example writes it."""
     from servelens.gateway.config import load_config_file

@@ -10,7 +10,7 @@ import functools
 import io
 import json
 from collections.abc import Iterator
-from contextlib import redirect_stdout
+from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,3 +103,14 @@ def test_slo_counters_from_prometheus_are_exact(fed: Fed, server: str) -> None:
             a.requests, a.ttft_met, a.all_met)
         assert rows[a.label]["goodput_rps"] == pytest.approx(a.all_met / 600)
     assert 0 < rows["all"]["all_met"] < len(fed.records)  # the SLO splits the requests
+    assert not any("not checked" in n for n in doc["slo"]["notes"])  # the gateway exported its threshold
+    # another threshold than the gateway's is refused (it was read as the gateway's); with --model too (the
+    # info gauge has no model label: it is taken from the targets that counted the model's requests)
+    for model in ([], ["--model", "test-model"]):
+        err = io.StringIO()
+        with redirect_stdout(io.StringIO()), redirect_stderr(err):
+            assert main(["report", "--prometheus", fed.servers[server].url, "--window", "10m", "--slo-from",
+                         "counters", "--slo-ttft", "0.001", *model]) == 2
+        assert err.getvalue() == (f"servelens: error: {fed.servers[server].url}: the gateway counts TTFT against "
+                                  "5.0+0.0002*isl, --slo-ttft gives 0.001 (seconds): give the SLOs the gateway was "
+                                  "started with (--slo-ttft '5.0+0.0002*isl')\n")

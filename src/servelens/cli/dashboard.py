@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import replace
 from typing import Any
 
@@ -12,7 +13,7 @@ from servelens.core.slo import Slo, parse_threshold
 from servelens.dashboards.kubernetes import KubernetesOptions, kubernetes_files, write_kubernetes
 from servelens.dashboards.mix import MixReference
 from servelens.dashboards.output import dashboard_documents, write_dashboard_files
-from servelens.dashboards.rules import DEFAULT_TARGET, SLO_SOURCES
+from servelens.dashboards.rules import DEFAULT_TARGET, SLO_SOURCES, THRESHOLD_ALERT
 from servelens.formats.mix_file import read_mix
 from servelens.gateway.config import normalize_upstream
 from servelens.prometheus.names import DEFAULT_PREFIX, MetricNames, default_edges
@@ -122,4 +123,8 @@ def run(args: argparse.Namespace) -> int:
         paths = [files.dashboard, files.recording_rules, files.alert_rules]
     for path in paths:
         print(path)
+    if slo is not None and args.slo_from == "counters":  # what the rules cannot check when they are written
+        print(f"note: the SLO rules take the gateways' counters to be counted against the SLOs given here; "
+              f"alert {THRESHOLD_ALERT} fires where a gateway's {names.slo_threshold_info} says otherwise",
+              file=sys.stderr)
     return 0

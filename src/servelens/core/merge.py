@@ -95,8 +95,8 @@ def merge_snapshots(parts: Sequence[StateSnapshot]) -> StateSnapshot:
     if len(parts) == 1:
         return first
     for p in parts[1:]:
-        if (p.edges, p.isl_labels, p.uncached_labels, p.slo_kinds) != (
-                first.edges, first.isl_labels, first.uncached_labels, first.slo_kinds):
+        if (p.edges, p.isl_labels, p.uncached_labels, p.slo_kinds, p.slo_thresholds) != (
+                first.edges, first.isl_labels, first.uncached_labels, first.slo_kinds, first.slo_thresholds):
             raise ValueError("cannot merge snapshots of states with other edges, buckets or SLOs")
     by_name: dict[str, list[ModelSnapshot]] = {}
     for p in parts:
@@ -112,4 +112,5 @@ def merge_snapshots(parts: Sequence[StateSnapshot]) -> StateSnapshot:
         disconnected_clients=sum(p.disconnected_clients for p in parts),
         slo_kinds=first.slo_kinds,
         uncached_labels=first.uncached_labels,
+        slo_thresholds=first.slo_thresholds,
     )

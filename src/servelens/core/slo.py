@@ -52,6 +52,24 @@ class Threshold:
         if any(not math.isfinite(v) or v < 0 for v in values):
             raise ExplainError("SLO thresholds must be finite and >= 0 seconds")
 
+    @property
+    def spec(self) -> str:
+        """The threshold as :func:`parse_threshold` reads it, in one canonical spelling (each number as
+        Python's shortest ``repr``): ``2.0``, ``0.5+2e-05*isl``, ``0-512=0.5,513+=0.8`` (the table in its
+        order). What the gateway exports in ``{p}_slo_threshold_info{threshold=...}``."""
+        if self.table:
+            return ",".join(f"{label}={v!r}" for label, v in self.table)
+        return repr(self.base_s) if self.per_token_s == 0 else f"{self.base_s!r}+{self.per_token_s!r}*isl"
+
+    def same_as(self, other: Threshold) -> bool:
+        """True when both give every request the same limit (a table's order does not matter; ``0.5`` and
+        ``0.5+0*isl`` are the same)."""
+        if bool(self.table) != bool(other.table):
+            return False
+        if self.table:
+            return dict(self.table) == dict(other.table)
+        return (self.base_s, self.per_token_s) == (other.base_s, other.per_token_s)
+
     def limit_s(self, isl: int, label: str) -> float:
         """The threshold (s) for a request of ``isl`` tokens in bucket ``label``. Raises KeyError
         for a label a table lacks."""

@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 from servelens.core.edges import MetricEdges
 from servelens.core.histogram import HistogramState
+from servelens.core.slo import Slo
 from servelens.core.state import SLO_KINDS, FrontendState, ModelState, slo_kind_on
 
 RequestKey = tuple[str, str, str, str]
@@ -113,6 +114,9 @@ class StateSnapshot:
         disconnected_clients: clients that left before their response was complete.
         slo_kinds: the ``slo`` label values exported (``()``: no SLO counters).
         uncached_labels: the uncached bucket labels in bucket order (``()`` with them off).
+        slo_thresholds: ``(kind, threshold spec)`` of each SLO counted (``ttft``, ``itl``; the spec as
+            :attr:`~servelens.core.slo.Threshold.spec` writes it), exported so that a reader can check
+            that it judges with the same thresholds; ``()`` without SLOs.
     """
 
     edges: MetricEdges
@@ -123,6 +127,7 @@ class StateSnapshot:
     disconnected_clients: int
     slo_kinds: tuple[str, ...] = ()
     uncached_labels: tuple[str, ...] = ()
+    slo_thresholds: tuple[tuple[str, str], ...] = ()
 
 
 _new = tuple.__new__
@@ -186,6 +191,13 @@ def copy_model(state: FrontendState, name: str, previous: ModelSnapshot | None =
         )
 
 
+def slo_thresholds(slo: Slo | None) -> tuple[tuple[str, str], ...]:
+    """``(kind, spec)`` of each threshold of ``slo`` (``ttft`` first; ``()`` for None)."""
+    if slo is None:
+        return ()
+    return tuple((kind, th.spec) for kind, th in (("ttft", slo.ttft), ("itl", slo.itl)) if th is not None)
+
+
 def take_snapshot(state: FrontendState, previous: StateSnapshot | None = None,
                   models: Sequence[ModelSnapshot] | None = None) -> StateSnapshot:
     """Copy ``state``'s exported values.
@@ -215,4 +227,5 @@ def take_snapshot(state: FrontendState, previous: StateSnapshot | None = None,
             disconnected_clients=state.disconnected_clients,
             slo_kinds=(tuple(k for k in SLO_KINDS if slo_kind_on(state.slo, k)) if state.slo is not None else ()),
             uncached_labels=ulabels,
+            slo_thresholds=slo_thresholds(state.slo),
         )

@@ -284,6 +284,7 @@ def alert_rules(
                     "the gateway, over " + window + " is {{ $value | humanizePercentage }}.",
                 },
             })
+            rules.append(threshold_alert(names, slo, severity))
             return {"groups": [{"name": f"{names.prefix}_isl_bucket_slo", "rules": rules}]}
         for metric, h, _ in _slo_pairs(names, slo, buckets, edges or default_edges(names.prefix), window):
             what = "TTFTs" if metric == "TTFT" else "tokens"
@@ -301,6 +302,34 @@ def alert_rules(
                 },
             })
     return {"groups": [{"name": f"{names.prefix}_isl_bucket_slo", "rules": rules}]}
+
+
+THRESHOLD_ALERT = "SLOThresholdDiffersFromRules"
+"""The alert of ``--slo-from counters`` that fires where a gateway counts against other SLOs than the rules'."""
+
+
+def threshold_alert(names: MetricNames, slo: Slo, severity: str = "warning") -> dict[str, Any]:
+    """An alert that fires while a gateway exports an SLO threshold (``{p}_slo_threshold_info``) other
+    than ``slo``'s, or counts an SLO kind that ``slo`` leaves out: the counter rules would then report
+    attainment of another SLO. The dashboard cannot check this when it writes the rules; Prometheus can
+    while it scrapes. The thresholds compare as :attr:`~servelens.core.slo.Threshold.spec` writes them."""
+    info = names.slo_threshold_info
+    parts = []
+    for kind, th in (("ttft", slo.ttft), ("itl", slo.itl)):
+        parts.append(f'{info}{{slo="{kind}",threshold!="{th.spec}"}}' if th is not None else f'{info}{{slo="{kind}"}}')
+    given = ", ".join(f"{k.upper()} {th.spec}" for k, th in (("ttft", slo.ttft), ("itl", slo.itl)) if th is not None)
+    return {
+        "alert": THRESHOLD_ALERT,
+        "expr": " or ".join(parts),
+        "labels": {"severity": severity},
+        "annotations": {
+            "summary": "A gateway counts SLO {{ $labels.slo }} against {{ $labels.threshold }} s, the rules assume "
+            f"{given} (seconds)",
+            "description": "The SLO attainment and goodput rules read the gateways' SLO counters as counted against "
+            f"{given}; {{{{ $labels.instance }}}} counts against other thresholds: start it with the rules' "
+            "--slo-ttft/--slo-itl, or regenerate the rules with its own.",
+        },
+    }
 
 
 def to_yaml(doc: dict[str, Any]) -> str:

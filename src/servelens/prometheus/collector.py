@@ -21,6 +21,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from servelens.core.histogram import HistogramState
+from servelens.core.snapshot import slo_thresholds
 from servelens.core.state import SLO_KINDS, FrontendState, slo_kind_on
 from servelens.core.status import UNKNOWN_MODEL
 from servelens.prometheus.names import BY_ISL_HELP, BY_UNCACHED_HELP, HELP, MetricNames
@@ -86,6 +87,7 @@ class FrontendCollector(Collector):
             yield CounterMetricFamily(n.isl_assignments, HELP["isl_assignments"], labels=["model", "source"])
             if self.state.slo is not None:
                 yield CounterMetricFamily(n.slo_by_isl, HELP["slo_by_isl"], labels=["isl_bucket", "model", "slo"])
+                yield GaugeMetricFamily(n.slo_threshold_info, HELP["slo_threshold_info"], labels=["slo", "threshold"])
             yield CounterMetricFamily(n.prompt_tokens_by_isl, HELP["prompt_tokens_by_isl"],
                                       labels=["model", "isl_bucket"])
         if self.by_uncached:
@@ -153,6 +155,11 @@ class FrontendCollector(Collector):
                                 if slo_kind_on(st.slo, kind):
                                     slo.add_metric([label, model, kind], count)
                     families.append(slo)
+                    info = GaugeMetricFamily(n.slo_threshold_info, HELP["slo_threshold_info"],
+                                             labels=["slo", "threshold"])
+                    for kind, spec in slo_thresholds(st.slo):
+                        info.add_metric([kind, spec], 1)
+                    families.append(info)
                 families.append(prompt)
             if self.by_uncached:
                 uhists = [HistogramMetricFamily(name, HELP[key] + BY_UNCACHED_HELP, labels=["model", "uncached_bucket"])

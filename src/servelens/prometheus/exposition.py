@@ -185,6 +185,10 @@ class TextExposition:
                     bucket = f'isl_bucket="{escape_label_value(met[0])}"'
                     lines += [f'{n.slo_by_isl}{{{bucket},{model_label},slo="{kind}"}} '
                               f"{floatToGoString(met[index[kind]])}\n" for kind in snap.slo_kinds]
+        if snap.slo_thresholds:
+            lines.append(_head(n.slo_threshold_info, HELP["slo_threshold_info"], "gauge").decode())
+            lines += [f'{n.slo_threshold_info}{{slo="{kind}",threshold="{escape_label_value(spec)}"}} 1.0\n'
+                      for kind, spec in snap.slo_thresholds]
         lines.append(_head(n.prompt_tokens_by_isl, HELP["prompt_tokens_by_isl"], "counter").decode())
         for m, model_label in models:
             lines += [f"{n.prompt_tokens_by_isl}{{{bucket_label},{model_label}}} {floatToGoString(count)}\n"

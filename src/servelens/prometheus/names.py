@@ -153,6 +153,12 @@ class MetricNames:
         return self._n("requests_within_slo_by_isl_total")
 
     @property
+    def slo_threshold_info(self) -> str:
+        """Info gauge (value 1; labels ``slo``: ttft, itl, and ``threshold``: the spec) of the thresholds
+        the SLO counters judge against; only with ``--slo-ttft``/``--slo-itl`` on the gateway."""
+        return self._n("slo_threshold_info")
+
+    @property
     def prompt_tokens_by_isl(self) -> str:
         """Counter (labels ``model``, ``isl_bucket``): prompt tokens of the requests in ``cached_by_isl``."""
         return self._n("prompt_tokens_by_isl_total")
@@ -203,6 +209,8 @@ HELP = {
     "(first_chunk_usage, final_usage, tokenizer, unknown)",
     "slo_by_isl": "Finished requests with a first token that met the SLO (slo=ttft: TTFT; itl: mean ITL; all: "
     "every SLO), by ISL bucket; the denominator is request_duration_by_isl_seconds_count",
+    "slo_threshold_info": "The SLO thresholds requests_within_slo_by_isl_total judges against (slo: ttft, itl; "
+    "threshold: seconds, A+B*isl in seconds and seconds per prompt token, or a table per ISL bucket); always 1",
     "prompt_tokens_by_isl": "Prompt tokens (usage.prompt_tokens) of the requests whose usage reported cached "
     "tokens, by ISL bucket: the bucket's prefix-cache hit ratio is cached_tokens_by_isl_sum / this (tokens)",
     "uncached_assignments": "Requests by how their uncached-prompt-token bucket was latched "

@@ -15,6 +15,7 @@ from servelens.core.slo import (
     attainment,
     counted_attainment,
     histogram_attainment,
+    parse_threshold,
     threshold_note,
 )
 from servelens.core.summary import CumulativeHistogram
@@ -110,6 +111,45 @@ def slo_from_prometheus(url: str, names: MetricNames, window: str, model: str | 
                             dict(zip(itl.labels, itl.histograms, strict=True)), buckets, slo, span)
 
 
+def check_thresholds(exported: dict[str, set[str]], slo: Slo, buckets: IslBuckets, where: str,
+                     names: MetricNames) -> str | None:
+    """The thresholds given must be those the gateway counts against: ``exported`` maps each ``slo`` kind
+    (ttft, itl) to the ``threshold`` values of the gateway's ``{p}_slo_threshold_info`` (several when
+    gateways, or one restarted, counted against different ones). Raises ExplainError (one line) for a
+    threshold that differs, or several; returns a note when nothing was exported (a gateway from before
+    the info gauge: the thresholds cannot be checked), else None."""
+    if not exported:
+        return (f"{where} exports no SLO thresholds ({names.slo_threshold_info}: a gateway older than it): the "
+                "thresholds given are taken to be the ones it counts against, not checked")
+    for kind, given in (("ttft", slo.ttft), ("itl", slo.itl)):
+        specs = sorted(exported.get(kind, set()))
+        if given is None or not specs:
+            continue  # which kinds are counted is _check_kinds' to say
+        flag = f"--slo-{kind}"
+        if len(specs) > 1:
+            raise ExplainError(f"{where}: the SLO counters mix {kind.upper()} thresholds ({', '.join(specs)}): "
+                               "gateways, or one restarted, counted against different ones; read one window or "
+                               "gateway")
+        try:
+            counted = parse_threshold(specs[0], buckets)
+        except ExplainError:
+            counted = None
+        if counted is None or not counted.same_as(given):
+            raise ExplainError(f"{where}: the gateway counts {kind.upper()} against {specs[0]}, {flag} gives "
+                               f"{given.spec} (seconds): give the SLOs the gateway was started with ({flag} "
+                               f"'{specs[0]}')")
+    return None
+
+
+def _thresholds_in_scrape(scrape_: Scrape, names: MetricNames) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for (sample, labels), value in scrape_.samples.items():
+        d = dict(labels)
+        if sample == names.slo_threshold_info and value > 0 and "slo" in d and "threshold" in d:
+            out.setdefault(d["slo"], set()).add(d["threshold"])
+    return out
+
+
 def _check_kinds(present: set[str], slo: Slo, where: str) -> None:
     """The counters' ``slo`` values must be the SLOs given (the gateway's own)."""
     want = {k for k, th in (("ttft", slo.ttft), ("itl", slo.itl)) if th is not None} | {"all"}
@@ -122,7 +162,7 @@ def _check_kinds(present: set[str], slo: Slo, where: str) -> None:
 
 
 def _counted(buckets: IslBuckets, slo: Slo, requests: dict[str, float], met: dict[tuple[str, str], float],
-             length_s: float | None) -> SloReport:
+             length_s: float | None, unchecked: str | None = None) -> SloReport:
     # the gateway registers every bucket's counters at zero: one missing beside finished requests is
     # missing data (a cut scrape, a relabelling), not 0 % met
     kinds = [k for k, th in (("ttft", slo.ttft), ("itl", slo.itl)) if th is not None] + ["all"]
@@ -135,7 +175,7 @@ def _counted(buckets: IslBuckets, slo: Slo, requests: dict[str, float], met: dic
                                 round(met.get((label, "ttft"), 0.0)), round(met.get((label, "itl"), 0.0)),
                                 round(met.get((label, "all"), 0.0))) for label in buckets.labels], slo, length_s)
     notes = [COUNTER_NOTE] + ([] if length_s is not None else ["goodput needs the window's length, which a scrape "
-                                                               "does not carry"])
+                                                               "does not carry"]) + ([unchecked] if unchecked else [])
     return SloReport(slo, rows, None, tuple(notes))
 
 
@@ -161,8 +201,10 @@ def counters_from_metrics(source: str, names: MetricNames, before: str | None, m
     after, prior = scrape(source), scrape(before) if before else None
     met = _scrape_counts(after, prior, names.slo_by_isl, ("isl_bucket", "slo"), model)
     _check_kinds({k[1] for k in met}, slo, source)
+    unchecked = check_thresholds(_thresholds_in_scrape(after, names), slo, buckets, source, names)
     req = _scrape_counts(after, prior, names.duration_by_isl + "_count", ("isl_bucket",), model)
-    return _counted(buckets, slo, {k[0]: v for k, v in req.items()}, {(k[0], k[1]): v for k, v in met.items()}, None)
+    return _counted(buckets, slo, {k[0]: v for k, v in req.items()}, {(k[0], k[1]): v for k, v in met.items()}, None,
+                    unchecked)
 
 
 def counters_from_prometheus(url: str, names: MetricNames, window: str, model: str | None, buckets: IslBuckets,
@@ -175,5 +217,24 @@ def counters_from_prometheus(url: str, names: MetricNames, window: str, model: s
     m = model_matcher(model)
     met = exact_increases(client, names.slo_by_isl, m, window, at, ("isl_bucket", "slo"))
     _check_kinds({k[1] for k in met}, slo, url)
+    unchecked = check_thresholds(thresholds_in_window(client, names, model, window, at), slo, buckets, url,
+                                 names)
     req = exact_increases(client, names.duration_by_isl + "_count", m, window, at)
-    return _counted(buckets, slo, {k[0]: v for k, v in req.items()}, {(k[0], k[1]): v for k, v in met.items()}, span)
+    return _counted(buckets, slo, {k[0]: v for k, v in req.items()}, {(k[0], k[1]): v for k, v in met.items()}, span,
+                    unchecked)
+
+
+def thresholds_in_window(client: PromClient, names: MetricNames, model: str | None, window: str,
+                         at_s: float) -> dict[str, set[str]]:
+    """Every ``(slo, threshold)`` of ``{p}_slo_threshold_info`` seen in the ``window`` before ``at_s``;
+    with ``model``, only from the scrape targets (``instance``, ``job``) that counted that model's
+    requests (the info gauge has no model label). Raises PromApiError."""
+    info = f"max_over_time({names.slo_threshold_info}[{window}])"
+    if model:
+        counted = f"max_over_time({names.slo_by_isl}{{{model_matcher(model)}}}[{window}])"
+        info = f"({info} and on (instance, job) group by (instance, job) ({counted}))"
+    out: dict[str, set[str]] = {}
+    for s in client.query(f"count by (slo, threshold) ({info})", at_s):
+        if "slo" in s.labels and "threshold" in s.labels:
+            out.setdefault(s.labels["slo"], set()).add(s.labels["threshold"])
+    return out
