@@ -7,6 +7,8 @@ import random
 import pytest
 
 from servelens.core.edges import (
+    DURATION_EDGES_S,
+    FINE_DURATION_EDGES_S,
     FINE_ITL_EDGES_S,
     FINE_TTFT_EDGES_S,
     ITL_EDGES_S,
@@ -21,8 +23,9 @@ from servelens.core.quantiles import histogram_quantile
 
 def test_fine_grid_shape() -> None:
     assert octave_edges(0, 1) == (1.0, 1.09, 1.19, 1.3, 1.41, 1.54, 1.68, 1.83, 2.0)
-    assert len(FINE_TTFT_EDGES_S) == 140 and len(FINE_ITL_EDGES_S) == 134
-    assert FINE_TTFT_EDGES_S[0] == FINE_ITL_EDGES_S[0] == 0.0
+    assert len(FINE_TTFT_EDGES_S) == 140 and len(FINE_ITL_EDGES_S) == 134 and len(FINE_DURATION_EDGES_S) == 130
+    assert FINE_TTFT_EDGES_S[0] == FINE_ITL_EDGES_S[0] == FINE_DURATION_EDGES_S[0] == 0.0
+    assert FINE_DURATION_EDGES_S[1:4] == (0.00781, 0.00852, 0.00929) and FINE_DURATION_EDGES_S[-1] == 512.0
     assert [e for e in FINE_TTFT_EDGES_S if e > 128] == [220.0, 480.0]  # Dynamo's tail above the grid
     assert [e for e in FINE_ITL_EDGES_S if e > 8] == [13.0, 24.0, 44.0, 80.0]
     with pytest.raises(ValueError):
@@ -34,7 +37,10 @@ def test_defaults_and_dynamo() -> None:
     d = MetricEdges.dynamo()
     assert d.is_dynamo and not MetricEdges().is_dynamo
     assert d.ttft_s == tuple(float(e) for e in TTFT_EDGES_S) and d.itl_s == tuple(float(e) for e in ITL_EDGES_S)
-    assert MetricEdges().duration_s == d.duration_s  # only TTFT and ITL are refined
+    # the duration too: Dynamo's 0, 2, 4, ... s put every request of the demo (0.01-2 s) in one le bucket
+    assert MetricEdges().duration_s == FINE_DURATION_EDGES_S
+    assert d.duration_s == tuple(float(e) for e in DURATION_EDGES_S)
+    assert MetricEdges().isl_tokens == d.isl_tokens and MetricEdges().osl_tokens == d.osl_tokens
 
 
 @pytest.mark.parametrize(("spec", "want"), [
@@ -47,8 +53,10 @@ def test_parse_edges(spec: object, want: tuple[float, ...]) -> None:
     assert parse_edges(spec, "ttft") == want
 
 
-def test_parse_edges_itl_preset() -> None:
+def test_parse_edges_itl_and_duration_presets() -> None:
     assert parse_edges("dynamo", "itl") == tuple(float(e) for e in ITL_EDGES_S)
+    assert parse_edges("dynamo", "duration") == tuple(float(e) for e in DURATION_EDGES_S)
+    assert parse_edges("fine", "duration") == FINE_DURATION_EDGES_S
 
 
 @pytest.mark.parametrize(("spec", "msg"), [
@@ -66,7 +74,7 @@ def test_parse_edges_errors_are_one_line(spec: object, msg: str) -> None:
     assert "\n" not in str(err.value) and str(err.value).startswith("ttft edges")
 
 
-@pytest.mark.parametrize("edges", [FINE_TTFT_EDGES_S, FINE_ITL_EDGES_S])
+@pytest.mark.parametrize("edges", [FINE_TTFT_EDGES_S, FINE_ITL_EDGES_S, FINE_DURATION_EDGES_S])
 def test_fine_edges_bound_the_interpolation_error(edges: tuple[float, ...]) -> None:
     """histogram_quantile over the fine edges is within 9.8 % of the order statistic it estimates (the
     ceil(q * n)-th smallest value, which lies in the same bucket), for any distribution inside the grid:
@@ -100,8 +108,8 @@ def test_octave_edges_start_at_the_first_octave() -> None:
         octave_edges(2, 2)
     assert str(err.value) == "first octave 2 must be below the end octave 2"
     with pytest.raises(ValueError) as err:
-        parse_edges("fine", "duration")
-    assert str(err.value) == "kind must be 'ttft' or 'itl', got 'duration'"
+        parse_edges("fine", "osl")
+    assert str(err.value) == "kind must be one of ttft, itl, duration, got 'osl'"
 
 
 def test_the_fine_sets_are_built_as_documented() -> None:

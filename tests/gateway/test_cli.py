@@ -111,7 +111,8 @@ def test_edges_and_series_budget_from_flags_and_file(tmp_path: Path) -> None:
         (["--upstream", "http://h:1", "--ttft-edges", "1,0.5"], "ttft edges: histogram edges must be strictly"),
         (["--upstream", "http://h:1", "--itl-edges", "coarse"], "itl edges must be fine, dynamo or"),
         (["--upstream", "http://h:1", "--metrics-prefix", "dynamo_frontend", "--by-isl-only", "--ttft-edges",
-          "fine"], "the TTFT and ITL edges are Dynamo's"),
+          "fine"], "the TTFT, ITL and duration edges are Dynamo's"),
+        (["--upstream", "http://h:1", "--duration-edges", "2,1"], "duration edges: histogram edges must be strictly"),
         (["--upstream", "http://h:1", "--max-series", "0"], "max_series must be >= 1"),
     ],
 )

@@ -19,7 +19,8 @@ async def test_startup_summary_names_upstream_models_buckets_and_prefix() -> Non
         finally:
             await running.close()
     assert line == (f"servelens gateway: upstream {sim.url}; models sim-model; ISL buckets 0-512, 513-1024, 1025+; "
-                    "metrics dynamo_frontend_*, 18 TTFT and 20 ITL le edges, 364 series per model, at most 64 models; "
+                    "metrics dynamo_frontend_*, 18 TTFT, 20 ITL and 10 duration le edges, 364 series per model, "
+                    "at most 64 models; "
                     f"open files {b.soft} (hard {b.hard}): up to {b.max_connections} streams")
     assert b.max_connections == (b.soft - b.at_start - 64) // 2
     assert "\n" not in line
@@ -30,7 +31,8 @@ async def test_startup_summary_names_upstream_models_buckets_and_prefix() -> Non
             line = startup_summary(running)
         finally:
             await running.close()
-    assert "metrics servelens_*, 140 TTFT and 134 ITL le edges, 2,596 series per model, at most 19 models; " in line
+    assert ("metrics servelens_*, 140 TTFT, 134 ITL and 130 duration le edges, 3,556 series per model, at most 14 "
+            "models; ") in line
 
 
 async def test_startup_summary_before_the_upstream_answers() -> None:

@@ -21,7 +21,7 @@ def families(reg: CollectorRegistry) -> dict[str, list]:
 
 
 @pytest.mark.parametrize(("prefix", "by_isl_series", "stock_series"), [
-    ("servelens", 7 * (143 + 137 + 13 + 13 + 15), 336),  # the fine TTFT (140) and ITL (134) edges
+    ("servelens", 7 * (143 + 137 + 133 + 13 + 15), 456),  # the fine TTFT (140), ITL (134) and duration (130) edges
     ("dynamo_frontend", 7 * (21 + 23 + 13 + 13 + 15), 100),  # Dynamo 1.6.1's edges
 ])
 def test_series_count_one_model_seven_buckets(prefix: str, by_isl_series: int, stock_series: int) -> None:
@@ -134,7 +134,10 @@ def test_fine_edges_for_servelens_names_and_twins_share_them() -> None:
     assert 1 in ttft and 0.5 in ttft and 0.125 in itl  # powers of two are edges
     raw = generate_latest(reg).decode()
     assert 'le="0.000977"' in raw and 'le="1"' in raw and 'le="128"' in raw  # written as Dynamo writes le
-    assert _edges(fams, n.duration)[:-1] == [0, 2, 4, 8, 16, 32, 64, 130, 260, 510]  # the others stay Dynamo's
+    # the duration's fine edges too (Dynamo's 0, 2, 4, ... s held all of the demo's requests in one bucket)
+    duration = _edges(fams, n.duration)
+    assert duration[:3] == [0, 0.00781, 0.00852] and duration[-3:] == [470, 512, float("inf")]
+    assert _edges(fams, n.osl)[:-1] == [0, 100, 210, 430, 880, 1800, 3700, 7600, 16000, 32000]  # the others: Dynamo's
     for stock, twin in ((n.ttft, n.ttft_by_isl), (n.itl, n.itl_by_isl), (n.duration, n.duration_by_isl),
                         (n.osl, n.osl_by_isl), (n.cached, n.cached_by_isl)):
         assert _edges(fams, twin, isl_bucket="16385+") == _edges(fams, stock)
@@ -151,17 +154,21 @@ def test_dynamo_names_refuse_other_edges() -> None:
 
 
 def test_series_budget_caps_models() -> None:
-    m = FrontendMetrics(isl_buckets=BUCKETS, max_series=3 * 2596 + 100)
-    assert m.series_per_model == 2596 and m.max_models == 3
+    m = FrontendMetrics(isl_buckets=BUCKETS, max_series=3 * 3556 + 100)
+    assert m.series_per_model == 3556 and m.max_models == 3
     for i in range(3):
         m.register_model(f"m{i}")
-    with pytest.raises(ValueError, match=r"at most 3 models \(2,596 series per model within max_series 7,888\)"):
+    with pytest.raises(ValueError, match=r"at most 3 models \(3,556 series per model within max_series 10,768\)"):
         m.register_model("m3")
     m.register_model("m0")  # registered already: not a new model
     dyn = FrontendMetrics(isl_buckets=BUCKETS, prefix="dynamo_frontend")
     assert dyn.series_per_model == 708 and dyn.max_models == 64  # Dynamo's edges: max_models decides, as before
     assert FrontendMetrics(isl_buckets=BUCKETS, max_models=5).max_models == 5
-    with pytest.raises(ValueError, match="one model needs 2,596 series, over max_series 1,000"):
+    assert FrontendMetrics(isl_buckets=BUCKETS).max_models == 14  # the default budget, 50,000 (19 before the
+    # fine duration edges; with Dynamo's duration edges 2,596 series and 19 models again)
+    assert FrontendMetrics(isl_buckets=BUCKETS, edges=MetricEdges(duration_s=(2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 130.0,
+                                                                                260.0, 510.0))).max_models == 19
+    with pytest.raises(ValueError, match="one model needs 3,556 series, over max_series 1,000"):
         FrontendMetrics(isl_buckets=BUCKETS, max_series=1000)
 
 
@@ -271,6 +278,6 @@ def test_uncached_families_at_zero_on_registration_and_counted_in_the_budget() -
         "first_chunk_usage": 0, "final_usage": 0, "no_cached_tokens": 0, "unknown": 0}
     per_model = sum(len(v) for k, v in fams.items() if k not in (n.disconnected, n.requests.removesuffix("_total")))
     assert m.series_per_model == per_model
-    assert FrontendMetrics(isl_buckets=BUCKETS).series_per_model + 3 * (143 + 137 + 13) + 4 == per_model
+    assert FrontendMetrics(isl_buckets=BUCKETS).series_per_model + 3 * (143 + 137 + 133) + 4 == per_model
     with pytest.raises(ValueError, match="uncached buckets: ISL bucket boundaries must be strictly increasing"):
         FrontendMetrics(uncached_buckets="512,256")

@@ -48,6 +48,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--itl-edges", dest="itl_edges_s", metavar="EDGES",
                    help="le edges of the ITL histograms: fine (default: 2^(1/8) apart, ~0.12 ms to 8 s), dynamo, "
                    "or seconds S1,S2,...")
+    p.add_argument("--duration-edges", dest="duration_edges_s", metavar="EDGES",
+                   help="le edges of the request-duration histograms: fine (default: 2^(1/8) apart, ~7.8 ms to "
+                   "512 s), dynamo (0, 2, 4, ... s: every short request in one bucket), or seconds S1,S2,...")
     p.add_argument("--max-series", type=int, metavar="N",
                    help="series budget of /metrics: at most N / (series per model) models are registered "
                    "(default 50000; the start line says the series per model)")
@@ -100,6 +103,7 @@ _FLAGS = (
     "metrics_port", "metrics_host",  # the metrics listener
     "workers",
     "upstream", "host", "port", "isl_buckets", "uncached_buckets", "metrics_prefix", "ttft_edges_s", "itl_edges_s",
+    "duration_edges_s",
     "max_series",
     "by_isl_only", "continuous_usage", "inject_usage", "tokenizer", "chat_template", "request_log",
     "request_log_chunks",

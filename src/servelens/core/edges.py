@@ -1,22 +1,25 @@
 """Histogram ``le`` edge sets: NVIDIA Dynamo's, servelens' finer default, and edges given as text.
 
-Two sets of TTFT and ITL edges exist:
+Two sets of TTFT, ITL and request-duration edges exist:
 
 * **Dynamo's** (``dynamo``): exactly what Dynamo 1.6.1's frontend exposes, log-spaced with 2
   significant figures and a factor of ~2.1 between edges (TTFT 0.47, 1, 2.2 s, ...). Prometheus'
   ``histogram_quantile`` interpolates linearly inside the bucket that holds the quantile, so a
   percentile read from these edges can be off by most of a bucket: up to +68 % for the TTFT p99 of
-  the demo's buckets (docs/benchmarks.md). They are kept whenever Dynamo's names are exported
-  (``--metrics-prefix dynamo_frontend``): the by-ISL twins must share their stock twin's edges, and
-  Dynamo's stock histograms have these.
+  the demo's buckets (docs/benchmarks.md). Dynamo's duration edges (0, 2, 4, 8, ... s) put every
+  request of the demo (0.01-2 s) in one bucket, where ``histogram_quantile`` reads any p95 as 1.9 s.
+  They are kept whenever Dynamo's names are exported (``--metrics-prefix dynamo_frontend``): the
+  by-ISL twins must share their stock twin's edges, and Dynamo's stock histograms have these.
 * **Fine** (``fine``, the default for servelens' own names): edges a factor of 2^(1/8) apart (the
   bucket boundaries of a native histogram at schema 3, written with 3 significant figures: 0.000977,
-  0.00106, 0.00116, ...), from 2^-10 s (~1 ms) to 128 s for TTFT and from 2^-13 s (~0.12 ms) to 8 s
-  for ITL, with Dynamo's coarse edges beyond (TTFT 220, 480 s; ITL 13, 24, 44, 80 s) and 0 first, as
-  Dynamo has. Neighbouring edges are 8.3-9.8 % apart, so an interpolated percentile is within 9.8 % of
-  the exact value (the bound is reached only when every value of the quantile's bucket sits at one
-  end of it; for a smooth density the error is below 1 %). That costs 140 TTFT and 134 ITL edges
-  instead of 18 and 20 (the series count per model: :func:`servelens.prometheus.series_per_model`).
+  0.00106, 0.00116, ...), from 2^-10 s (~1 ms) to 128 s for TTFT, from 2^-13 s (~0.12 ms) to 8 s
+  for ITL and from 2^-7 s (~7.8 ms) to 512 s for the request duration, with Dynamo's coarse edges
+  beyond (TTFT 220, 480 s; ITL 13, 24, 44, 80 s; none past 512 s for duration, whose last Dynamo
+  edge is 510 s) and 0 first, as Dynamo has. Neighbouring edges are 8.3-9.8 % apart, so an
+  interpolated percentile is within 9.8 % of the exact value (the bound is reached only when every
+  value of the quantile's bucket sits at one end of it; for a smooth density the error is below 1 %).
+  That costs 140 TTFT, 134 ITL and 130 duration edges instead of 18, 20 and 10 (the series count per
+  model: :func:`servelens.prometheus.series_per_model`).
 
 Why classic histograms with fixed edges, not native (exponential) ones: Prometheus 2.42 (Debian 12)
 ingests native histograms only with ``--enable-feature=native-histograms`` and only over the protobuf
@@ -75,6 +78,8 @@ FINE_TTFT_EDGES_S: tuple[float, ...] = _fine(-10, 7, TTFT_EDGES_S)
 """0, then 2^(k/8) from 2^-10 s (0.977 ms) to 128 s, then Dynamo's 220 and 480 s: 140 edges."""
 FINE_ITL_EDGES_S: tuple[float, ...] = _fine(-13, 3, ITL_EDGES_S)
 """0, then 2^(k/8) from 2^-13 s (0.122 ms) to 8 s, then Dynamo's 13, 24, 44 and 80 s: 134 edges."""
+FINE_DURATION_EDGES_S: tuple[float, ...] = _fine(-7, 9, DURATION_EDGES_S)
+"""0, then 2^(k/8) from 2^-7 s (7.81 ms) to 512 s (Dynamo's last edge is 510 s): 130 edges."""
 
 def edges_kind(edges: Sequence[float], metric: str) -> str:
     """Which set ``edges`` (a histogram's finite ``le`` values, seconds, in order) is for ``metric``
@@ -92,29 +97,31 @@ def edges_kind(edges: Sequence[float], metric: str) -> str:
     return "other"
 
 
-EDGE_PRESETS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
-    "fine": (FINE_TTFT_EDGES_S, FINE_ITL_EDGES_S),
-    "dynamo": (TTFT_EDGES_S, ITL_EDGES_S),
+EDGE_PRESETS: dict[str, tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]] = {
+    "fine": (FINE_TTFT_EDGES_S, FINE_ITL_EDGES_S, FINE_DURATION_EDGES_S),
+    "dynamo": (TTFT_EDGES_S, ITL_EDGES_S, DURATION_EDGES_S),
 }
-"""Named ``(TTFT, ITL)`` edge sets (seconds)."""
+"""Named ``(TTFT, ITL, duration)`` edge sets (seconds)."""
+
+EDGE_KINDS = ("ttft", "itl", "duration")
+"""The histograms whose edges :func:`parse_edges` sets (the index into an :data:`EDGE_PRESETS` entry)."""
 
 
 def parse_edges(spec: Any, kind: str) -> tuple[float, ...]:
     """``le`` edges (seconds) from a flag or YAML value: a preset name (``fine``, ``dynamo``), a
-    comma-separated string of numbers, or a list of numbers. ``kind`` is ``ttft`` or ``itl`` (which
-    of a preset's two sets).
+    comma-separated string of numbers, or a list of numbers. ``kind`` is ``ttft``, ``itl`` or
+    ``duration`` (which of a preset's sets).
 
     Raises ValueError (one line) for an unknown preset, a value that is not a number, or edges that
     are empty, not strictly increasing or not finite.
     """
-    if kind not in ("ttft", "itl"):
-        raise ValueError(f"kind must be 'ttft' or 'itl', got {kind!r}")
+    if kind not in EDGE_KINDS:
+        raise ValueError(f"kind must be one of {', '.join(EDGE_KINDS)}, got {kind!r}")
     items: Sequence[Any]
     if isinstance(spec, str):
         name = spec.strip().lower()
         if name in EDGE_PRESETS:
-            ttft, itl = EDGE_PRESETS[name]
-            return tuple(float(e) for e in (ttft if kind == "ttft" else itl))
+            return tuple(float(e) for e in EDGE_PRESETS[name][EDGE_KINDS.index(kind)])
         items = [p for p in (s.strip() for s in spec.split(",")) if p]
     elif isinstance(spec, list | tuple):
         items = spec
@@ -140,14 +147,14 @@ def parse_edges(spec: Any, kind: str) -> tuple[float, ...]:
 class MetricEdges:
     """``le`` edges of the six histograms (seconds or tokens).
 
-    Defaults: the fine TTFT and ITL edges, Dynamo 1.6.1's for the rest (duration, ISL, OSL, cached
+    Defaults: the fine TTFT, ITL and duration edges, Dynamo 1.6.1's for the rest (ISL, OSL, cached
     tokens); :meth:`dynamo` gives Dynamo's for all six. Raises ValueError on construction if any set
     is empty, not strictly increasing or not finite.
     """
 
     ttft_s: tuple[float, ...] = FINE_TTFT_EDGES_S
     itl_s: tuple[float, ...] = FINE_ITL_EDGES_S
-    duration_s: tuple[float, ...] = tuple(float(e) for e in DURATION_EDGES_S)
+    duration_s: tuple[float, ...] = FINE_DURATION_EDGES_S
     isl_tokens: tuple[float, ...] = tuple(float(e) for e in ISL_EDGES_TOKENS)
     osl_tokens: tuple[float, ...] = tuple(float(e) for e in OSL_EDGES_TOKENS)
     cached_tokens: tuple[float, ...] = tuple(float(e) for e in CACHED_EDGES_TOKENS)
@@ -159,7 +166,7 @@ class MetricEdges:
     @classmethod
     def dynamo(cls) -> MetricEdges:
         """Every set exactly as NVIDIA Dynamo 1.6.1's frontend exposes it."""
-        return cls(ttft_s=TTFT_EDGES_S, itl_s=ITL_EDGES_S)
+        return cls(ttft_s=TTFT_EDGES_S, itl_s=ITL_EDGES_S, duration_s=DURATION_EDGES_S)
 
     @property
     def is_dynamo(self) -> bool:

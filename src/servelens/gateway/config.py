@@ -17,6 +17,7 @@ YAML file shape (every key optional; CLI flags given explicitly override it)::
     metrics_prefix: servelens
     ttft_edges_s: fine                     # le edges: fine (default), dynamo, or a list of seconds;
     itl_edges_s: fine                      #   Dynamo's prefix (dynamo_frontend) takes Dynamo's only
+    duration_edges_s: fine
     max_series: 50000                      # series budget: models registered <= max_series / series per model
     continuous_usage: auto                 # auto | on | off
     by_isl_only: false
@@ -197,9 +198,10 @@ class GatewayConfig:
         uncached_buckets: boundaries of the opt-in buckets by uncached prompt tokens (ISL minus cached
             tokens, label ``uncached_bucket``), the same rules as ``isl_buckets``; None (default): off.
         metrics_prefix: metric name prefix (``dynamo_frontend`` gives Dynamo's names).
-        ttft_edges_s, itl_edges_s: ``le`` edges (seconds) of the TTFT and ITL histograms, stock and
-            by-ISL alike: ``fine``, ``dynamo``, a comma-separated string or a list (None: the
-            prefix's default, :func:`~servelens.prometheus.names.default_edges`). Stored as tuples.
+        ttft_edges_s, itl_edges_s, duration_edges_s: ``le`` edges (seconds) of the TTFT, ITL and
+            request-duration histograms, stock, by-ISL and by-uncached alike: ``fine``, ``dynamo``, a
+            comma-separated string or a list (None: the prefix's default,
+            :func:`~servelens.prometheus.names.default_edges`). Stored as tuples.
             With Dynamo's prefix only Dynamo's edges are accepted (its stock twins have them).
         max_series: series budget of the metrics (see
             :data:`~servelens.prometheus.frontend.DEFAULT_MAX_SERIES`); with ``max_models`` it caps
@@ -255,6 +257,7 @@ class GatewayConfig:
     metrics_prefix: str = DEFAULT_PREFIX
     ttft_edges_s: tuple[float, ...] | None = None
     itl_edges_s: tuple[float, ...] | None = None
+    duration_edges_s: tuple[float, ...] | None = None
     max_series: int = DEFAULT_MAX_SERIES
     by_isl_only: bool = False
     continuous_usage: ContinuousUsage = "auto"
@@ -314,13 +317,13 @@ class GatewayConfig:
         except ValueError as exc:
             raise ValueError(f"uncached_buckets: {exc}") from None
         check_prefix(self.metrics_prefix)
-        for name, kind in (("ttft_edges_s", "ttft"), ("itl_edges_s", "itl")):
+        for name, kind in (("ttft_edges_s", "ttft"), ("itl_edges_s", "itl"), ("duration_edges_s", "duration")):
             spec = getattr(self, name)
             if spec is not None:
                 object.__setattr__(self, name, parse_edges(spec, kind))
         if self.metrics_prefix == DYNAMO_PREFIX and not self.metric_edges.is_dynamo:
-            raise ValueError("with --metrics-prefix dynamo_frontend the TTFT and ITL edges are Dynamo's (the by-ISL "
-                             "twins must share the edges of Dynamo's stock histograms): drop the edges setting")
+            raise ValueError("with --metrics-prefix dynamo_frontend the TTFT, ITL and duration edges are Dynamo's (the "
+                             "by-ISL twins must share the edges of Dynamo's stock histograms): drop the edges setting")
         self.slo  # noqa: B018  # a bad SLO spec is an error at start, not at the first request
         if self.by_isl_only and self.isl_buckets is None:
             raise ValueError("--by-isl-only needs ISL bucket boundaries (--isl-buckets)")
@@ -402,9 +405,10 @@ class GatewayConfig:
 
     @property
     def metric_edges(self) -> MetricEdges:
-        """The histograms' ``le`` edges: the prefix's defaults with the TTFT and ITL edges set here."""
+        """The histograms' ``le`` edges: the prefix's defaults with the TTFT, ITL and duration edges set here."""
         edges = default_edges(self.metrics_prefix)
-        return replace(edges, ttft_s=self.ttft_edges_s or edges.ttft_s, itl_s=self.itl_edges_s or edges.itl_s)
+        return replace(edges, ttft_s=self.ttft_edges_s or edges.ttft_s, itl_s=self.itl_edges_s or edges.itl_s,
+                       duration_s=self.duration_edges_s or edges.duration_s)
 
     @property
     def upstreams(self) -> tuple[str, ...]:

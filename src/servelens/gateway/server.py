@@ -221,7 +221,8 @@ def startup_summary(running: RunningGateway) -> str:
             + (f"uncached buckets {', '.join(metrics.uncached_buckets.labels)}; " if metrics.uncached_buckets else "")
             + f"metrics {cfg.metrics_prefix}_*{' (by-ISL only)' if cfg.by_isl_only else ''}"
             f"{f' at {running.metrics_url}' if running.metrics_listener is not None else ''}, "
-            f"{len(edges.ttft_s)} TTFT and {len(edges.itl_s)} ITL le edges, {metrics.series_per_model:,} series "
+            f"{len(edges.ttft_s)} TTFT, {len(edges.itl_s)} ITL and {len(edges.duration_s)} duration le edges, "
+            f"{metrics.series_per_model:,} series "
             f"per model, at most {metrics.max_models} models"
             + (f"; open files {b.soft} (hard {b.hard}): up to {b.max_connections} streams" if b else ""))
 

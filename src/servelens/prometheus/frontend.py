@@ -29,7 +29,8 @@ from servelens.prometheus.names import DEFAULT_PREFIX, DYNAMO_PREFIX, MetricName
 DEFAULT_MAX_SERIES = 50_000
 """Series budget of one :class:`FrontendMetrics` (the models it registers times
 :func:`series_per_model`). The old guard, 64 models of ~700 series each with Dynamo's edges, allowed
-~45,000; with the fine edges and seven ISL buckets (~2,600 series per model) this allows 19 models."""
+~45,000; with the fine TTFT, ITL and duration edges and seven ISL buckets (3,556 series per model) this
+allows 14 models (19 with Dynamo's duration edges, 2,596 series per model)."""
 
 
 def series_per_model(

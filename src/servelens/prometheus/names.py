@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from servelens.core.edges import (
     CACHED_EDGES_TOKENS,
     DURATION_EDGES_S,
+    FINE_DURATION_EDGES_S,
     FINE_ITL_EDGES_S,
     FINE_TTFT_EDGES_S,
     ISL_EDGES_TOKENS,
@@ -38,6 +39,7 @@ __all__ = [
     "DEFAULT_PREFIX",
     "DURATION_EDGES_S",
     "DYNAMO_PREFIX",
+    "FINE_DURATION_EDGES_S",
     "FINE_ITL_EDGES_S",
     "FINE_TTFT_EDGES_S",
     "ISL_EDGES_TOKENS",
@@ -63,7 +65,7 @@ def check_prefix(prefix: str) -> str:
 def default_edges(prefix: str) -> MetricEdges:
     """The ``le`` edges for a prefix: Dynamo 1.6.1's, all six sets, for Dynamo's names (the by-ISL
     twins share their stock twin's edges, and Dynamo's own stock histograms have those); otherwise
-    :class:`~servelens.core.edges.MetricEdges`' defaults (the fine TTFT and ITL edges)."""
+    :class:`~servelens.core.edges.MetricEdges`' defaults (the fine TTFT, ITL and duration edges)."""
     return MetricEdges.dynamo() if prefix == DYNAMO_PREFIX else MetricEdges()
 
 
