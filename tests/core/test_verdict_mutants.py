@@ -146,3 +146,23 @@ def test_shifted_toward_weighs_the_earlier_mean_and_the_mix_sign() -> None:
     at_mean = (replace(MOVED[0], share_after=0.8), replace(MOVED[1], share_after=0.3),
                replace(MOVED[2], share_after=0.0), replace(MOVED[3], share_after=0.0))
     assert shifted_toward(explanation("mix", at_mean, (1.0, 1.0, None), mix=0.2)) == "0-512"
+
+
+def test_a_quantile_interpolated_inside_one_le_bucket_gives_way_to_the_mean() -> None:
+    """``duration p95 stayed at 1.9 s`` was 0.95 x the 2 s edge of the one le bucket holding every request;
+    the line headlines the exact mean instead, and says why, and a bucket's figures are its means."""
+    slowed = replace(MOVED[1], change=SLOWER, quantiles_before_s=(1.9,), quantiles_after_s=(1.95,),
+                     mean_before_s=0.3, mean_after_s=0.45, latency_effect_s=0.1, le_range_before_s=(0.0, 2.0))
+    e = replace(explanation("latency", (MOVED[0], slowed, MOVED[2], MOVED[3]), (1.9, 1.9, 1.9), latency=0.1,
+                            mean=(0.245, 0.329)), counterfactual_mean_s=0.33, le_range_before_s=(0.0, 2.0),
+                le_range_after_s=(0.0, 2.0), le_range_counterfactual_s=(0.0, 2.0))
+    assert verdict_line(e) == (
+        "TTFT mean rose 245 ms -> 329 ms (p95 not measured: every TTFT of both windows in the le bucket 0-2.0 s); "
+        "at the earlier mix it would be 330 ms: slower within buckets, not a traffic shift (mean: mix +0 ms, "
+        "latency +100 ms); 513-1024 slowed, mean 300 ms -> 450 ms")
+    one = replace(e, le_range_after_s=None, le_range_counterfactual_s=None)
+    assert "(p95 not measured: every TTFT of the earlier window in the le bucket 0-2.0 s)" in verdict_line(one)
+    two = replace(e, le_range_after_s=(2.0, 4.0), le_range_counterfactual_s=None)
+    assert "(p95 not measured: every value in one le bucket: earlier 0-2.0 s, later 2.0-4.0 s)" in verdict_line(two)
+    top = replace(e, le_range_before_s=(510.0, float("inf")), le_range_after_s=None, le_range_counterfactual_s=None)
+    assert "in the le bucket over 510 s)" in verdict_line(top)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 
 from servelens.cli.main import main
 from servelens.core.buckets import IslBuckets
+from servelens.core.edges import MetricEdges
 from servelens.formats.mix_file import read_mix
 from servelens.formats.results import write_results
 from servelens.prometheus.frontend import FrontendMetrics
@@ -176,3 +178,44 @@ def test_reference_mix_shows_both_windows_at_it(runs: dict[str, str], tmp_path: 
     assert doc["at_reference"]["after"]["mean_s"] == pytest.approx(doc["counterfactual_mean_s"], rel=1e-5)
     rc, text, _ = cli("--results", runs["a"], runs["b"], "--metric", "ttft", "--reference-mix", runs["good"])
     assert rc == 0 and "TTFT at the reference mix" in text
+
+
+def _scrape_pairs(tmp: Path, edges: MetricEdges) -> list[str]:
+    """Two windows of the same engine (every duration 0.1-1.9 s) as four scrapes of one gateway."""
+    m = FrontendMetrics(isl_buckets=BUCKETS, edges=edges)
+    m.register_model("test-model")
+    paths = []
+    for k, (seed, mix) in enumerate(((6, EARLY_MIX), (7, LATE_MIX))):
+        paths.append(tmp / f"w{k}0.txt")
+        paths[-1].write_bytes(m.exposition())
+        feed_records(m, run_phase(seed, BUCKETS, mix, 150))
+        paths.append(tmp / f"w{k}1.txt")
+        paths[-1].write_bytes(m.exposition())
+    return [str(p) for p in paths]
+
+
+def test_a_quantile_inside_one_le_bucket_is_not_presented_as_measured(tmp_path: Path) -> None:
+    """With Dynamo's duration edges (0, 2, 4, ... s) every request of a window fell in 0-2 s and explain
+    printed "duration p95 stayed at 1.9 s" (0.95 x 2 s) while the means were 0.1-1.1 s. The verdict now
+    headlines the mean and says why; the tables mark such quantiles ``~``, as the bench table does."""
+    coarse = MetricEdges(duration_s=MetricEdges.dynamo().duration_s)
+    rc, out, _ = cli("--metrics", *_scrape_pairs(tmp_path, coarse), "--metric", "duration")
+    assert rc == 0
+    line = out.splitlines()[0]
+    assert re.fullmatch(r"duration mean rose \d+ ms -> \d+ ms \(p95 not measured: every duration of both windows "
+                        r"in the le bucket 0-2\.0 s\); at the earlier mix it would be \d+ ms: .*", line), line
+    assert "p95 stayed at 1.9 s" not in out and "p95 rose" not in line
+    p95 = next(row for row in out.splitlines() if row.startswith("p95 "))
+    assert p95.split()[1:3] == ["~1900", "~1900"]  # 0.95 x 2 s in both windows: interpolations, marked
+    rows = out.split("by ISL bucket")[1].splitlines()[3:3 + len(BUCKETS.labels)]
+    assert all(re.search(r" ~\d+→~\d+ ", row) for row in rows), rows
+    assert ("~ every duration of a row in one le bucket (0-2.0 s: all requests, 0-512, 513-1024, 1025-2048, "
+            "2049-4096, 4097-8192, 8193-16384, 16385+): its percentiles are interpolated inside it, not measured; "
+            "only the range is known (means are exact)") in out.splitlines()
+    doc = json.loads(cli("--metrics", *_scrape_pairs(tmp_path, coarse), "--metric", "duration", "--format",
+                         "json")[1])["metrics"]["duration"]
+    assert doc["le_range_before_s"] == doc["le_range_after_s"] == [0.0, 2.0]
+    assert doc["buckets"][0]["le_range_before_s"] == [0.0, 2.0]
+    # the fine duration edges (the default now): measured quantiles, nothing marked
+    rc, out, _ = cli("--metrics", *_scrape_pairs(tmp_path, MetricEdges()), "--metric", "duration")
+    assert rc == 0 and out.startswith("duration p95 ") and "~" not in out and "not measured" not in out

@@ -179,6 +179,16 @@ def observed_quantiles(
     return mixture_quantiles([_bucket_rows(window)[0 if bucket is None else bucket + 1]], quantiles)[0]
 
 
+def one_le_bucket(window: Window, bucket: int | None = None) -> tuple[float, float] | None:
+    """The ``(lower, upper]`` edges (s) of the one ``le`` bucket holding every observation of a histogram
+    window (``bucket`` None: all its buckets summed), or None (several ``le`` buckets, no observation, or a
+    sample window: its quantiles are measured). :meth:`~servelens.core.summary.CumulativeHistogram.single_bucket`."""
+    if not isinstance(window, HistogramWindow):
+        return None
+    hists = window.histograms if bucket is None else (window.histograms[bucket],)
+    return reduce(CumulativeHistogram.plus, hists).single_bucket()
+
+
 @dataclass(frozen=True)
 class QuantileShift:
     """One quantile of the all-requests figures: earlier, later, later at the earlier mix (s)."""
@@ -204,6 +214,10 @@ class BucketChange:
         change: ``slower``, ``faster``, ``no significant change``, ``too few requests``,
             ``only in the earlier window`` / ``only in the later window``, or ``no data in either window``.
         quantiles_before_s, quantiles_after_s: its quantiles at the explanation's ``q`` values.
+        le_range_before_s, le_range_after_s: histogram windows only: the ``(lower, upper]`` edges (s) of
+            the one ``le`` bucket that holds every observation of the bucket in that window, else None.
+            Its quantiles there are then points of ``histogram_quantile``'s straight line through that
+            ``le`` bucket, not measurements (the report's ``~``).
     """
 
     label: str
@@ -220,6 +234,12 @@ class BucketChange:
     change: str
     quantiles_before_s: tuple[float | None, ...]
     quantiles_after_s: tuple[float | None, ...]
+    le_range_before_s: tuple[float, float] | None = None
+    le_range_after_s: tuple[float, float] | None = None
+
+    def interpolated(self) -> bool:
+        """True when the bucket's quantiles in either window are interpolations inside one ``le`` bucket."""
+        return self.le_range_before_s is not None or self.le_range_after_s is not None
 
 
 @dataclass(frozen=True)
@@ -229,6 +249,9 @@ class Explanation:
     ``mix_effect_s + latency_effect_s == mean_after_s - mean_before_s`` (to rounding).
     ``buckets`` is in numeric order; :meth:`ranked` orders the changed ones by contribution.
     ``limitations`` lists, one line each, what the figures cannot say (never a silent number).
+    ``le_range_before_s``, ``le_range_after_s``, ``le_range_counterfactual_s``: histogram windows only,
+    the one ``le`` bucket holding every observation of all requests (earlier, later, later at the
+    earlier mix), else None: those quantiles are interpolations inside it, not measurements.
     """
 
     metric: str
@@ -252,6 +275,9 @@ class Explanation:
     limitations: tuple[str, ...]
     unbucketed_before: float = 0.0
     unbucketed_after: float = 0.0
+    le_range_before_s: tuple[float, float] | None = None
+    le_range_after_s: tuple[float, float] | None = None
+    le_range_counterfactual_s: tuple[float, float] | None = None
 
     def ranked(self) -> tuple[BucketChange, ...]:
         """Buckets whose own latency changed significantly, largest ``|latency_effect_s|`` first."""
@@ -369,6 +395,7 @@ def explain(
             change=change,
             quantiles_before_s=per_a[i] if n_a[i] > 0 else (None,) * len(quantiles),
             quantiles_after_s=per_b[i] if n_b[i] > 0 else (None,) * len(quantiles),
+            le_range_before_s=one_le_bucket(before, i), le_range_after_s=one_le_bucket(after, i),
         ))
     for name, n in (("earlier", before.unbucketed), ("later", after.unbucketed)):
         if n:
@@ -405,4 +432,7 @@ def explain(
         limitations=tuple(notes),
         unbucketed_before=float(before.unbucketed),
         unbucketed_after=float(after.unbucketed),
+        le_range_before_s=one_le_bucket(before),
+        le_range_after_s=one_le_bucket(after),
+        le_range_counterfactual_s=cf.histogram.single_bucket() if cf.histogram is not None else None,
     )

@@ -5,8 +5,8 @@ writes every figure of a group in the unit of the largest: seconds when it is at
 milliseconds (``77 ms -> 110 ms``, ``0.5 s -> 1.2 s``, ``+0.14 ms, not +0.28 ms``).
 
 Precision: two significant figures (trailing zeros dropped: ``0.5 s``), at most three decimals, never
-an exponent (a figure under the last decimal reads ``0``); seconds of 1 s and more keep one decimal
-(``9.8 s``, ``2.0 s``).
+an exponent (a figure under the last decimal reads ``0``); seconds from 1 s to 100 s keep one decimal
+(``9.8 s``, ``2.0 s``), from 100 s none (``510 s``).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def format_in(x: float | None, unit: str, signed: bool = False) -> str:
     v = x * (1000.0 if unit == "ms" else 1.0)
     a = abs(v)
     if unit == "s" and a >= 1:
-        decimals = 1
+        decimals = 0 if round(a, 1) >= 100 else 1
     elif a > 0:
         decimals = min(3, max(0, 1 - math.floor(math.log10(a))))  # two significant figures
         if round(a, decimals) >= 10 ** (2 - decimals) and decimals > 0:  # 0.0999 -> 0.1, not 0.100

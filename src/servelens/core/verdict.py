@@ -6,7 +6,9 @@ toward 8193+ prompts; 4097-8192 also slowed, 0.9 s -> 4.4 s``
 Figures read together (a pair, the headline with its counterfactual, the mean's two effects) share
 one unit (:mod:`servelens.core.units`): ``77 ms -> 110 ms``, not ``77 ms -> 0.11 s``.
 
-The headline is one quantile (p95 unless asked); the explanation after the colon follows the
+The headline is one quantile (p95 unless asked), or the mean when that quantile is not measured (every
+observation of a window in one ``le`` bucket of its histograms: :func:`not_measured`); the explanation
+after the colon follows the
 mean's verdict (mix, latency, both, none), with the mean's split it is judged on (``(mean: mix
 +360 ms, latency +430 ms)``; for ``none`` the mean in both windows and its split), since a
 quantile can move another way than the mean. Buckets named as slower or faster are those whose own
@@ -85,10 +87,37 @@ def _moved(a: float | None, b: float | None, unit: str) -> str:
     return f"{word} {fa}" if word == "stayed at" else f"{word} {fa} -> {fb}"
 
 
+def le_span(r: tuple[float, float]) -> str:
+    """An ``le`` bucket ``(lower, upper]`` (s) in one unit: ``0-2.0 s``, ``22-24 ms``, ``over 510 s``."""
+    lo, hi = r
+    if hi == float("inf"):
+        return f"over {format_times(lo)[0]}"
+    a, b = format_times(lo, hi)
+    return f"{a.rsplit(' ', 1)[0]}-{b}"
+
+
+def not_measured(e: Explanation) -> str | None:
+    """Why ``e``'s all-requests quantiles are not measurements, or None when they are: every observation
+    of a window (or of the later one at the earlier mix) fell in one ``le`` bucket, where
+    ``histogram_quantile`` returns points of a straight line through it."""
+    spans = [(name, r) for name, r in (("earlier", e.le_range_before_s), ("later", e.le_range_after_s),
+                                       ("at the earlier mix", e.le_range_counterfactual_s)) if r is not None]
+    if not spans:
+        return None
+    if len({r for _, r in spans}) == 1:
+        windows = [n for n, _ in spans if n in ("earlier", "later")]
+        where = ("both windows" if len(windows) == 2 else f"the {windows[0]} window" if windows
+                 else "the later window at the earlier mix")
+        return f"every {e.metric} of {where} in the le bucket {le_span(spans[0][1])}"
+    return "every value in one le bucket: " + ", ".join(f"{n} {le_span(r)}" for n, r in spans)
+
+
 def _figures(b: BucketChange, qi: int | None) -> tuple[float | None, float | None, str]:
     """The bucket's headline quantile in both windows; its mean (named so) when the quantile did not
-    move the way the bucket changed (coarse ``le`` edges can put both in one bucket's interpolation)."""
-    if qi is not None and b.quantiles_before_s[qi] is not None and b.quantiles_after_s[qi] is not None:
+    move the way the bucket changed (coarse ``le`` edges can put both in one bucket's interpolation),
+    or when a window's observations all fell in one ``le`` bucket (the quantile is not measured)."""
+    if qi is not None and b.quantiles_before_s[qi] is not None and b.quantiles_after_s[qi] is not None \
+            and not b.interpolated():
         a, z = b.quantiles_before_s[qi], b.quantiles_after_s[qi]
         assert a is not None and z is not None
         if (z - a) * (-1 if b.change == FASTER else 1) > 0:
@@ -100,10 +129,16 @@ def verdict_line(e: Explanation, q: float = 0.95, top: int = 3) -> str:
     """One line (module docstring). Raises KeyError when ``q`` is not among ``e``'s quantiles."""
     s = e.quantile(q)
     qi = next(i for i, x in enumerate(e.quantiles) if x is s)
-    unit = time_unit((s.before_s, s.after_s, s.counterfactual_s))  # one unit for the headline's figures
-    line = f"{e.metric} p{q * 100:g} {_moved(s.before_s, s.after_s, unit)}"
-    if s.counterfactual_s is not None:
-        line += f"; at the earlier mix it would be {format_in(s.counterfactual_s, unit)}"
+    why = not_measured(e)
+    if why is None:
+        unit = time_unit((s.before_s, s.after_s, s.counterfactual_s))  # one unit for the headline's figures
+        line = f"{e.metric} p{q * 100:g} {_moved(s.before_s, s.after_s, unit)}"
+        if s.counterfactual_s is not None:
+            line += f"; at the earlier mix it would be {format_in(s.counterfactual_s, unit)}"
+    else:  # an interpolation inside one le bucket is no measurement: the mean, which is exact, instead
+        unit = time_unit((e.mean_before_s, e.mean_after_s, e.counterfactual_mean_s))
+        line = (f"{e.metric} mean {_moved(e.mean_before_s, e.mean_after_s, unit)} (p{q * 100:g} not measured: "
+                f"{why}); at the earlier mix it would be {format_in(e.counterfactual_mean_s, unit)}")
     changed = e.ranked()
     shown, rest = changed[:top], len(changed) - top
 

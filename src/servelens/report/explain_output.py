@@ -33,6 +33,7 @@ from servelens.core.decompose import (
     Explanation,
 )
 from servelens.core.slo import Attainment, AttainmentBounds
+from servelens.core.verdict import le_span
 from servelens.formats.slo_table import (
     attainment_caption,
     attainment_dicts,
@@ -41,6 +42,7 @@ from servelens.formats.slo_table import (
     bounds_table,
     slo_dict,
 )
+from servelens.formats.table import ONE_LE_BUCKET_MARK
 from servelens.report.explain import ExplainReport, MetricResult
 
 WIDTH = 80
@@ -112,8 +114,15 @@ def _unit(e: Explanation) -> Unit:
     return Unit(vals)
 
 
+def _mark(text: str, one_bucket: bool) -> str:
+    """A quantile cell, prefixed :data:`~servelens.formats.table.ONE_LE_BUCKET_MARK` when it is an
+    interpolation inside the one ``le`` bucket that holds every observation (not a measurement)."""
+    return ONE_LE_BUCKET_MARK + text if one_bucket and text != "-" else text
+
+
 def overview_table(r: MetricResult) -> Table:
-    """All requests: mean and quantiles in both windows, and the later window at the earlier mix."""
+    """All requests: mean and quantiles in both windows, and the later window at the earlier mix; a
+    quantile interpolated inside the one ``le`` bucket holding every observation is marked ``~``."""
     e = r.explanation
     assert e is not None
     u = _unit(e)
@@ -122,10 +131,35 @@ def overview_table(r: MetricResult) -> Table:
         t.add_column(h, justify="left" if not h else "right", no_wrap=True)
     t.add_row("mean", u.fmt(e.mean_before_s), u.fmt(e.mean_after_s), u.fmt(e.counterfactual_mean_s),
               u.signed(e.mean_after_s - e.mean_before_s))
+    a, b, c = (x is not None for x in (e.le_range_before_s, e.le_range_after_s, e.le_range_counterfactual_s))
     for s in e.quantiles:
         change = None if s.before_s is None or s.after_s is None else s.after_s - s.before_s
-        t.add_row(f"p{s.q * 100:g}", u.fmt(s.before_s), u.fmt(s.after_s), u.fmt(s.counterfactual_s), u.signed(change))
+        t.add_row(f"p{s.q * 100:g}", _mark(u.fmt(s.before_s), a), _mark(u.fmt(s.after_s), b),
+                  _mark(u.fmt(s.counterfactual_s), c), _mark(u.signed(change), a or b))
     return t
+
+
+def one_bucket_lines(e: Explanation) -> list[str]:
+    """The footnote for ``~`` cells, one line per metric (none when nothing is marked): which windows
+    and buckets held every observation in one ``le`` bucket, and that their quantiles are not measured."""
+    held: dict[tuple[float, float], dict[str, list[str]]] = {}  # le bucket -> row -> windows
+    rows: list[tuple[str, tuple[tuple[str, tuple[float, float] | None], ...]]] = [
+        ("all requests", (("earlier", e.le_range_before_s), ("later", e.le_range_after_s),
+                          ("at the earlier mix", e.le_range_counterfactual_s)))]
+    rows += [(b.label, (("earlier", b.le_range_before_s), ("later", b.le_range_after_s))) for b in e.buckets]
+    for label, windows in rows:
+        for window, r in windows:
+            if r is not None:
+                held.setdefault(r, {}).setdefault(label, []).append(window)
+    if not held:
+        return []
+    groups = []
+    for r, by_row in held.items():
+        named = [label if {"earlier", "later"} <= set(windows) else f"{label} ({', '.join(windows)})"
+                 for label, windows in by_row.items()]
+        groups.append(f"{le_span(r)}: {', '.join(named)}")
+    return [f"{ONE_LE_BUCKET_MARK} every {e.metric} of a row in one le bucket ({'; '.join(groups)}): its "
+            "percentiles are interpolated inside it, not measured; only the range is known (means are exact)"]
 
 
 def split_table(e: Explanation) -> Table:
@@ -163,10 +197,11 @@ def bucket_table(e: Explanation, q: float) -> Table:
                  (f"p{q * 100:g}", "right"), ("latency", "left")):
         t.add_column(h, justify=j, no_wrap=True)  # type: ignore[arg-type]
     for b in e.buckets:
+        quantile = (f"{_mark(u.fmt(b.quantiles_before_s[qi]), b.le_range_before_s is not None)}→"
+                    f"{_mark(u.fmt(b.quantiles_after_s[qi]), b.le_range_after_s is not None)}")
         t.add_row(b.label, f"{_count(b.count_before)}→{_count(b.count_after)}",
                   f"{b.share_before * 100:.0f}→{b.share_after * 100:.0f}%",
-                  u.pair(b.mean_before_s, b.mean_after_s),
-                  u.pair(b.quantiles_before_s[qi], b.quantiles_after_s[qi]), SHORT.get(b.change, b.change))
+                  u.pair(b.mean_before_s, b.mean_after_s), quantile, SHORT.get(b.change, b.change))
     return t
 
 
@@ -239,8 +274,8 @@ def render_text(report: ExplainReport, headline: float = 0.95, width: int = WIDT
         console.rule(e.metric, align="left")
         _print(console, overview_table(r), split_table(e), reference_table(r), bucket_table(e, headline),
                ranked_table(e) or f"{e.metric}: no bucket's latency changed significantly")
-        for note in e.limitations:
-            console.print(f"note: {note}", soft_wrap=True, highlight=False)
+        for note in (*one_bucket_lines(e), *(f"note: {n}" for n in e.limitations)):
+            console.print(note, soft_wrap=True, highlight=False)
         console.print(f"uncertainty: {e.uncertainty}", soft_wrap=True, highlight=False)
     if report.slo is not None:
         console.print()
