@@ -50,6 +50,7 @@ from servelens.formats.results import load_results
 from servelens.gateway.requestlog import read_request_log
 
 QUANTILES = (50, 95, 99)
+SHOWN = ("ttft_p50", "ttft_p95", "ttft_p99", "itl_p50", "itl_p95")  # the columns of the demo's table
 
 
 def _binned(values: list[float], edges: tuple[float, ...], q: float) -> float:
@@ -227,6 +228,11 @@ def summary_line(c: dict[str, Any]) -> str:
             ct = sum(abs(f["client_vs_truth_pct"]) <= 10 for f in figs)
             text += f"; server within 10 % of the engine's truth: {st}/{len(figs)}, client: {ct}/{len(figs)}"
         parts.append(text + ")")
+    shown = [row[k] for row in c["buckets"].values() for k in SHOWN]
+    near = sum(abs(f["server_vs_client_pct"]) <= 10 for f in shown)
+    span = sum(abs(f["server_vs_client_pct"]) <= 10 or f["server_in_client_span"] for f in shown)
+    parts.append(f"figures the demo's table shows (TTFT p50/p95/p99, ITL p50/p95): within 10 % of the client "
+                 f"{near}/{len(shown)}, or of its order statistics around the rank {span}/{len(shown)}")
     same = [k for k, r in c["ranks"].items() if r["server"] == r["client"]]
     parts.append(f"ranked as the client: {', '.join(same) or 'none'}")
     return "\n" + "; ".join(parts)
