@@ -13,9 +13,11 @@ from servelens.core.slo import (
     Slo,
     Threshold,
     counted_attainment,
+    histogram_attainment,
     parse_threshold,
     threshold_note,
 )
+from servelens.core.summary import CumulativeHistogram
 from servelens.core.windows import ExplainError
 
 B = IslBuckets.parse("512")
@@ -121,3 +123,18 @@ def test_itl_only_attainment_and_thresholds_met_exactly() -> None:
     table = Slo(ttft=Threshold(table=(("0-512", 0.5), ("513+", 0.1))))
     assert meets(table, SloRequest(100, True, 0.5), "0-512") == (True, True)
     assert meets(Slo(ttft=Threshold(0.1, 0.001)), SloRequest(None, True, 0.05), "0-512") == (False, True)
+
+
+def test_histogram_attainment_refuses_lists_not_matching_the_buckets_whichever_slo_is_set() -> None:
+    h = CumulativeHistogram(((0.5, 1.0), (math.inf, 1.0)), 0.3)
+    cases = [
+        ([h], [h, h], Slo(itl=Threshold(0.5)), "1 TTFT histograms for 2 ISL buckets"),
+        ([h, h, h], [h, h], Slo(itl=Threshold(0.5)), "3 TTFT histograms for 2 ISL buckets"),
+        ([h, h], [h], Slo(ttft=Threshold(0.5)), "1 ITL histograms for 2 ISL buckets"),
+        ([h, h], [h, h, h], Slo(ttft=Threshold(0.5)), "3 ITL histograms for 2 ISL buckets"),
+        ([h, h, h], [h, h], Slo(ttft=Threshold(0.5)), "3 TTFT histograms for 2 ISL buckets"),
+    ]
+    for ttft, itl, slo, message in cases:
+        with pytest.raises(ExplainError) as err:
+            histogram_attainment(ttft, itl, B, slo)
+        assert str(err.value) == message
