@@ -129,3 +129,17 @@ def test_the_lf_after_a_bare_cr_read_end_is_passed_over_and_the_line_not_parsed_
     assert d.decode(b"xdata: c\r") == []  # an unknown field "xdata", ended by its \r at once
     # the \n completing that \r\n is skipped; "data: c" inside "xdata: c" must not be read as a field
     assert fields(d.decode(b"\n\r")) == [(None, None, b"xdata: c\r\n\r")]
+
+
+def test_a_skipped_prefix_is_spent_once_checked() -> None:
+    """The BOM is looked for at the stream's first byte and the LF of a split CR LF at the next read's:
+    once checked, later reads are parsed from their first byte whatever it is (a field name that
+    merely ends in "data", a BOM mid-stream: unknown fields, no data)."""
+    d = SSEDecoder()
+    assert fields(d.decode(b"data: a\r\r")) == [("a", None, b"data: a\r\r")]  # bare \r line ends
+    assert fields(d.decode(b"XXXXdata: b\r")) == []  # its \r ends the line at once; a \n may follow
+    assert fields(d.decode(b"\n\r")) == [(None, None, b"XXXXdata: b\r\n\r")]  # that \n passed over
+    assert fields(d.decode(b"XXXXdata: c\n\n")) == [(None, None, b"XXXXdata: c\n\n")]
+    assert fields(d.decode(BOM + b"data: d\n\n")) == [(None, None, BOM + b"data: d\n\n")]
+    assert fields(d.decode(b"XX")) == []
+    assert fields(d.decode(b"XXdata: e\n\n")) == [(None, None, b"XXXXdata: e\n\n")]

@@ -109,3 +109,37 @@ def test_sample_window_skips_missing_ttfts_and_counts_unbucketed() -> None:
 def test_mix_from_a_mapping_keeps_its_order_without_buckets() -> None:
     assert Mix.from_mapping({"513+": 3.0, "0-512": 1.0}) == Mix(("513+", "0-512"), (0.75, 0.25))
     assert Mix.from_mapping({"513+": 3.0, "0-512": 1.0}, IslBuckets.parse("512")) == Mix(L2, (0.25, 0.75))
+
+
+@pytest.mark.parametrize("as_array", [False, True])
+def test_sample_window_sums_are_exactly_rounded_from_tuples_and_arrays(as_array: bool) -> None:
+    # ten 0.1 s: 1.0 exactly rounded (a running float sum gives 0.9999999999999999); 0.5 s: 0.5 exactly
+    tenths = np.full(10, 0.1) if as_array else (0.1,) * 10
+    half = np.array([0.5]) if as_array else (0.5,)
+    w = SampleWindow("TTFT", L2, (BucketSamples(tenths), BucketSamples(half)))
+    got = w.sums()
+    assert got.tolist() == [1.0, 0.5]
+    got[0] = 99.0  # a copy: the next call gives the sums again
+    assert w.sums().tolist() == [1.0, 0.5]
+
+
+def test_sample_window_sums_an_array_longer_than_one_slice() -> None:
+    # 2**20 + 1 values: the last one in a second slice of the exact sum
+    values = np.full(2**20 + 1, 0.5)
+    values[-1] = 0.25
+    w = SampleWindow("ITL", ("0-512",), (BucketSamples(values),))
+    assert w.sums().tolist() == [2**19 + 0.25]
+
+
+def test_bucket_samples_equal_by_value_as_tuples_or_arrays() -> None:
+    assert BucketSamples((0.5, 1.0)) == BucketSamples(np.array([0.5, 1.0]))
+    assert BucketSamples((0.5, 1.0, 2.0), (1, 2)) == BucketSamples(np.array([0.5, 1.0, 2.0]), np.array([1, 2]))
+    assert BucketSamples((0.5, 1.0), (1, 1)) != BucketSamples((0.5, 1.0))  # sizes given vs one each
+    assert BucketSamples((0.5, 1.0)) != BucketSamples((0.5, 1.0), (1, 1))
+    assert BucketSamples((0.5, 1.0, 2.0), (1, 2)) != BucketSamples((0.5, 1.0, 2.0), (2, 1))
+    assert BucketSamples((0.5, 1.0)) != BucketSamples((0.5, 2.0))
+    assert BucketSamples((0.5,)) != BucketSamples((0.5, 0.5))
+    assert BucketSamples((0.5,)).__eq__((0.5,)) is NotImplemented  # other types: Python's own comparison
+    assert BucketSamples((0.5,)) != (0.5,)
+    with pytest.raises(TypeError):
+        hash(BucketSamples((0.5,)))

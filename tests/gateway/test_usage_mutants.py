@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
 from servelens.core.openai import decode_json_strictness
-from servelens.gateway.usage import STRIP_ALL, STRIP_NONE, plan_injection
+from servelens.gateway.usage import (
+    STRIP_ALL,
+    STRIP_CONTINUOUS,
+    STRIP_CONTINUOUS_NULL,
+    STRIP_NONE,
+    Injection,
+    plan_injection,
+    plan_learned,
+    rejected_field,
+)
 
 
 def test_a_re_encoded_strict_body_keeps_utf8_and_compact_separators() -> None:
@@ -65,3 +75,94 @@ def test_an_injected_request_says_the_client_asked_no_continuous_stats() -> None
     obj = {"model": "m", "stream": True, "stream_options": {"include_usage": True}}
     inj = plan_injection(obj, json.dumps(obj).encode(), inject_usage=True, continuous=True)
     assert inj.continuous is True and inj.client_usage is True and inj.client_continuous is False
+
+
+PLAIN = {"model": "m", "stream": True}
+PLAIN_BODY = b'{"model":"m","stream":true}'
+BOTH_ADDED = b'{"stream_options":{"include_usage":true,"continuous_usage_stats":true},"model":"m","stream":true}'
+USAGE_ADDED = b'{"stream_options":{"include_usage":true},"model":"m","stream":true}'
+
+
+def _learned(obj: dict[str, Any], body: bytes, *, inject_usage: bool = True, continuous_usage: str = "auto",
+             stream_options_ok: bool = True, continuous_ok: bool = True, usage_null: bool | None = False,
+             strict: bool = True) -> tuple[Injection, bool]:
+    return plan_learned(obj, body, inject_usage=inject_usage, continuous_usage=continuous_usage,
+                        stream_options_ok=stream_options_ok, continuous_ok=continuous_ok, usage_null=usage_null,
+                        strict=strict)
+
+
+@pytest.mark.parametrize(("continuous_usage", "continuous_ok", "body"), [
+    ("on", False, BOTH_ADDED),  # on: whatever was learned
+    ("auto", True, BOTH_ADDED),  # auto: as learned of the upstream
+    ("auto", False, USAGE_ADDED),
+    ("off", True, USAGE_ADDED),
+])
+def test_plan_learned_adds_continuous_usage_as_configured_and_learned(
+    continuous_usage: str, continuous_ok: bool, body: bytes
+) -> None:
+    inj, learn = _learned(PLAIN, PLAIN_BODY, continuous_usage=continuous_usage, continuous_ok=continuous_ok)
+    assert inj == Injection(body, STRIP_ALL, include_usage=True, continuous=body == BOTH_ADDED)
+    assert learn is False
+
+
+@pytest.mark.parametrize(("inject_usage", "stream_options_ok"), [(False, True), (True, False), (False, False)])
+def test_plan_learned_adds_nothing_unless_configured_and_the_upstream_takes_stream_options(
+    inject_usage: bool, stream_options_ok: bool
+) -> None:
+    inj, learn = _learned(PLAIN, PLAIN_BODY, inject_usage=inject_usage, stream_options_ok=stream_options_ok,
+                          continuous_usage="on")
+    assert inj == Injection(PLAIN_BODY) and learn is False
+
+
+def test_plan_learned_learns_the_no_usage_marker_from_a_client_asking_include_usage_only() -> None:
+    obj = {"model": "m", "stream": True, "stream_options": {"include_usage": True}}
+    body = b'{"model":"m","stream":true,"stream_options":{"include_usage":true}}'
+    both = b'{"model":"m","stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true}}'
+    # not known yet: sent as the client wrote it, without continuous_usage_stats, and this request teaches it
+    assert _learned(obj, body, continuous_usage="on", usage_null=None) == (
+        Injection(body, STRIP_NONE, client_usage=True), True)
+    # known: continuous_usage_stats added, its usage cut out or nulled on the chunks with choices
+    assert _learned(obj, body, continuous_usage="on", usage_null=True) == (
+        Injection(both, STRIP_CONTINUOUS_NULL, continuous=True, client_usage=True), False)
+    assert _learned(obj, body, continuous_usage="on", usage_null=False) == (
+        Injection(both, STRIP_CONTINUOUS, continuous=True, client_usage=True), False)
+    # nothing to learn when the client asked for no usage (all of it is cut) or continuous is off
+    assert _learned(PLAIN, PLAIN_BODY, continuous_usage="on", usage_null=None) == (
+        Injection(BOTH_ADDED, STRIP_ALL, include_usage=True, continuous=True), False)
+    assert _learned(obj, body, continuous_usage="off", usage_null=None) == (
+        Injection(body, STRIP_NONE, client_usage=True), False)
+
+
+def test_plan_learned_re_encodes_a_strict_body_by_default_in_utf8() -> None:
+    obj = {"model": "m", "stream": True, "stream_options": {}, "messages": [{"role": "user", "content": "é"}]}
+    body = json.dumps(obj).encode()
+    inj, learn = plan_learned(obj, body, inject_usage=True, continuous_usage="off", stream_options_ok=True,
+                              continuous_ok=True, usage_null=False)  # strict is the default
+    assert inj.body == ('{"model":"m","stream":true,"stream_options":{"include_usage":true},'
+                        '"messages":[{"role":"user","content":"é"}]}').encode()
+    assert learn is False
+    inj, _ = _learned(obj, body, continuous_usage="off", strict=True)
+    assert inj.body == ('{"model":"m","stream":true,"stream_options":{"include_usage":true},'
+                        '"messages":[{"role":"user","content":"é"}]}').encode()
+
+
+def test_plan_learned_passes_on_a_lenient_body() -> None:
+    body = b'{"model": "m", "stream": true, "stream_options": {}, "temperature": NaN}'
+    obj, strict = decode_json_strictness(body)
+    inj, learn = _learned(obj, body, continuous_usage="off", strict=strict)
+    assert inj.body == b'{"model":"m","stream":true,"stream_options":{"include_usage":true},"temperature":NaN}'
+    assert learn is False
+
+
+@pytest.mark.parametrize(("continuous", "text", "field"), [
+    (True, b'{"detail":"stream_options.continuous_usage_stats: extra inputs are not permitted"}',
+     "continuous_usage_stats"),
+    (False, b'{"detail":"stream_options.continuous_usage_stats: extra inputs are not permitted"}',
+     "stream_options"),  # we added no continuous_usage_stats: the text names the stream_options we added
+    (False, b'{"error":"continuous_usage_stats is not supported"}', None),  # the client's own field
+    (True, b'{"error":"unknown field stream_options"}', "stream_options"),
+    (False, b'{"error":"include_usage: extra fields not permitted"}', "stream_options"),
+    (True, b'{"error":"messages: field required"}', None),  # a genuine client error
+])
+def test_rejected_field_names_what_we_added(continuous: bool, text: bytes, field: str | None) -> None:
+    assert rejected_field(Injection(b"{}", STRIP_ALL, include_usage=True, continuous=continuous), text) == field

@@ -9,6 +9,7 @@ import math
 import pytest
 from prometheus_client.core import Metric
 
+from servelens.core.slo import Slo, Threshold
 from servelens.prometheus import FrontendMetrics
 from servelens.prometheus.collector import FrontendCollector, format_le
 
@@ -44,3 +45,54 @@ def test_the_collector_exports_stock_and_by_isl_families_by_default() -> None:
     c = FrontendCollector(m.state, m.names)
     assert (c.stock, c.by_isl) == (True, True)
     assert shape(list(c.collect())) == shape(list(m.collector.collect()))
+
+
+MS = 1_000_000
+
+
+@pytest.mark.parametrize("slo", [Slo(ttft=Threshold(0.5)), Slo(ttft=Threshold(0.5), itl=Threshold(0.01))])
+def test_describe_names_what_collect_yields_with_slo_counters_and_uncached_buckets(slo: Slo) -> None:
+    m = FrontendMetrics(registry=None, isl_buckets="512,1024", slo=slo, uncached_buckets="256")
+    m.register_model("m")
+    described = list(m.collector.describe())
+    collected = list(m.collector.collect())
+    assert shape(described) == shape(collected)
+    names = [f.name for f in described]
+    n = m.names
+    assert n.slo_by_isl.removesuffix("_total") in names and n.uncached_assignments.removesuffix("_total") in names
+    assert all(name in names for name in n.by_uncached_histograms())
+    assert all(f.samples == [] for f in described)
+
+
+def _slo_samples(m: FrontendMetrics) -> list[tuple[str, str, str, float]]:
+    fam = next(f for f in m.collector.collect() if f.name == m.names.slo_by_isl.removesuffix("_total"))
+    assert (fam.type, tuple(getattr(fam, "_labelnames", ()))) == ("counter", ("isl_bucket", "model", "slo"))
+    return [(s.labels["isl_bucket"], s.labels["model"], s.labels["slo"], s.value) for s in fam.samples]
+
+
+def _two_requests(m: FrontendMetrics) -> None:
+    # ISL 100: first token at 100 ms, gaps of 5 ms (meets 0.5 s and 0.01 s); ISL 600: 700 ms, gaps of 5 ms
+    for isl, ttft_ms in ((100, 100), (600, 700)):
+        r = m.begin("m", "chat_completions", "stream", arrival_ns=0)
+        for k in range(3):
+            r.output((ttft_ms + 5 * k) * MS)
+        r.finish(1_000 * MS, "success", isl=isl, osl=3)
+
+
+def test_collect_counts_each_slo_given_per_bucket_and_model() -> None:
+    m = FrontendMetrics(registry=None, isl_buckets="512,1024", slo=Slo(ttft=Threshold(0.5), itl=Threshold(0.01)))
+    m.register_model("m")
+    _two_requests(m)
+    assert _slo_samples(m) == [
+        ("0-512", "m", "ttft", 1.0), ("0-512", "m", "itl", 1.0), ("0-512", "m", "all", 1.0),
+        ("513-1024", "m", "ttft", 0.0), ("513-1024", "m", "itl", 1.0), ("513-1024", "m", "all", 0.0),
+        ("1025+", "m", "ttft", 0.0), ("1025+", "m", "itl", 0.0), ("1025+", "m", "all", 0.0),
+    ]
+    ttft_only = FrontendMetrics(registry=None, isl_buckets="512,1024", slo=Slo(ttft=Threshold(0.5)))
+    ttft_only.register_model("m")
+    _two_requests(ttft_only)
+    assert _slo_samples(ttft_only) == [  # no itl series without an ITL SLO
+        ("0-512", "m", "ttft", 1.0), ("0-512", "m", "all", 1.0),
+        ("513-1024", "m", "ttft", 0.0), ("513-1024", "m", "all", 0.0),
+        ("1025+", "m", "ttft", 0.0), ("1025+", "m", "all", 0.0),
+    ]

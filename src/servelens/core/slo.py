@@ -331,6 +331,9 @@ def histogram_attainment(
     if duration_s is not None and not duration_s > 0:
         raise ExplainError(f"goodput needs a window longer than 0 s, got {duration_s}")
     n = len(buckets)
+    for metric, given in (("TTFT", ttft), ("ITL", itl)):  # both, also the one whose SLO is not set
+        if len(given) != n:
+            raise ExplainError(f"{len(given)} {metric} histograms for {n} ISL buckets")
     t_sh = bucket_shares(ttft, buckets, slo.ttft) if slo.ttft else (None,) * n
     i_sh = bucket_shares(itl, buckets, slo.itl) if slo.itl else (None,) * n
     counts = [h.count for h in ttft]
