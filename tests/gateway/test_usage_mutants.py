@@ -16,7 +16,6 @@ from servelens.gateway.usage import (
     Injection,
     plan_injection,
     plan_learned,
-    rejected_field,
 )
 
 
@@ -153,16 +152,3 @@ def test_plan_learned_passes_on_a_lenient_body() -> None:
     assert inj.body == b'{"model":"m","stream":true,"stream_options":{"include_usage":true},"temperature":NaN}'
     assert learn is False
 
-
-@pytest.mark.parametrize(("continuous", "text", "field"), [
-    (True, b'{"detail":"stream_options.continuous_usage_stats: extra inputs are not permitted"}',
-     "continuous_usage_stats"),
-    (False, b'{"detail":"stream_options.continuous_usage_stats: extra inputs are not permitted"}',
-     "stream_options"),  # we added no continuous_usage_stats: the text names the stream_options we added
-    (False, b'{"error":"continuous_usage_stats is not supported"}', None),  # the client's own field
-    (True, b'{"error":"unknown field stream_options"}', "stream_options"),
-    (False, b'{"error":"include_usage: extra fields not permitted"}', "stream_options"),
-    (True, b'{"error":"messages: field required"}', None),  # a genuine client error
-])
-def test_rejected_field_names_what_we_added(continuous: bool, text: bytes, field: str | None) -> None:
-    assert rejected_field(Injection(b"{}", STRIP_ALL, include_usage=True, continuous=continuous), text) == field
