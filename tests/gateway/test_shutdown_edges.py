@@ -25,7 +25,7 @@ async def _refused(port: int) -> None:
         while True:
             try:
                 _, w = await asyncio.open_connection("127.0.0.1", port)
-            except ConnectionRefusedError:
+            except (ConnectionRefusedError, ConnectionResetError):  # reset: it closed with ours in its backlog
                 return
             w.close()
             await asyncio.sleep(0.01)
