@@ -79,7 +79,8 @@ MODULES: tuple[Module, ...] = (
             "tests/gateway/test_meter.py"),
            group="gateway"),
     # which field an upstream's 400/422 blames (moved out of usage.py: the gateway and the middleware learn by it)
-    Module("rejection", "src/servelens/gateway/rejection.py", ("tests/gateway/test_rejection.py",), group="gateway"),
+    Module("rejection", "src/servelens/gateway/rejection.py",
+           ("tests/gateway/test_rejection.py", "tests/gateway/test_rejection_mutants.py"), group="gateway"),
     Module("collector", "src/servelens/prometheus/collector.py",
            ("tests/prometheus/test_collector.py", "tests/prometheus/test_collector_mutants.py",
             "tests/prometheus/test_exposition.py",
