@@ -138,6 +138,8 @@ MODULES: tuple[Module, ...] = (
     Module("selection", "src/servelens/core/selection.py",
            ("tests/formats/test_columnar.py::test_block_percentiles_equal_numpy_on_the_expanded_values",
             "tests/core/test_selection_mutants.py"), group="core2"),
+    Module("binned_quantiles", "src/servelens/core/binned_quantiles.py",
+           ("tests/core/test_binned_quantiles.py", "tests/core/test_binned_quantiles_mutants.py"), group="core2"),
     Module("units", "src/servelens/core/units.py", ("tests/core/test_units.py", "tests/core/test_units_mutants.py"),
            group="core2"),
 )
