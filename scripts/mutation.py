@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.list:
         for m in MODULES:
-            print(f"{m.name:<11} {m.group:<9} {m.path}  <- {' '.join(m.tests)}")
+            print(f"{m.name:<16} {m.group:<9} {m.path}  <- {' '.join(m.tests)}")
         return 0
     chosen: list[Module] = []
     for word in args.modules or ["core"]:
