@@ -79,7 +79,8 @@ MODULES: tuple[Module, ...] = (
             "tests/gateway/test_meter.py"),
            group="gateway"),
     # which field an upstream's 400/422 blames (moved out of usage.py: the gateway and the middleware learn by it)
-    Module("rejection", "src/servelens/gateway/rejection.py", ("tests/gateway/test_rejection.py",), group="gateway"),
+    Module("rejection", "src/servelens/gateway/rejection.py",
+           ("tests/gateway/test_rejection.py", "tests/gateway/test_rejection_mutants.py"), group="gateway"),
     Module("collector", "src/servelens/prometheus/collector.py",
            ("tests/prometheus/test_collector.py", "tests/prometheus/test_collector_mutants.py",
             "tests/prometheus/test_exposition.py",
@@ -137,6 +138,10 @@ MODULES: tuple[Module, ...] = (
     Module("selection", "src/servelens/core/selection.py",
            ("tests/formats/test_columnar.py::test_block_percentiles_equal_numpy_on_the_expanded_values",
             "tests/core/test_selection_mutants.py"), group="core2"),
+    Module("binned_quantiles", "src/servelens/core/binned_quantiles.py",
+           ("tests/core/test_binned_quantiles.py", "tests/core/test_binned_quantiles_mutants.py"), group="core2"),
+    Module("units", "src/servelens/core/units.py", ("tests/core/test_units.py", "tests/core/test_units_mutants.py"),
+           group="core2"),
 )
 MODULE_BY_NAME = {m.name: m for m in MODULES}
 GROUPS = sorted({m.group for m in MODULES})
@@ -299,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.list:
         for m in MODULES:
-            print(f"{m.name:<11} {m.group:<9} {m.path}  <- {' '.join(m.tests)}")
+            print(f"{m.name:<16} {m.group:<9} {m.path}  <- {' '.join(m.tests)}")
         return 0
     chosen: list[Module] = []
     for word in args.modules or ["core"]:

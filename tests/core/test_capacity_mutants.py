@@ -19,6 +19,7 @@ from servelens.core.capacity import (
     PrefillFit,
     capacity_from_histograms,
     capacity_from_samples,
+    intercept_note,
     verdict_line,
 )
 
@@ -250,3 +251,25 @@ def test_verdict_a_bucket_without_a_share_is_not_in_the_line() -> None:
     # zero queue and zero prefill: judged (prefill, as queue is not above it) but no share to show
     rep = CapacityReport((row("a", PREFILL, 0.0, 0.0),), None, ())
     assert verdict_line(rep) == "where the capacity is short: no bucket could be judged (see the notes)"
+
+
+@pytest.mark.parametrize(("intercept_s", "floor"), [
+    (0.0, "fixed overhead + queue floor 0 ms"),  # 0 is no overhead, not below 0
+    (-0.9, "fixed overhead + queue floor not resolved (the fit's intercept is -900 ms, below 0: see the note)"),
+])
+def test_verdict_fit_intercept_at_zero_and_below(intercept_s: float, floor: str) -> None:
+    rep = CapacityReport((row("a", QUEUE, 0.6, 0.4),), PrefillFit(3, 2000.0, None, None, intercept_s, "uncached",
+                                                                    "wls-bucket-means"), ())
+    assert verdict_line(rep) == ("where the capacity is short: a wait in the queue (queue 60% of queue + prefill); "
+                                 f"prefill throughput 2,000 tokens/s, {floor}")
+
+
+def test_intercept_note_only_below_zero() -> None:
+    def fit(intercept_s: float) -> PrefillFit:
+        return PrefillFit(3, 2000.0, None, None, intercept_s, "uncached", "wls-bucket-means")
+
+    assert intercept_note(None) is None and intercept_note(fit(0.0)) is None and intercept_note(fit(0.25)) is None
+    assert intercept_note(fit(-0.9)) == (
+        "prefill throughput: the fitted line's intercept is -900.0 ms, below 0, which no overhead or wait can be: "
+        "TTFT is not linear in the prompt's tokens here (attention makes long prompts cost more per token), so the "
+        "fixed overhead + queue floor cannot be read from the fit")

@@ -4,6 +4,7 @@ the thresholds at their exact values, the texts of the limitations and errors (i
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -12,6 +13,7 @@ from servelens.core.decompose import (
     SLOWER,
     TOO_FEW,
     UNCHANGED,
+    BucketChange,
     counterfactual,
     decide_verdict,
     excludes_zero,
@@ -211,3 +213,61 @@ def test_observed_quantiles_of_one_bucket() -> None:
     h = binned(w, (2.0, 4.0, 8.0))
     assert observed_quantiles(h, (0.5,), 0) == (1.0,)  # the first le bucket (0, 2], interpolated
     assert observed_quantiles(h, (0.5,), 1) == (6.0,)  # the third (4, 8], half of it
+
+
+INF = math.inf
+
+
+def cum(*counts: float) -> tuple[tuple[float, float], ...]:
+    """Cumulative counts at the edges 1 s, 2 s and +Inf."""
+    return tuple(zip((1.0, 2.0, INF), counts, strict=True))
+
+
+def test_histogram_windows_bucket_quantiles_and_le_ranges_by_hand() -> None:
+    """Earlier: 4 observations in (0, 1] (sum 2 s) and 4 in (1, 2] (sum 6 s); later: 2 in (0, 1] (1 s) and 6 in
+    (1, 2] (9 s). histogram_quantile interpolates linearly in the le bucket holding the rank q * count:
+    per bucket p50 and p90 are 0.5 and 0.9 s (bucket 0-512), 1.5 and 1.9 s (513+) in both windows; all
+    requests: earlier ranks 4 and 7.2 of 8 -> 1.0 s and 1 + 3.2/4 = 1.8 s, later 1 + 2/6 and 1 + 5.2/6 s;
+    at the earlier mix (later buckets scaled to 4 and 4 of 8: cumulative 4, 8, 8) 1.0 and 1.8 s."""
+    a = hist_window(cum(4, 4, 4), cum(0, 4, 4), sums=(2.0, 6.0))
+    b = hist_window(cum(2, 2, 2), cum(0, 6, 6), sums=(1.0, 9.0))
+    e = explain(a, b, quantiles=(0.5, 0.9))
+    assert [(x.q, x.before_s, x.after_s, x.counterfactual_s) for x in e.quantiles] == [
+        (0.5, 1.0, pytest.approx(1 + 2 / 6), 1.0),
+        (0.9, pytest.approx(1.8), pytest.approx(1 + 5.2 / 6), pytest.approx(1.8))]
+    assert [(c.quantiles_before_s, c.quantiles_after_s) for c in e.buckets] == [
+        ((0.5, pytest.approx(0.9)), (0.5, pytest.approx(0.9))),
+        ((1.5, pytest.approx(1.9)), (1.5, pytest.approx(1.9)))]
+    # each bucket's observations in one le bucket: its quantiles are interpolations there
+    assert [(c.le_range_before_s, c.le_range_after_s) for c in e.buckets] == [((0.0, 1.0), (0.0, 1.0)),
+                                                                             ((1.0, 2.0), (1.0, 2.0))]
+    assert all(c.interpolated() for c in e.buckets)
+    # all requests: two le buckets in each window and at the earlier mix
+    assert (e.le_range_before_s, e.le_range_after_s, e.le_range_counterfactual_s) == (None, None, None)
+
+
+def test_histogram_windows_whole_windows_in_one_le_bucket() -> None:
+    """Earlier: every observation in (1, 2] (4 and 4, sums 5 and 7 s); later: every one in (0, 1] (2 and 6,
+    sums 1 and 3 s): at the earlier mix too, the later buckets' observations are all in (0, 1]. A bucket
+    with observations in one window only names its range there."""
+    a = hist_window(cum(0, 4, 4), cum(0, 4, 4), sums=(5.0, 7.0))
+    b = hist_window(cum(2, 2, 2), cum(6, 6, 6), sums=(1.0, 3.0))
+    e = explain(a, b, quantiles=(0.5,))
+    assert (e.le_range_before_s, e.le_range_after_s, e.le_range_counterfactual_s) == ((1.0, 2.0), (0.0, 1.0),
+                                                                                      (0.0, 1.0))
+    assert [(c.le_range_before_s, c.le_range_after_s) for c in e.buckets] == [((1.0, 2.0), (0.0, 1.0))] * 2
+    gone = hist_window(cum(2, 2, 2), cum(0, 0, 0), sums=(1.0, 0.0))
+    e = explain(a, gone, quantiles=(0.5,))
+    assert [(c.le_range_before_s, c.le_range_after_s) for c in e.buckets] == [((1.0, 2.0), (0.0, 1.0)),
+                                                                             ((1.0, 2.0), None)]
+    assert e.buckets[1].quantiles_after_s == (None,) and e.buckets[1].quantiles_before_s == (1.5,)
+
+
+def test_bucket_interpolated_in_either_window() -> None:
+    e = explain(window(L2, (1.0,) * 5, (2.0,) * 5), window(L2, (1.0,) * 5, (2.0,) * 5), resamples=20)
+    plain = e.buckets[0]
+    assert plain.le_range_before_s is None and plain.le_range_after_s is None and not plain.interpolated()
+    assert replace(plain, le_range_before_s=(0.0, 1.0)).interpolated()
+    assert replace(plain, le_range_after_s=(0.0, 1.0)).interpolated()
+    assert replace(plain, le_range_before_s=(0.0, 1.0), le_range_after_s=(1.0, 2.0)).interpolated()
+    assert isinstance(plain, BucketChange)

@@ -122,3 +122,32 @@ def test_the_fine_sets_are_built_as_documented() -> None:
     assert _fine(-13, 3, ITL_EDGES_S) == FINE_ITL_EDGES_S
     assert FINE_TTFT_EDGES_S[:2] == (0.0, 0.000977) and FINE_TTFT_EDGES_S[-4:] == (117.0, 128.0, 220.0, 480.0)
     assert FINE_ITL_EDGES_S[:2] == (0.0, 0.000122) and FINE_ITL_EDGES_S[-6:] == (7.34, 8.0, 13.0, 24.0, 44.0, 80.0)
+
+
+def test_edges_kind_names_the_set_for_its_metric() -> None:
+    """``edges_kind`` (what the report's notes describe): the fine and Dynamo sets of each metric, with
+    or without the ``+Inf`` edge and as ints, a set of the other metric or by hand is ``other``."""
+    from servelens.core.edges import edges_kind
+
+    inf = math.inf
+    assert edges_kind(FINE_TTFT_EDGES_S, "ttft") == "fine"
+    assert edges_kind((*FINE_TTFT_EDGES_S, inf), "ttft") == "fine"
+    assert edges_kind(FINE_ITL_EDGES_S, "itl") == "fine"
+    assert edges_kind([*FINE_ITL_EDGES_S, inf], "itl") == "fine"
+    assert edges_kind((0, 0.0022, 0.0047, 0.01, 0.022, 0.047, 0.1, 0.22, 0.47, 1, 2.2, 4.7, 10, 22, 48, 100,
+                       220, 480, inf), "ttft") == "dynamo"
+    assert edges_kind(ITL_EDGES_S, "itl") == "dynamo"
+    assert edges_kind((*ITL_EDGES_S, inf), "itl") == "dynamo"
+    # one metric's set read as the other's
+    assert edges_kind(FINE_TTFT_EDGES_S, "itl") == "other"
+    assert edges_kind(FINE_ITL_EDGES_S, "ttft") == "other"
+    assert edges_kind(TTFT_EDGES_S, "itl") == "other"
+    assert edges_kind(ITL_EDGES_S, "ttft") == "other"
+    assert edges_kind((0.1, 0.2, inf), "ttft") == "other"
+    assert edges_kind((0.1, 0.2), "itl") == "other"
+    with pytest.raises(ValueError) as exc:
+        edges_kind(FINE_DURATION_EDGES_S, "duration")
+    assert str(exc.value) == "metric must be 'ttft' or 'itl', got 'duration'"
+    for metric in ("TTFT", "ITL"):
+        with pytest.raises(ValueError):
+            edges_kind(FINE_TTFT_EDGES_S, metric)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from servelens.core.selection import Block, block_percentiles, numpy_linear, value_bins
+from servelens.core.selection import NBINS, Block, add_block_counts, block_percentiles, numpy_linear, value_bins
 
 QS = [0.0, 25.0, 50.0, 95.0, 100.0]
 
@@ -76,3 +76,32 @@ def test_value_bins_are_the_top_bits_of_the_float32() -> None:
             value_bins(np.array(bad))
         assert str(e.value) == "values must be >= 0 and not NaN"
 
+
+
+def test_a_block_of_one_value_is_counted() -> None:
+    # three blocks: 0.3 s alone between two others; the median of 0.1, 0.2, 0.3, 0.4, 0.5 is 0.3
+    blocks = [block([0, 0], [0.1, 0.5]), block([0], [0.3]), block([0, 0], [0.4, 0.2])]
+    assert block_percentiles(lambda: iter(blocks), 1, [[0]], [0.0, 50.0, 100.0]) == [[0.1, 0.3, 0.5]]
+
+
+def test_pass_one_counts_given_read_the_blocks_once() -> None:
+    """Counts given (what the writer kept: the weight per group and bin) stand for pass 1: the blocks are
+    read once, for pass 2, and the percentiles are those of the expanded values. Group 1: 0.2 s weighing
+    3 tokens and 0.6 s weighing 1: 0.2, 0.2, 0.2, 0.6; group 0: 0.1 and 0.4."""
+    blocks = [block([0, 1, 1], [0.1, 0.2, 0.6], [1, 3, 1]), block([0], [0.4], [1])]
+    counts = np.zeros((2, NBINS), dtype=np.int64)
+    for lengths, runs, bins, w, _ in blocks:
+        add_block_counts(counts, lengths, runs, bins, w)
+    assert counts.sum(axis=1).tolist() == [2, 4]
+    reads = []
+
+    def once() -> list[Block]:
+        reads.append(1)
+        return blocks
+
+    got = block_percentiles(once, 2, [[1], [0], [0, 1]], [0.0, 50.0, 100.0], counts)
+    assert len(reads) == 1
+    assert got == [[0.2, 0.2, 0.6], [0.1, 0.25, 0.4], [0.1, 0.2, 0.6]]
+    with pytest.raises(ValueError) as e:
+        block_percentiles(once, 2, [[0]], [50.0], np.zeros((2, 3), dtype=np.int64))
+    assert str(e.value) == f"counts must have shape (2, {NBINS}), got (2, 3)"

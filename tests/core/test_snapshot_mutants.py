@@ -64,6 +64,18 @@ def test_slo_kinds_are_the_slos_set_and_all(ttft_s: str | None, itl_s: str | Non
     assert take_snapshot(state(ttft_s, itl_s)).slo_kinds == kinds
 
 
+@pytest.mark.parametrize(("ttft_s", "itl_s", "thresholds"), [
+    ("0.05", "0.015", (("ttft", "0.05"), ("itl", "0.015"))),
+    ("0-512=0.5,513-1024=0.8,1025+=2", None, (("ttft", "0-512=0.5,513-1024=0.8,1025+=2.0"),)),
+    (None, "0.01+2e-05*isl", (("itl", "0.01+2e-05*isl"),)),
+    (None, None, ()),
+])
+def test_slo_thresholds_are_each_slo_set_with_its_spec(
+    ttft_s: str | None, itl_s: str | None, thresholds: tuple[tuple[str, str], ...]
+) -> None:
+    assert take_snapshot(state(ttft_s, itl_s)).slo_thresholds == thresholds
+
+
 def test_copy_histogram_reuses_only_an_equal_total_and_sum() -> None:
     h = HistogramState((1.0, 2.0))
     h.observe(0.5)

@@ -15,10 +15,12 @@ import pytest
 from servelens.core.summary import CumulativeHistogram
 from servelens.core.uncertainty import (
     bootstrap_split,
+    delta_split,
     histogram_variance,
     normal_split,
     resampled_counts_sums,
     split_arrays,
+    split_intervals,
     z_value,
 )
 from servelens.core.windows import BucketSamples, HistogramWindow, SampleWindow
@@ -247,3 +249,100 @@ def test_z_value_bounds_word_for_word() -> None:
         with pytest.raises(ValueError) as e:
             z_value(bad)
         assert str(e.value) == f"confidence must be within (0, 1), got {bad}"
+
+
+# ------------------------------------------------------------------ the normal approximation from per-request sums
+
+L5 = ("a", "b", "c", "d", "e")
+# ITL windows, requests of different sizes (so a request's sum moves with its size: P != 0), and every
+# edge of the fill-ins: b one observation earlier, e one later, c earlier only, d later only
+EARLIER = SampleWindow("ITL", L5, (
+    BucketSamples((0.01, 0.02, 0.03, 0.05, 0.04, 0.2), (3, 2, 1)), BucketSamples((0.1,), (1,)),
+    BucketSamples((0.3, 0.5, 0.4), (1, 2)), BucketSamples((), ()), BucketSamples((0.07, 0.09, 0.08, 0.02), (2, 0, 2))))
+LATER = SampleWindow("ITL", L5, (
+    BucketSamples((0.02, 0.03, 0.01, 0.06), (1, 3)), BucketSamples((0.15, 0.25, 0.05), (2, 1)),
+    BucketSamples((), ()), BucketSamples((0.6, 0.2, 0.4), (2, 1)), BucketSamples((0.05,), (1,))))
+
+
+def _split_weighted(wa: np.ndarray, wb: np.ndarray) -> np.ndarray:
+    """mix, latency, each bucket's latency term, each bucket's change, with request i weighted w[i]."""
+    cols = []
+    for w, win in ((wa, EARLIER), (wb, LATER)):
+        k, sizes, sums = win.request_table()
+        cols.append((np.bincount(k, w * sizes, 5), np.bincount(k, w * sums, 5)))
+    (n_a, s_a), (n_b, s_b) = cols
+    mix, lat, m_a, m_b = split_arrays(n_a, s_a, n_b, s_b)
+    return np.concatenate(([mix.sum(), lat.sum()], lat, m_b - m_a))
+
+
+def test_delta_split_on_every_fill_in_with_sizes_that_differ() -> None:
+    """Each statistic's variance is the sum over both windows' requests of its squared derivative by the
+    request's weight (delta_split's docstring: the infinitesimal jackknife), here by central differences
+    of the split itself; the intervals are value +- z sd at 90 % (the split) and 99 % (per bucket)."""
+    wa, wb = np.ones(EARLIER.units().sum().astype(int)), np.ones(LATER.units().sum().astype(int))
+    base = _split_weighted(wa, wb)
+    var = np.zeros_like(base)
+    eps = 1e-6
+    for side, w in ((0, wa), (1, wb)):
+        for i in range(w.size):
+            up, down = w.copy(), w.copy()
+            up[i] += eps
+            down[i] -= eps
+            hi = _split_weighted(up, wb) if side == 0 else _split_weighted(wa, up)
+            lo = _split_weighted(down, wb) if side == 0 else _split_weighted(wa, down)
+            var += ((hi - lo) / (2 * eps)) ** 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # empty buckets divide 0 by 0 under numpy's errstate: no warning
+        got = delta_split(EARLIER, LATER, confidence=0.9, bucket_confidence=0.99)
+    sd = np.sqrt(var)
+    want = [(base[0], z(0.9) * sd[0]), (base[1], z(0.9) * sd[1]),
+            *[(base[2 + b], z(0.99) * sd[2 + b]) for b in range(5)],
+            *[(base[7 + b], z(0.99) * sd[7 + b]) for b in (0, 1, 4)]]
+    have = [got.mix, got.latency, *got.bucket_latency, *[got.bucket_change[b] for b in (0, 1, 4)]]
+    for (centre, half), (low, high) in zip(want, have, strict=True):
+        assert (low + high) / 2 == pytest.approx(centre, rel=1e-9, abs=1e-15)
+        assert (high - low) / 2 == pytest.approx(half, rel=1e-5, abs=1e-12)
+    assert min(sd[[0, 1, 2, 3, 6, 7, 8, 11]]) > 1e-4  # every one of them has a variance to get wrong
+    # c and d are seen in one window only: no change of their mean to judge, no latency term
+    assert all(math.isnan(x) for b in (2, 3) for x in got.bucket_change[b])
+    assert got.bucket_latency[2] == got.bucket_latency[3] == (0.0, 0.0)
+    assert got.method == ("normal approximation from per-request sums (delta method, requests as units), 90% "
+                          "intervals (99.00% per bucket)")
+    assert delta_split(EARLIER, LATER).method == (
+        "normal approximation from per-request sums (delta method, requests as units), 95% intervals")
+
+
+def test_split_intervals_passes_its_levels_and_defaults_on() -> None:
+    hb = HistogramWindow("TTFT", ("b0", "b1"), (hist(4, 0, 4.0), hist(6, 0, 7.2)))
+    ha = HistogramWindow("TTFT", ("b0", "b1"), (hist(6, 0, 6.6), hist(3, 0, 3.3)))
+    assert split_intervals(hb, ha, bucket_confidence=0.99).method == (
+        "normal approximation from histogram counts, 95% intervals (99.00% per bucket)")
+    assert split_intervals(EARLIER, LATER, "normal", confidence=0.9, bucket_confidence=0.99).method == (
+        "normal approximation from per-request sums (delta method, requests as units), 90% intervals "
+        "(99.00% per bucket) (as asked)")
+    assert split_intervals(EARLIER, LATER, "bootstrap").method == (
+        "bootstrap over requests, 2000 resamples, seed 0, 95% percentile intervals (as asked)")
+    assert split_intervals(EARLIER, LATER, "bootstrap") == split_intervals(EARLIER, LATER, "bootstrap", 2000, 0)
+
+
+def test_split_intervals_refusals_word_for_word() -> None:
+    hb = HistogramWindow("TTFT", ("b0",), (hist(4, 0, 4.0),))
+    one = SampleWindow("TTFT", ("b0",), (BucketSamples((1.0,)),))
+    with pytest.raises(ValueError) as e:
+        split_intervals(one, one, "jackknife")
+    assert str(e.value) == "intervals must be one of auto, bootstrap, normal, got 'jackknife'"
+    for before, after in ((hb, hb), (hb, one), (one, hb)):  # a histogram on either side has no bootstrap
+        with pytest.raises(ValueError) as e:
+            split_intervals(before, after, "bootstrap")
+        assert str(e.value) == ("the bootstrap needs per-request samples (bench results); histograms have the "
+                                "normal approximation from counts")
+
+
+def test_split_intervals_over_the_bootstrap_limit_says_why() -> None:
+    # 10,001 requests in the later window: one over BOOTSTRAP_MAX_REQUESTS
+    small = SampleWindow("TTFT", ("b0",), (BucketSamples((0.5, 0.7)),))
+    large = SampleWindow("TTFT", ("b0",), (BucketSamples(np.full(10_001, 0.5)),))
+    assert split_intervals(small, large).method == (
+        "normal approximation from per-request sums (delta method, requests as units), 95% intervals; not the "
+        "bootstrap: a window has 10,001 requests, over 10,000, where the central limit theorem holds and the "
+        "bootstrap's draws would cost resamples x requests")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from servelens.core.decompose import FASTER, SLOWER, UNCHANGED, BucketChange, Explanation, QuantileShift
-from servelens.core.verdict import format_s, shifted_toward, verdict_line
+from servelens.core.verdict import format_s, not_measured, shifted_toward, verdict_line
 
 LABELS = ("0-512", "513-1024", "1025-2048", "2049+")
 
@@ -166,3 +166,17 @@ def test_a_quantile_interpolated_inside_one_le_bucket_gives_way_to_the_mean() ->
     assert "(p95 not measured: every value in one le bucket: earlier 0-2.0 s, later 2.0-4.0 s)" in verdict_line(two)
     top = replace(e, le_range_before_s=(510.0, float("inf")), le_range_after_s=None, le_range_counterfactual_s=None)
     assert "in the le bucket over 510 s)" in verdict_line(top)
+
+
+def test_not_measured_names_the_counterfactual_alone_and_among_others() -> None:
+    e = explanation("latency", MOVED, (1.0, 1.0, 1.0))
+    assert not_measured(e) is None
+    # only the later window at the earlier mix in one le bucket (each window's own quantiles measured)
+    cf = replace(e, le_range_counterfactual_s=(0.0, 2.0))
+    assert not_measured(cf) == "every TTFT of the later window at the earlier mix in the le bucket 0-2.0 s"
+    # the earlier window and the counterfactual in different buckets: each named, in order
+    both = replace(e, le_range_before_s=(0.0, 2.0), le_range_counterfactual_s=(2.0, 4.0))
+    assert not_measured(both) == "every value in one le bucket: earlier 0-2.0 s, at the earlier mix 2.0-4.0 s"
+    # the later window and the counterfactual in one bucket: the later window named
+    later = replace(e, le_range_after_s=(0.022, 0.024), le_range_counterfactual_s=(0.022, 0.024))
+    assert not_measured(later) == "every TTFT of the later window in the le bucket 22-24 ms"

@@ -9,9 +9,11 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+from servelens.core.binned_quantiles import in_memory
 from servelens.core.buckets import IslBuckets
 from servelens.core.summary import CumulativeHistogram, RequestSample
 from servelens.core.windows import (
+    BinnedSampleWindow,
     BucketSamples,
     ExplainError,
     HistogramWindow,
@@ -143,3 +145,58 @@ def test_bucket_samples_equal_by_value_as_tuples_or_arrays() -> None:
     assert BucketSamples((0.5,)) != (0.5,)
     with pytest.raises(TypeError):
         hash(BucketSamples((0.5,)))
+
+
+def _binned(sizes: list[list[int]], sums: list[list[float]], values: list[list[float]],
+            labels: tuple[str, ...] = L2) -> BinnedSampleWindow:
+    return BinnedSampleWindow("ITL", labels, tuple(np.array(n, dtype=np.int64) for n in sizes),
+                              tuple(np.array(s, dtype=float) for s in sums),
+                              in_memory([np.array(v, dtype=float) for v in values]))
+
+
+def test_binned_sample_window_figures() -> None:
+    """Bucket 0-512: three requests of 2, 0 and 1 tokens (0.1 + 0.2, nothing, 0.5); bucket 513+: one of 3
+    (0.1 + 0.2 + 0.3): counts 3 and 3, requests 3 and 1, a table row per request in bucket order."""
+    w = _binned([[2, 0, 1], [3]], [[0.1 + 0.2, 0.0, 0.5], [0.6]], [[0.1, 0.2, 0.5], [0.1, 0.2, 0.3]])
+    assert w.counts().dtype == np.float64 and w.counts().tolist() == [3.0, 3.0]
+    assert w.units().dtype == np.float64 and w.units().tolist() == [3.0, 1.0]
+    ks, n, s = w.request_table()
+    assert (ks.dtype, n.dtype, s.dtype) == (np.int64, np.float64, np.float64)
+    assert (ks.tolist(), n.tolist(), s.tolist()) == ([0, 0, 0, 1], [2.0, 0.0, 1.0, 3.0], [0.1 + 0.2, 0.0, 0.5, 0.6])
+    assert w.sums().tolist() == [0.1 + 0.2 + 0.5, 0.6]  # 0.30000000000000004 + 0.5 rounds to 0.8
+    assert w.binned is w.values and w.unbucketed == 0
+    # an empty bucket, requests of no tokens with a sum of 0 and sizes of 0: all allowed
+    empty = _binned([[], [0, 0]], [[], [0.0, 0.0]], [[], []])
+    assert empty.counts().tolist() == [0.0, 0.0] and empty.units().tolist() == [0.0, 2.0]
+    assert [a.tolist() for a in empty.request_table()] == [[1, 1], [0.0, 0.0], [0.0, 0.0]]
+
+
+def test_samplewindow_units_are_floats_as_every_windows() -> None:
+    w = SampleWindow("ITL", L2, (BucketSamples((0.1, 0.2, 0.3), (2, 1)), BucketSamples(())))
+    assert w.units().dtype == np.float64 and w.units().tolist() == [2.0, 0.0]
+    h = HistogramWindow("TTFT", L2, (one(), one(0.0, 0.0)))
+    assert h.units().dtype == np.float64
+
+
+def test_binned_sample_window_refusals() -> None:
+    ok_sizes, ok_sums, ok_values = [[1], [2]], [[0.5], [0.75]], [[0.5], [0.25, 0.5]]
+    assert refused(lambda: _binned(ok_sizes, ok_sums, ok_values, ())) == "a window needs at least one ISL bucket"
+    assert refused(lambda: _binned(ok_sizes, ok_sums, ok_values, ("0-512",))) == \
+        "1 ISL bucket labels but 2 buckets of data"
+    per_bucket = "sizes, sums and value counts must have one entry per ISL bucket"
+    assert refused(lambda: _binned(ok_sizes, [[0.5]], ok_values)) == per_bucket
+    assert refused(lambda: _binned(ok_sizes, [*ok_sums, [0.0]], ok_values)) == per_bucket
+    assert refused(lambda: _binned(ok_sizes, ok_sums, [[0.5]])) == per_bucket
+    assert refused(lambda: _binned(ok_sizes, ok_sums, [*ok_values, []])) == per_bucket
+    one_each = "each request needs one size >= 0 and one sum"
+    assert refused(lambda: _binned([[1], [1, 1]], [[0.5], [0.75]], ok_values)) == one_each
+    assert refused(lambda: _binned([[1], [2]], [[0.5], [0.25, 0.5]], ok_values)) == one_each
+    assert refused(lambda: _binned([[1], [3, -1]], [[0.5], [0.25, 0.5]], ok_values)) == one_each
+    finite = "latency samples must be finite and >= 0 seconds"
+    assert refused(lambda: _binned(ok_sizes, [[0.5], [-0.25]], ok_values)) == finite
+    assert refused(lambda: _binned(ok_sizes, [[0.5], [math.nan]], ok_values)) == finite
+    assert refused(lambda: _binned(ok_sizes, [[math.inf], [0.75]], ok_values)) == finite
+    assert refused(lambda: _binned([[1], [1]], ok_sums, ok_values)) == \
+        "sizes add up to 1 observations, value counts to 2"
+    assert refused(lambda: _binned([[2], [2]], ok_sums, ok_values)) == \
+        "sizes add up to 2 observations, value counts to 1"

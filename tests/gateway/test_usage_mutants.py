@@ -16,6 +16,7 @@ from servelens.gateway.usage import (
     Injection,
     plan_injection,
     plan_learned,
+    stream_asked,
 )
 
 
@@ -152,3 +153,13 @@ def test_plan_learned_passes_on_a_lenient_body() -> None:
     assert inj.body == b'{"model":"m","stream":true,"stream_options":{"include_usage":true},"temperature":NaN}'
     assert learn is False
 
+
+
+@pytest.mark.parametrize(("obj", "want"), [
+    ({"stream": True}, True), ({"stream": "true"}, True), ({"stream": 1}, True), ({"stream": "YES"}, True),
+    ({"stream": False}, False), ({"stream": 0}, False), ({"stream": None}, False), ({}, False),
+    ({"STREAM": True}, False), ({"XXstreamXX": True}, False),
+    ({"stream": "maybe"}, None), ({"stream": 2}, None), ({"stream": [True]}, None),
+])
+def test_stream_asked_reads_the_stream_field_as_pydantic_does(obj: dict[str, Any], want: bool | None) -> None:
+    assert stream_asked(obj) is want

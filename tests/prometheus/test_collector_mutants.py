@@ -96,3 +96,20 @@ def test_collect_counts_each_slo_given_per_bucket_and_model() -> None:
         ("513-1024", "m", "ttft", 0.0), ("513-1024", "m", "all", 0.0),
         ("1025+", "m", "ttft", 0.0), ("1025+", "m", "all", 0.0),
     ]
+
+
+def test_collect_exports_each_slo_threshold_once_as_an_info_gauge() -> None:
+    """``{p}_slo_threshold_info{slo, threshold} 1``: one series per SLO set, ``ttft`` first, the threshold
+    as ``Threshold.spec`` writes it (each number's shortest repr, ``base+per_token*isl``)."""
+    both = FrontendMetrics(registry=None, isl_buckets="512,1024",
+                           slo=Slo(ttft=Threshold(0.5, 2e-05), itl=Threshold(0.01)))
+    both.register_model("m")
+    _two_requests(both)
+    itl_only = FrontendMetrics(registry=None, isl_buckets="512", slo=Slo(itl=Threshold(0.25)))
+    itl_only.register_model("m")
+    for m, want in ((both, [("ttft", "0.5+2e-05*isl"), ("itl", "0.01")]), (itl_only, [("itl", "0.25")])):
+        name = m.names.slo_threshold_info
+        fam = next(f for f in m.collector.collect() if f.name == name)
+        assert (fam.type, tuple(getattr(fam, "_labelnames", ()))) == ("gauge", ("slo", "threshold"))
+        assert [(s.name, s.labels, s.value) for s in fam.samples] == [
+            (name, {"slo": kind, "threshold": spec}, 1) for kind, spec in want]
