@@ -118,6 +118,12 @@ def _running(pid: int) -> bool:
         return False
 
 
+STOP_GUARD_S = 120
+"""Bound on a demo's stop, for a hung test only: the demo stops its gateway and its engine one after the
+other, each with up to 5 s of SIGTERM grace, 5 s after SIGKILL and 2 s for its log pump (24 s by design,
+ServerProcess.stop); on a busy 2-core machine a 30 s bound was hit (load 6)."""
+
+
 def _start_demo(*args: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "servelens", "demo", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -132,7 +138,7 @@ def _stop(proc: subprocess.Popen[bytes], kids: list[int]) -> None:
         kids = kids + _children(proc.pid)
         proc.terminate()
         try:
-            proc.wait(timeout=30)
+            proc.wait(timeout=STOP_GUARD_S)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=30)
@@ -151,7 +157,7 @@ def test_demo_sigterm_mid_run_stops_engine_and_gateway(tmp_path: Path) -> None:
         kids = _children(proc.pid)
         assert len(kids) == 2, kids
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 128 + signal.SIGTERM  # the shell's convention for "killed by SIGTERM"
+        assert proc.wait(timeout=STOP_GUARD_S) == 128 + signal.SIGTERM  # the shell's convention for "killed by SIGTERM"
         assert proc.stdout is not None and b"servelens: interrupted" in proc.stdout.read()
         assert [k for k in kids if _running(k)] == []
     finally:
@@ -186,7 +192,7 @@ def test_demo_keep_running_with_another_trace(tmp_path: Path) -> None:
         with urllib.request.urlopen(gateway + "/metrics", timeout=10) as resp:
             assert b"servelens_time_to_first_token_by_isl_seconds_bucket" in resp.read()
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 0
+        assert proc.wait(timeout=STOP_GUARD_S) == 0
         assert [k for k in kids if _running(k)] == []
     finally:
         _stop(proc, kids)

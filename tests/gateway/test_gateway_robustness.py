@@ -611,7 +611,7 @@ async def test_client_half_closing_while_the_final_write_waits_is_counted_cancel
                 await entered.wait()  # the final write began
             assert waiting[0] == 1 and inflight(gw.metrics) == 1  # it waits for the client to read
             w.write_eof()  # the client closes its side; it never reads again
-            await gw.gateway.wait_finished(1, timeout=5)
+            await gw.gateway.wait_finished(1, timeout=30)
             assert requests_total(gw.metrics, model="m", error_type="cancelled") == 1
             assert inflight(gw.metrics) == 0
         finally:

@@ -254,7 +254,7 @@ async def test_disconnect_during_prefill(stack: tuple[SimHandle, GatewayHandle])
                                      "x-servelens-fault-delay-ms": "3000"})
         await resp.content.readuntil(b"\n\n")  # the role chunk; the engine has not started yet
         resp.close()
-    truth = await sim.wait_truth("gone-early", timeout=5)
+    truth = await sim.wait_truth("gone-early", timeout=30)
     assert truth.outcome == "cancelled" and truth.osl == 0
     await gw.gateway.wait_finished(1)
     assert requests_total(gw.metrics, error_type="cancelled") == 1 and requests_total(gw.metrics) == 1

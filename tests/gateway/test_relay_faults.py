@@ -256,7 +256,7 @@ async def test_client_gone_while_not_reading_is_noticed_and_the_upstream_closed(
                 await asyncio.sleep(0.01)
         writer.get_extra_info("socket").shutdown(socket.SHUT_WR)  # FIN; the socket stays open, unread
         try:
-            await gw.gateway.wait_finished(1, timeout=5.0)
+            await gw.gateway.wait_finished(1, timeout=30.0)
             samples = parse_exposition(gw.metrics.exposition().decode())
             cancelled = sum(v for (name, labels), v in samples.items()
                             if name == "servelens_requests_total" and ("error_type", "cancelled") in labels)

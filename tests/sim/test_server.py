@@ -280,7 +280,7 @@ async def test_disconnect_stops_generation_within_one_step() -> None:
                 if got == 5:
                     break
         r.close()  # drop the connection
-        rec = await sim.wait_truth(rid, timeout=5)
+        rec = await sim.wait_truth(rid, timeout=30)
         assert rec.outcome == "cancelled" and rec.cancel_ns is not None
         assert 5 <= rec.osl < 5000
         assert sum(1 for t in rec.token_times_ns if t > rec.cancel_ns) <= 1
@@ -294,7 +294,7 @@ async def test_non_streaming_disconnect_stops_generation() -> None:
             async with s.post(sim.url + "/v1/completions", json=body, headers={"x-request-id": "ns-gone"},
                               timeout=aiohttp.ClientTimeout(total=0.3)) as r:
                 await r.read()
-        rec = await sim.wait_truth("ns-gone", timeout=5)
+        rec = await sim.wait_truth("ns-gone", timeout=30)
         assert rec.outcome == "cancelled" and rec.osl < 5000 and not rec.stream
         assert rec.cancel_ns is not None and sum(1 for t in rec.token_times_ns if t > rec.cancel_ns) <= 1
         assert not sim.engine.running and not sim.engine.waiting

@@ -192,7 +192,7 @@ class Gateway:
         measured request is being answered, at most ``timeout`` seconds; True when none is."""
         return await self.accounting.drain(timeout)
 
-    async def wait_finished(self, n: int, timeout: float = 5.0) -> None:
+    async def wait_finished(self, n: int, timeout: float = 30.0) -> None:
         """:meth:`Accounting.wait_finished <servelens.gateway.accounting.Accounting.wait_finished>`: wait
         until at least ``n`` measured requests were counted. Raises TimeoutError."""
         await self.accounting.wait_finished(n, timeout)

@@ -71,11 +71,11 @@ class SimHandle:
         """The record of ``request_id`` if finished, else None."""
         return self._server.state.truth.get(request_id)
 
-    async def wait_truth(self, request_id: str, timeout: float = 5.0) -> TruthRecord:
+    async def wait_truth(self, request_id: str, timeout: float = 30.0) -> TruthRecord:
         """The record of ``request_id``, waiting for the request to end. Raises TimeoutError."""
         return await self._server.state.truth.wait(request_id, timeout)
 
-    async def wait_truth_count(self, n: int, timeout: float = 5.0) -> None:
+    async def wait_truth_count(self, n: int, timeout: float = 30.0) -> None:
         """Until ``n`` requests in all have ended (their truth recorded). Raises TimeoutError."""
         await self._server.state.truth.wait_count(n, timeout)
 

@@ -149,10 +149,11 @@ class TruthLog:
         """The record of ``request_id`` if it is finished."""
         return self._records.get(request_id)
 
-    async def wait(self, request_id: str, timeout: float = 5.0) -> TruthRecord:
+    async def wait(self, request_id: str, timeout: float = 30.0) -> TruthRecord:
         """The record of ``request_id``, waiting up to ``timeout`` s for the request to finish.
 
-        Raises TimeoutError when it does not finish in time.
+        Raises TimeoutError when it does not finish in time. The default bound only stops a hung test:
+        far beyond what any request here needs, even on a busy 2-core machine.
         """
         rec = self._records.get(request_id)
         if rec is not None:
@@ -164,7 +165,7 @@ class TruthLog:
         except TimeoutError:
             raise TimeoutError(f"no truth record for request {request_id!r} within {timeout} s") from None
 
-    async def wait_count(self, n: int, timeout: float = 5.0) -> None:
+    async def wait_count(self, n: int, timeout: float = 30.0) -> None:
         """Until ``n`` records were added in all, waiting up to ``timeout`` s. Raises TimeoutError."""
         if self.added_total >= n:
             return
