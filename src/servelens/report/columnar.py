@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,7 +22,7 @@ from servelens.core.buckets import IslBuckets
 from servelens.core.quantiles import percentile
 from servelens.core.selection import NBINS, Block, block_percentiles
 from servelens.core.summary import ALL_LABEL, BucketRow
-from servelens.formats.columnar import NULL, Columns, open_columns
+from servelens.formats.columnar import NULL, ColumnFile, Columns, open_columns
 
 if TYPE_CHECKING:
     from servelens.report.sources import TimeSeries
@@ -79,22 +80,35 @@ def _itl_blocks(c: Columns, rc: RequestColumns, groups: np.ndarray) -> Iterator[
     :data:`BLOCK` values cut at request boundaries; the float64 values are read only where pass 2
     asks, from the pages that hold them."""
     starts = rc.itl_start
-    with c.open("itl_bin") as bin_file, c.open("itl_s") as value_file:
-        weight_file = c.open("itl_weight") if c.weighted else None
-        try:
-            for r0, r1 in block_cuts(starts, BLOCK):
-                a, b = int(starts[r0]), int(starts[r1])
-                if a == b:
-                    continue
+    with itl_files(c) as (value_file, bin_file, weight_file):
+        for r0, r1, a, b in itl_spans(starts, BLOCK):
 
-                def values_at(pos: np.ndarray, a: int = a, b: int = b) -> np.ndarray:
-                    return value_file.at(a, b, pos)
+            def values_at(pos: np.ndarray, a: int = a, b: int = b) -> np.ndarray:
+                return value_file.at(a, b, pos)
 
-                yield (np.diff(starts[r0:r1 + 1]), groups[r0:r1], bin_file.view(a, b),
-                       weight_file.read(a, b) if weight_file is not None else None, values_at)
-        finally:
-            if weight_file is not None:
-                weight_file.close()
+            yield (np.diff(starts[r0:r1 + 1]), groups[r0:r1], bin_file.view(a, b),
+                   weight_file.read(a, b) if weight_file is not None else None, values_at)
+
+
+@contextmanager
+def itl_files(c: Columns) -> Iterator[tuple[ColumnFile, ColumnFile, ColumnFile | None]]:
+    """The ITL columns opened together: values (``itl_s``), bins (``itl_bin``) and, in a weighted run
+    only, weights (``itl_weight``, else None); all closed on leaving, however it is left."""
+    with c.open("itl_s") as value_file, c.open("itl_bin") as bin_file:
+        if not c.weighted:
+            yield value_file, bin_file, None
+            return
+        with c.open("itl_weight") as weight_file:
+            yield value_file, bin_file, weight_file
+
+
+def itl_spans(starts: np.ndarray, block: int) -> Iterator[tuple[int, int, int, int]]:
+    """``(r0, r1, lo, hi)`` of each :func:`block_cuts` range that holds ITL values: requests
+    ``[r0, r1)`` and their values ``[lo, hi)`` in the columns (``lo < hi``)."""
+    for r0, r1 in block_cuts(starts, block):
+        lo, hi = int(starts[r0]), int(starts[r1])
+        if lo < hi:
+            yield r0, r1, lo, hi
 
 
 def block_cuts(starts: np.ndarray, block: int) -> list[tuple[int, int]]:

@@ -31,7 +31,7 @@ from servelens.core.slo import SloRequest
 from servelens.core.timing import NS_PER_S
 from servelens.core.windows import BinnedSampleWindow, BucketSamples, SampleWindow
 from servelens.formats.columnar import NULL, Columns, open_columns
-from servelens.report.columnar import block_cuts
+from servelens.report.columnar import itl_files, itl_spans
 
 BLOCK = 1 << 20
 """ITL values read per block (about; cut at request boundaries): small enough for the allocator to reuse
@@ -158,39 +158,31 @@ class ColumnRun:
         count = counts is None
         if counts is None:
             counts = np.zeros((k_n + 2, NBINS), dtype=np.int64)
-        with c.open("itl_s") as value_file, c.open("itl_bin") as bin_file:
-            weight_file = c.open("itl_weight") if c.weighted else None
-            try:
-                for r0, r1 in block_cuts(starts, BLOCK):
-                    lo, hi = int(starts[r0]), int(starts[r1])
-                    if lo == hi:
-                        continue
-                    lengths = np.diff(starts[r0:r1 + 1])
-                    w = weight_file.read(lo, hi).astype(np.int64) if weight_file is not None else None
-                    if w is not None:  # a value standing for several tokens counts that often
-                        cw = np.concatenate(([0], np.cumsum(w)))
-                        local = starts[r0:r1 + 1] - lo
-                        tok, tok_start = cw[local[1:]] - cw[local[:-1]], cw[local[:-1]]
-                    else:
-                        tok, tok_start = lengths, starts[r0:r1] - lo
-                    tok_all[r0:r1] = tok
-                    if sums_too or slo:
-                        vals = value_file.view(lo, hi)  # mapped: no copy
-                        expanded = np.repeat(vals, w) if w is not None else vals
-                        some = tok > 0
-                        if sums_too and some.any():
-                            sums[r0:r1][some] = np.add.reduceat(expanded, tok_start[some])  # its own values
-                        if slo:
-                            use = self.ok[r0:r1]
-                            slo_sums[r0:r1] = _sequential_sums(expanded, tok_start, np.where(use, tok, 0))
-                        del vals, expanded  # unmaps the block
-                    if count:
-                        bins = bin_file.view(lo, hi)
-                        add_block_counts(counts, lengths, groups[r0:r1], bins, w)
-                        del bins
-            finally:
-                if weight_file is not None:
-                    weight_file.close()
+        with itl_files(c) as (value_file, bin_file, weight_file):
+            for r0, r1, lo, hi in itl_spans(starts, BLOCK):
+                lengths = np.diff(starts[r0:r1 + 1])
+                w = weight_file.read(lo, hi).astype(np.int64) if weight_file is not None else None
+                if w is not None:  # a value standing for several tokens counts that often
+                    cw = np.concatenate(([0], np.cumsum(w)))
+                    local = starts[r0:r1 + 1] - lo
+                    tok, tok_start = cw[local[1:]] - cw[local[:-1]], cw[local[:-1]]
+                else:
+                    tok, tok_start = lengths, starts[r0:r1] - lo
+                tok_all[r0:r1] = tok
+                if sums_too or slo:
+                    vals = value_file.view(lo, hi)  # mapped: no copy
+                    expanded = np.repeat(vals, w) if w is not None else vals
+                    some = tok > 0
+                    if sums_too and some.any():
+                        sums[r0:r1][some] = np.add.reduceat(expanded, tok_start[some])  # its own values
+                    if slo:
+                        use = self.ok[r0:r1]
+                        slo_sums[r0:r1] = _sequential_sums(expanded, tok_start, np.where(use, tok, 0))
+                    del vals, expanded  # unmaps the block
+                if count:
+                    bins = bin_file.view(lo, hi)
+                    add_block_counts(counts, lengths, groups[r0:r1], bins, w)
+                    del bins
         return tok_all, sums, slo_sums, counts
 
     def _gather(self, want: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -203,23 +195,15 @@ class ColumnRun:
         any_bin = np.asarray(full.any(axis=0))
         groups = self._groups()
         got_v, got_g = [np.zeros(0)], [np.zeros(0, dtype=np.int64)]
-        with c.open("itl_s") as value_file, c.open("itl_bin") as bin_file:
-            weight_file = c.open("itl_weight") if c.weighted else None
-            try:
-                for r0, r1 in block_cuts(starts, BLOCK):
-                    lo, hi = int(starts[r0]), int(starts[r1])
-                    if lo == hi:
-                        continue
-                    pos, g = hits(any_bin, full, np.diff(starts[r0:r1 + 1]), groups[r0:r1], bin_file.view(lo, hi))
-                    v = value_file.at(lo, hi, pos)
-                    if weight_file is not None:
-                        w = weight_file.at(lo, hi, pos).astype(np.int64)
-                        v, g = np.repeat(v, w), np.repeat(g, w)
-                    got_v.append(v)
-                    got_g.append(g)
-            finally:
+        with itl_files(c) as (value_file, bin_file, weight_file):
+            for r0, r1, lo, hi in itl_spans(starts, BLOCK):
+                pos, g = hits(any_bin, full, np.diff(starts[r0:r1 + 1]), groups[r0:r1], bin_file.view(lo, hi))
+                v = value_file.at(lo, hi, pos)
                 if weight_file is not None:
-                    weight_file.close()
+                    w = weight_file.at(lo, hi, pos).astype(np.int64)
+                    v, g = np.repeat(v, w), np.repeat(g, w)
+                got_v.append(v)
+                got_g.append(g)
         return np.concatenate(got_v), np.concatenate(got_g)
 
     def slo_requests(self, sizes: np.ndarray, sums: np.ndarray) -> tuple[SloRequest, ...]:
