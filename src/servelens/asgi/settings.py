@@ -35,7 +35,7 @@ ENV_CONTINUOUS_USAGE = "SERVELENS_CONTINUOUS_USAGE"
 ENV_MAX_LEARNED_MODELS = "SERVELENS_MAX_LEARNED_MODELS"
 DEFAULT_MAX_LEARNED_MODELS = 8
 """Models registered from requests the app answered with a 2xx, beyond those known at start: an app that
-ignores ``model`` answers any name, and each name registered is ~2,300 series lines on ``/metrics``."""
+ignores ``model`` answers any name, and each name registered is ~3,600 series lines on ``/metrics``."""
 CONTINUOUS_MODES = ("auto", "on", "off")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}

@@ -93,7 +93,7 @@ class FrontendMetrics:
             None or the empty string disables the by-ISL families entirely (an empty sequence
             raises ValueError, as any invalid boundaries do).
         edges: histogram ``le`` edges (default: :func:`~servelens.prometheus.names.default_edges` of
-            the prefix: Dynamo 1.6.1's for ``dynamo_frontend``, else the fine TTFT and ITL edges).
+            the prefix: Dynamo 1.6.1's for ``dynamo_frontend``, else the fine TTFT, ITL and duration edges).
             With Dynamo's prefix only Dynamo's edges are accepted.
         max_models: cardinality guard for :meth:`register_model`.
         max_series: series budget (:data:`DEFAULT_MAX_SERIES`): at most ``max_series //``
