@@ -23,6 +23,7 @@ from servelens.testing.latency_windows import (
     EARLY_MIX,
     LATE_MIX,
     binned,
+    central_difference_variance,
     clustered_window,
     sample_window,
     varied_window,
@@ -130,15 +131,7 @@ def test_delta_split_is_the_infinitesimal_jackknife_of_the_split() -> None:
     b = replace(b, buckets=(BucketSamples((0.5, 0.7), (0, 2, 0)), *b.buckets[1:]))
     wa, wb = np.ones(a.units().sum().astype(int)), np.ones(b.units().sum().astype(int))
     base = _split_at(a, b, wa, wb)
-    var = np.zeros_like(base)
-    eps = 1e-6
-    for which, w in ((0, wa), (1, wb)):
-        for i in range(w.size):
-            up, down = w.copy(), w.copy()
-            up[i] += eps
-            down[i] -= eps
-            args = [(up, wb), (down, wb)] if which == 0 else [(wa, up), (wa, down)]
-            var += ((_split_at(a, b, *args[0]) - _split_at(a, b, *args[1])) / (2 * eps)) ** 2
+    var = central_difference_variance(lambda x, y: _split_at(a, b, x, y), wa, wb)
     z = z_value(0.95)
     got = delta_split(a, b)
     k = len(a.labels)

@@ -24,6 +24,7 @@ from servelens.core.uncertainty import (
     z_value,
 )
 from servelens.core.windows import BucketSamples, HistogramWindow, SampleWindow
+from servelens.testing.latency_windows import central_difference_variance
 
 INF = math.inf
 LABELS5 = ("b0", "b1", "b2", "b3", "b4")
@@ -281,16 +282,7 @@ def test_delta_split_on_every_fill_in_with_sizes_that_differ() -> None:
     of the split itself; the intervals are value +- z sd at 90 % (the split) and 99 % (per bucket)."""
     wa, wb = np.ones(EARLIER.units().sum().astype(int)), np.ones(LATER.units().sum().astype(int))
     base = _split_weighted(wa, wb)
-    var = np.zeros_like(base)
-    eps = 1e-6
-    for side, w in ((0, wa), (1, wb)):
-        for i in range(w.size):
-            up, down = w.copy(), w.copy()
-            up[i] += eps
-            down[i] -= eps
-            hi = _split_weighted(up, wb) if side == 0 else _split_weighted(wa, up)
-            lo = _split_weighted(down, wb) if side == 0 else _split_weighted(wa, down)
-            var += ((hi - lo) / (2 * eps)) ** 2
+    var = central_difference_variance(_split_weighted, wa, wb)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # empty buckets divide 0 by 0 under numpy's errstate: no warning
         got = delta_split(EARLIER, LATER, confidence=0.9, bucket_confidence=0.99)

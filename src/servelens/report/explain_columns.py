@@ -31,11 +31,7 @@ from servelens.core.slo import SloRequest
 from servelens.core.timing import NS_PER_S
 from servelens.core.windows import BinnedSampleWindow, BucketSamples, SampleWindow
 from servelens.formats.columnar import NULL, Columns, open_columns
-from servelens.report.columnar import itl_files, itl_spans
-
-BLOCK = 1 << 20
-"""ITL values read per block (about; cut at request boundaries): small enough for the allocator to reuse
-(:data:`servelens.report.columnar.BLOCK`)."""
+from servelens.report.columnar import BLOCK, itl_files, itl_spans
 
 
 class ColumnRun:

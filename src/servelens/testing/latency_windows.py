@@ -8,7 +8,7 @@ a test knows the true per-bucket means and hence the true shift-share split (:fu
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -97,3 +97,22 @@ def binned(w: SampleWindow, edges: Sequence[float] = TTFT_EDGES_S) -> HistogramW
             h.observe(v)
         hists.append(CumulativeHistogram(tuple((le, float(c)) for le, c in h.cumulative()), h.sum))
     return HistogramWindow(w.metric, w.labels, tuple(hists))
+
+
+def central_difference_variance(split: Callable[[np.ndarray, np.ndarray], np.ndarray], wa: np.ndarray,
+                                wb: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    """The infinitesimal jackknife's variance of ``split`` by central differences: the sum over every
+    unit weight of both windows (``wa``, ``wb``: one float per unit, 1 each) of
+    ``((split(w + eps) - split(w - eps)) / (2 eps)) ** 2``, elementwise over ``split``'s output array.
+    The reference that :func:`servelens.core.uncertainty.delta_split` is checked against (its docstring
+    gives the definition)."""
+    var = np.zeros_like(split(wa, wb))
+    for side, w in ((0, wa), (1, wb)):
+        for i in range(w.size):
+            up, down = w.copy(), w.copy()
+            up[i] += eps
+            down[i] -= eps
+            hi = split(up, wb) if side == 0 else split(wa, up)
+            lo = split(down, wb) if side == 0 else split(wa, down)
+            var += ((hi - lo) / (2 * eps)) ** 2
+    return var
