@@ -103,7 +103,7 @@ def _chat(base: str, model: str = "tiny", max_tokens: int = 4, content: str = "h
 
 
 def _get(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=10) as resp:
+    with urllib.request.urlopen(url, timeout=30) as resp:
         return str(resp.read().decode())
 
 
@@ -377,6 +377,13 @@ def test_sidecar_with_prometheus(dyn_stack: Any, tmp_path: Path) -> None:
             prom.wait_until(f"sum({names.ttft}_count)", lambda r: len(r) == 1 and r[0].value == total)
             prom.wait_until(f"sum({names.ttft_by_isl}_count)", lambda r: len(r) == 1 and r[0].value == total)
 
+            # Bounds by definition, not by speed: each gateway TTFT is at most its bench TTFT, so a mean is
+            # at most the largest; histogram_quantile answers at most the upper edge of the bucket it lands in
+            top = max(r.ttft_s or 0.0 for r in records) + 0.0005  # the slack test_gateway_values_match_dynamo allows
+            edges = sorted({float(smp.labels["le"]) for f in text_string_to_metric_families(_get(f"{gw.url}/metrics"))
+                            if f.name == names.ttft_by_isl for smp in f.samples if "le" in smp.labels} - {float("inf")})
+            assert edges, "the gateway exports its by-ISL TTFT edges"
+            cap = next((e for e in edges if e >= top), top)
             for q in SEED_QUERIES:
                 res = prom.wait_until(
                     q, lambda r: {s.labels.get("isl_bucket") for s in r if s.value == s.value} >= hit,
@@ -385,7 +392,7 @@ def test_sidecar_with_prometheus(dyn_stack: Any, tmp_path: Path) -> None:
                 assert {s.labels["isl_bucket"] for s in res} == labels
                 for s in res:
                     if s.labels["isl_bucket"] in hit:
-                        assert 0.001 < s.value < 30, (q, s)
+                        assert 0.001 < s.value <= cap, (q, s, top, cap)
 
             # the stock Dynamo series are still there, from Dynamo alone
             stock = prom.client.query(f"{names.ttft}_count")
