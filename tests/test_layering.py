@@ -36,7 +36,7 @@ ALLOWED: dict[str, set[str]] = {
     "eval": BASE | {"formats", "serving", "bench", "report", "sim"},
     # sim, formats: runs whose truth is known; gateway: a tap in front of a real engine (testing.engines)
     "testing": BASE | {"process", "formats", "report", "sim", "gateway"},
-    "demo": BASE | {"process", "bench", "report", "sim", "engines"},
+    "demo": BASE | {"process", "serving", "bench", "report", "sim", "engines"},
     "demo_hop": BASE | {"formats", "gateway"},  # gateway: its request log's reader
     "demo_story": BASE | {"bench", "report", "sim", "demo", "demo_hop"},  # the story; demo: its launcher
     # the top: thin commands over everything

@@ -31,6 +31,7 @@ from servelens.core.buckets import DEFAULT_ISL_BOUNDARIES, IslBuckets
 from servelens.process import ServerProcess
 from servelens.report.html import write_html
 from servelens.report.sources import report_from_results
+from servelens.serving import clear_stop_signals, note_stop_signal, pending_stop_signal
 from servelens.sim.model import MIN_SPEEDUP
 
 DEMO_TRACE = "mooncake_conversation_400.jsonl"
@@ -193,12 +194,17 @@ def _terminate_as_interrupt() -> Iterator[None]:
         return
 
     def interrupt(signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt(signal.Signals(signum).name)
+        name = signal.Signals(signum).name
+        note_stop_signal(name)  # if Python drops this exception (raised in a finalizer), the bench stops on it
+        raise KeyboardInterrupt(name)
 
     previous = {s: signal.signal(s, interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
+        if (name := pending_stop_signal()) is not None:  # dropped, and after the bench: the demo still stops
+            raise KeyboardInterrupt(name)
     finally:
+        clear_stop_signals()
         for s, h in previous.items():
             signal.signal(s, h)
 

@@ -27,6 +27,27 @@ PARENT_PID_ENV = "SERVELENS_PARENT_PID"
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
+_stop_signals: list[str] = []
+
+
+def note_stop_signal(name: str) -> None:
+    """Record a stop signal (``"SIGTERM"``) just before its handler raises ``KeyboardInterrupt``.
+
+    Python drops an exception raised inside a finalizer or a callback (it prints "Exception ignored"),
+    so a signal that lands there would be lost; a later safe point picks it up with
+    :func:`pending_stop_signal`. Cleared by :func:`clear_stop_signals`."""
+    _stop_signals.append(name)
+
+
+def pending_stop_signal() -> str | None:
+    """The first stop signal recorded by :func:`note_stop_signal` and not cleared, else None."""
+    return _stop_signals[0] if _stop_signals else None
+
+
+def clear_stop_signals() -> None:
+    """Forget the recorded stop signals (once the interrupt they raised was handled)."""
+    _stop_signals.clear()
+
 
 def die_with_parent() -> None:
     """In a server started by :class:`~servelens.process.ServerProcess` (``SERVELENS_PARENT_PID``

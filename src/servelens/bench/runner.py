@@ -50,6 +50,7 @@ from servelens.formats.results import (
     write_results,
 )
 from servelens.formats.slo_table import attainment_dicts, slo_dict
+from servelens.serving import pending_stop_signal
 
 PREBUILD_MAX_TOKENS = 30_000_000
 """Prompts are built before the run when the workload's total ISL is at most this many tokens
@@ -216,8 +217,9 @@ async def run_bench(config: BenchConfig) -> BenchResult:
 async def _run_until_signal(config: BenchConfig) -> BenchResult:
     """:func:`run_bench`, stopped by SIGTERM or SIGHUP as Ctrl-C stops it (the finished requests are
     written), then ``KeyboardInterrupt("SIGTERM")`` (or ``"SIGHUP"``) is raised. The signals are taken
-    by the loop (a handler raising at an arbitrary point could be swallowed by a callback); outside
-    the main thread they are left alone."""
+    by the loop (a handler raising at an arbitrary point could be swallowed by a callback); one that a
+    caller's handler recorded before (:func:`servelens.serving.note_stop_signal`) stops the run at once.
+    Outside the main thread they are left alone."""
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     got: list[str] = []
@@ -232,6 +234,9 @@ async def _run_until_signal(config: BenchConfig) -> BenchResult:
         for sig in (signal.SIGTERM, signal.SIGHUP):
             previous[sig] = signal.getsignal(sig)
             loop.add_signal_handler(sig, stop, sig)
+        if (name := pending_stop_signal()) is not None:
+            # a caller's (the demo's) KeyboardInterrupt for it was raised where Python drops exceptions
+            loop.call_soon(stop, signal.Signals[name])
     try:
         return await run_bench(config)
     except asyncio.CancelledError:
