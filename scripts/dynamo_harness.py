@@ -100,6 +100,12 @@ def venv_python(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
+def installed(venv: Path = DEFAULT_VENV) -> bool:
+    """Whether :func:`install` finished in ``venv`` (its marker file and the venv's python are there)."""
+    venv = Path(venv)
+    return (venv / _INSTALL_MARKER).exists() and venv_python(venv).exists()
+
+
 def install(venv: Path = DEFAULT_VENV, quiet: bool = True) -> Path:
     """Install Dynamo 1.6.1 into ``venv`` unless it is already there; return the venv path.
 
@@ -108,7 +114,7 @@ def install(venv: Path = DEFAULT_VENV, quiet: bool = True) -> Path:
     """
     venv = Path(venv)
     marker = venv / _INSTALL_MARKER
-    if marker.exists() and venv_python(venv).exists():
+    if installed(venv):
         return venv
     py = venv_python(venv)
     if not py.exists():

@@ -67,6 +67,11 @@ def dyn_install() -> tuple[Path, Path]:
             f"loopback (interfaces seen: {harness.network_interfaces()}). {harness.NETNS_HINT}",
             pytrace=False,
         )
+    if not harness.installed():
+        # pip cannot reach the network in here: an install would wait out pip's retries, then fail
+        pytest.fail(f"Dynamo {harness.DYNAMO_VERSION} is not installed in {harness.DEFAULT_VENV}: run "
+                    "`python scripts/dynamo_harness.py install` first, outside the network namespace",
+                    pytrace=False)
     try:
         venv = harness.install()
         model_dir = harness.build_tiny_model()
