@@ -33,7 +33,7 @@ def _clean() -> Iterator[None]:
 
 def test_the_handler_records_the_signal_before_raising() -> None:
     seen: list[str | None] = []
-    with pytest.raises(KeyboardInterrupt, match="^SIGTERM$"), _terminate_as_interrupt():
+    with pytest.raises(KeyboardInterrupt, match=r"^SIGTERM$"), _terminate_as_interrupt():
         try:
             signal.raise_signal(signal.SIGTERM)
         finally:
@@ -43,7 +43,7 @@ def test_the_handler_records_the_signal_before_raising() -> None:
 
 
 def test_a_dropped_interrupt_still_ends_the_demo_when_its_run_ends() -> None:
-    with pytest.raises(KeyboardInterrupt, match="^SIGHUP$"), _terminate_as_interrupt():
+    with pytest.raises(KeyboardInterrupt, match=r"^SIGHUP$"), _terminate_as_interrupt():
         note_stop_signal("SIGHUP")  # what the handler did before its exception was dropped
     assert pending_stop_signal() is None
 
@@ -58,6 +58,6 @@ def test_the_bench_stops_at_once_on_a_signal_recorded_before_it_started(tmp_path
     # 20 requests of 50 tokens: without the pick-up the run finishes and nothing is raised
     with ServerProcess(["sim", "--speedup", "50"]) as sim:
         note_stop_signal("SIGTERM")
-        with pytest.raises(KeyboardInterrupt, match="^SIGTERM$"):
+        with pytest.raises(KeyboardInterrupt, match=r"^SIGTERM$"):
             run_bench_sync(BenchConfig(url=sim.url, isl="64", osl="50", num_requests=20, concurrency=2,
                                        output_dir=str(tmp_path)))

@@ -67,12 +67,14 @@ WAIT_S = 30.0  # a bound for a hung test only (machine stalls of 9-28 s were see
 ABORT_WAIT_S = 10.0  # observe up to this long, then require <= 2 s (the issue's bound)
 GATEWAY_WAIT_S = 60.0  # for the gateway to have counted a request (through machine stalls)
 STALLED_WAIT_S = 60.0  # how long an abort is observed when the machine stalled during the observation
+STARVED_READ_S = 10.0  # first 5 outputs slower than this: the machine is starved (on a healthy one: < 1 s)
 
 VLLM_TTFT = "vllm:time_to_first_token_seconds"
 VLLM_PROMPT = "vllm:request_prompt_tokens"
 VLLM_CACHED = "vllm:prompt_tokens_cached_total"
 VLLM_RUNNING = "vllm:num_requests_running"
 VLLM_SUCCESS = "vllm:request_success_total"
+VLLM_GENERATION = "vllm:generation_tokens_total"
 
 
 @pytest.fixture(scope="module")
@@ -174,26 +176,69 @@ def _bench_minus_gateway_ttft(run: BenchRun) -> list[float]:
 # ---------------------------------------------------------------- bench through the gateway
 
 
+@dataclass
+class _Attempt:
+    """One disconnect: ``scrapes`` is ``[(seconds after the disconnect, vLLM's running count)]`` (NaN where
+    vLLM did not answer a poll within 1 s); ``read_s`` how long the first 5 outputs took to arrive;
+    ``finished_by_length``: vLLM counted the request finished by length (it was not aborted)."""
+
+    scrapes: list[tuple[float, float]]
+    read_s: float
+    finished_by_length: bool
+
+    @property
+    def void(self) -> bool:
+        """The request ended on its own before the disconnect could reach vLLM, on a starved machine: the
+        first 5 outputs took over ``STARVED_READ_S``. Seen at load 6 (two busy loops beside the stage):
+        vLLM's API server sent nothing, and answered no ``/metrics``, until all 30,000 tokens were
+        generated (83 s), in 5 attempts of 6; a disconnect cannot abort a request then. Neither a pass nor
+        a failure; on a healthy machine the 5 outputs take ~0.03 s."""
+        return self.finished_by_length and self.read_s > STARVED_READ_S
+
+    @property
+    def stalled(self) -> bool:
+        """The machine stalled while vLLM was observed: more than 3 s between two polls (each a 1 s
+        scrape and a 50 ms pause), or before the first."""
+        times = [0.0, *(t for t, _ in self.scrapes)]
+        return any(b - a > 3.0 for a, b in pairwise(times))
+
+    @property
+    def within_bound(self) -> bool:
+        """The issue's bound: running back to 0 within 2 s of the disconnect, or already 0 in the first
+        scrape vLLM answered at all (its API server shares one core with the gateway and this client)."""
+        if self.finished_by_length or not self.scrapes or self.scrapes[-1][1] != 0:
+            return False
+        answered = [r for _, r in self.scrapes if r == r]
+        return self.scrapes[-1][0] <= 2.0 or len(answered) == 1
+
+
 # Runs first, on a fresh engine (after the heavy bench run it failed more often; see the closing note).
-async def _disconnect_once(s: aiohttp.ClientSession, vllm: VllmServer, gw_url: str) -> list[tuple[float, float]]:
-    """Start a long stream through the gateway, drop it after 5 outputs, and poll vLLM's running count;
-    returns ``[(seconds after the disconnect, running)]`` (NaN where vLLM did not answer within 1 s; when
-    no poll was answered in the window, one more scrape that may wait up to 60 s ends the list; when a
-    poll shows this process stalled, the window grows to ``STALLED_WAIT_S``). Fails if vLLM finished the
-    request by length meanwhile: then running back at 0 would not show an abort."""
+async def _disconnect_once(s: aiohttp.ClientSession, vllm: VllmServer, gw_url: str) -> _Attempt:
+    """Start a long stream through the gateway, drop it after 5 outputs, and poll vLLM's running count
+    (when no poll was answered in the window, one more scrape that may wait up to 60 s ends the list;
+    when a poll shows this process stalled, the window grows to ``STALLED_WAIT_S``).
+
+    Running back at 0 means an abort only if vLLM did not finish the request by length meanwhile (read
+    from its ``request_success_total``); vLLM's generated-token count must also have grown, by less than
+    ``max_tokens`` when it was aborted (vLLM 0.32 counts no ``finished_reason="abort"``). The counts are
+    read before the request, on an idle vLLM: at load ~10 its ``/metrics`` went unanswered while it
+    streamed, until the request ended."""
+    max_tokens = 30000
     body = {"model": vllm.model, "messages": [{"role": "user", "content": "keep talking " * 20}],
-            "max_tokens": 30000, "ignore_eos": True, "stream": True}  # fmt: skip
+            "max_tokens": max_tokens, "ignore_eos": True, "stream": True}  # fmt: skip
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60.0)) as patient:
+        before = await ascrape(patient, vllm.url)
+    assert before.value(VLLM_RUNNING) == 0, "vLLM is idle before the request"
+    sent = time.monotonic()
     resp = await s.post(gw_url + "/v1/chat/completions", json=body)
     assert resp.status == 200
     dec = SSEDecoder()
     outputs = 0
-    async with asyncio.timeout(60):
+    async with asyncio.timeout(STALLED_WAIT_S * 2):
         while outputs < 5:
             data = await resp.content.readany()
             assert data, "stream ended early"
             outputs += sum(1 for b in dec.decode(data) if b.data and '"content"' in b.data)
-    before = await ascrape(s, vllm.url)
-    assert before.value(VLLM_RUNNING) == 1
     # drop the connection mid-stream, at once: shut the socket down with a system call here rather than
     # leave the close to a later turn of this (possibly CPU-starved) event loop
     transport = resp.connection.transport if resp.connection is not None else None
@@ -202,6 +247,7 @@ async def _disconnect_once(s: aiohttp.ClientSession, vllm: VllmServer, gw_url: s
         sock.shutdown(socket.SHUT_RDWR)
     resp.close()
     t0 = time.monotonic()
+    read_s = t0 - sent
     scrapes: list[tuple[float, float]] = []
     # each poll on a fresh connection with its own deadline: a scrape that hangs is recorded, not waited out
     fresh = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True),
@@ -231,14 +277,15 @@ async def _disconnect_once(s: aiohttp.ClientSession, vllm: VllmServer, gw_url: s
         # inconclusive, not a failure; one patient scrape says whether the request was aborted
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60.0)) as patient:
             scrapes.append((round(time.monotonic() - t0, 3), (await ascrape(patient, vllm.url)).value(VLLM_RUNNING)))
-    # running back at 0 means aborted only if vLLM did not finish the request on its own meanwhile
-    # (30,000 tokens at max_tokens): a request finished by length would make the check vacuous
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60.0)) as patient:
         after = await ascrape(patient, vllm.url)
     length = {"finished_reason": "length"}
-    assert after.value(VLLM_SUCCESS, length) == before.value(VLLM_SUCCESS, length), (
-        f"vLLM finished the disconnected request by length, not by an abort: {scrapes}")
-    return scrapes
+    finished = after.value(VLLM_SUCCESS, length) - before.value(VLLM_SUCCESS, length)
+    generated = after.value(VLLM_GENERATION) - before.value(VLLM_GENERATION)
+    assert finished in (0, 1) and 0 < generated <= max_tokens, (finished, generated, scrapes)
+    if not finished:
+        assert generated < max_tokens, (generated, scrapes)
+    return _Attempt(scrapes, round(read_s, 3), finished == 1)
 
 
 async def _gateway_counts(gw_url: str, n: int) -> Scrape:
@@ -269,30 +316,15 @@ def _gateway_said(g: Scrape, request_log: Path) -> str:
             f"request log: {log}")
 
 
-def _stalled(scrapes: list[tuple[float, float]]) -> bool:
-    """Whether an observation saw the machine stall: more than 3 s between two polls (each a 1 s scrape
-    and a 50 ms pause), or before the first."""
-    times = [0.0, *(t for t, _ in scrapes)]
-    return any(b - a > 3.0 for a, b in pairwise(times))
-
-
-def _within_bound(scrapes: list[tuple[float, float]]) -> bool:
-    """The issue's bound: running back to 0 within 2 s of the disconnect, or already 0 in the first
-    scrape vLLM answered at all (its API server shares one core with the gateway and this client)."""
-    if not scrapes or scrapes[-1][1] != 0:
-        return False
-    answered = [r for _, r in scrapes if r == r]
-    return scrapes[-1][0] <= 2.0 or len(answered) == 1
-
-
 async def test_client_disconnect_aborts_on_vllm(vllm: VllmServer, tmp_path: Path) -> None:
     """A client disconnect through the gateway aborts the request on vLLM (running back to 0 within 2 s).
 
     On the 2-core CI machine vLLM's engine owns one core and its API server, the gateway and this client
     share the other; at times the API server is starved for seconds right after the disconnect. Up to
-    three disconnects that saw no machine stall are tried (six in all): the bound must hold in at least
-    one, every one must end with the request aborted (running 0 within 10 s, or 60 s when the machine
-    stalled meanwhile), and the gateway must count each exactly once as cancelled.
+    three disconnects that saw no machine stall and were not void (:attr:`_Attempt.void`) are tried, six
+    in all: the bound must hold in at least one; every other one must end with the request aborted
+    (running 0 within 10 s, or 60 s when the machine stalled meanwhile, and not finished by length); the
+    gateway must count each attempt exactly once, and each one it relayed to its end as cancelled.
     """
     # The gateway runs in its own process, as in a deployment: the client's event loop here
     # (reading, scraping) does not share a thread with the gateway's relay.
@@ -308,26 +340,36 @@ async def test_client_disconnect_aborts_on_vllm(vllm: VllmServer, tmp_path: Path
             async with s.post(gw.url + "/v1/chat/completions", json=warm) as resp:
                 assert resp.status == 200
                 await resp.read()
-            attempts: list[list[tuple[float, float]]] = []
+            attempts: list[_Attempt] = []
             for _ in range(6):
-                if sum(not _stalled(a) for a in attempts) == 3:
+                if sum(not (a.stalled or a.void) for a in attempts) == 3:
                     break
-                attempts.append(await _disconnect_once(s, vllm, gw.url))
+                attempt = await _disconnect_once(s, vllm, gw.url)
+                attempts.append(attempt)
                 g = await _gateway_counts(gw.url, 1 + len(attempts))  # recorded once the request is over
-                assert attempts[-1] and attempts[-1][-1][1] == 0, (
+                if attempt.void:
+                    continue
+                assert not attempt.finished_by_length, (
+                    f"vLLM finished the disconnected request by length, not by an abort, attempt {len(attempts)} "
+                    f"(all attempts: {attempts}); {_gateway_said(g, requests)}")
+                assert attempt.scrapes[-1][1] == 0, (
                     f"vLLM still running the disconnected request at the end of the window, attempt "
-                    f"{len(attempts)}: {attempts[-1]} (all attempts: {attempts}); "
-                    f"{_gateway_said(g, requests)}")
-                if _within_bound(attempts[-1]):
+                    f"{len(attempts)} (all attempts: {attempts}); {_gateway_said(g, requests)}")
+                if attempt.within_bound:
                     break
-            assert _within_bound(attempts[-1]), f"abort later than 2 s in every attempt: {attempts}"
+            assert not all(a.void for a in attempts), (
+                "inconclusive: in every attempt vLLM's API server sent the first 5 outputs only once the whole "
+                f"request was generated (a starved machine), so no disconnect could abort it: {attempts}")
+            assert attempts[-1].within_bound, f"abort later than 2 s in every attempt: {attempts}"
         n = len(attempts)
-        assert g.value("servelens_disconnected_clients") == n, _gateway_said(g, requests)
-        assert g.value("servelens_requests_total", {"status": "success"}) == 1  # the warm-up only
-        assert g.value("servelens_requests_total", {"error_type": "cancelled"}) == n
+        cancelled = g.value("servelens_requests_total", {"error_type": "cancelled"})
+        # a void attempt's stream may have reached the client whole before it left: then it is a success
+        assert n - sum(a.void for a in attempts) <= cancelled <= n, _gateway_said(g, requests)
+        assert g.value("servelens_requests_total", {"status": "success"}) == 1 + n - cancelled  # and the warm-up
+        assert g.value("servelens_disconnected_clients") == cancelled, _gateway_said(g, requests)
         assert g.value("servelens_inflight_requests") == 0
-    print(f"\nvLLM aborted the request {attempts[-1][-1][0]:.2f} s after the client disconnected "
-          f"(attempt {n}: {attempts})")
+    last = attempts[-1].scrapes[-1][0]
+    print(f"\nvLLM aborted the request {last:.2f} s after the client disconnected (attempt {n}: {attempts})")
 
 
 def test_every_request_succeeds(bench_run: BenchRun) -> None:
