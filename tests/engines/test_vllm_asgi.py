@@ -162,15 +162,18 @@ def test_replay_counts_equal_vllms(vllm: VllmServer, tmp_path: Path) -> None:
     assert d("servelens_time_to_first_token_seconds_count") == d("vllm:time_to_first_token_seconds_count") == n
     ours, theirs = d("servelens_time_to_first_token_seconds_sum"), d("vllm:time_to_first_token_seconds_sum")
     assert theirs - n * CLOCK_SLACK_S <= ours, (theirs, ours)
+    # the by-ISL sums hold the same observations as the stock sum (bounded below by vLLM's just above);
+    # each bucket's is at most the client's (bounded above); no ratio of speeds, which load changes
+    by_isl = {label: d("servelens_time_to_first_token_by_isl_seconds_sum", {"isl_bucket": label})
+              for label in buckets.labels}  # fmt: skip
+    assert sum(by_isl.values()) == pytest.approx(ours, abs=1e-9), (by_isl, ours)
     probe_bucket = buckets.label(1)
-    for label in buckets.labels:
+    for label, mine in by_isl.items():
         client = [r.ttft_s or 0.0 for r in records if r.isl_server is not None and buckets.label(r.isl_server) == label]
-        mine = d("servelens_time_to_first_token_by_isl_seconds_sum", {"isl_bucket": label})
         if label == probe_bucket and probes:
             continue  # the probe's TTFT is in ours, not in the client's records
         assert mine <= sum(client) + len(client) * CLOCK_SLACK_S, (label, mine, sum(client))
-        if client:
-            assert mine >= 0.5 * sum(client), (label, mine, sum(client))  # the same order of magnitude
+        assert (mine > 0) == bool(client), (label, mine, len(client))
     print(f"\nasgi in vLLM: {int(n)} requests, TTFT sum vLLM {theirs:.4f} s, middleware {ours:.4f} s, "
           f"client {sum(r.ttft_s or 0.0 for r in records):.4f} s")
 
