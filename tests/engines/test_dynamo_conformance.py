@@ -30,6 +30,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from servelens.core.status import ERROR_TYPES, UNKNOWN_MODEL
+from servelens.formats.metrics_text import parse_scrape
 from servelens.prometheus import FrontendMetrics
 from servelens.prometheus.collector import format_le
 from servelens.prometheus.names import DYNAMO_PREFIX, MetricNames
@@ -385,8 +386,8 @@ def test_sidecar_with_prometheus(dyn_stack: Any, tmp_path: Path) -> None:
             # Bounds by definition, not by speed: each gateway TTFT is at most its bench TTFT, so a mean is
             # at most the largest; histogram_quantile answers at most the upper edge of the bucket it lands in
             top = max(r.ttft_s or 0.0 for r in records) + 0.0005  # the slack test_gateway_values_match_dynamo allows
-            edges = sorted({float(smp.labels["le"]) for f in text_string_to_metric_families(_get(f"{gw.url}/metrics"))
-                            if f.name == names.ttft_by_isl for smp in f.samples if "le" in smp.labels} - {float("inf")})
+            les = parse_scrape(_get(f"{gw.url}/metrics")).label_values(names.ttft_by_isl, "le")
+            edges = sorted(float(le) for le in les - {"+Inf"})
             assert edges, "the gateway exports its by-ISL TTFT edges"
             cap = next((e for e in edges if e >= top), top)
             for q in SEED_QUERIES:

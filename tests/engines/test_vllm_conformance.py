@@ -226,8 +226,7 @@ async def _disconnect_once(s: aiohttp.ClientSession, vllm: VllmServer, gw_url: s
     max_tokens = 30000
     body = {"model": vllm.model, "messages": [{"role": "user", "content": "keep talking " * 20}],
             "max_tokens": max_tokens, "ignore_eos": True, "stream": True}  # fmt: skip
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60.0)) as patient:
-        before = await ascrape(patient, vllm.url)
+    before = await _patient_scrape(vllm.url)
     assert before.value(VLLM_RUNNING) == 0, "vLLM is idle before the request"
     sent = time.monotonic()
     resp = await s.post(gw_url + "/v1/chat/completions", json=body)
@@ -272,13 +271,11 @@ async def _disconnect_once(s: aiohttp.ClientSession, vllm: VllmServer, gw_url: s
             if running == 0:
                 break
             await asyncio.sleep(0.05)
+    after = await _patient_scrape(vllm.url)
     if not any(r == r for _, r in scrapes):
         # no scrape answered in the whole window (the machine stalled: one 1 s scrape once took 28 s):
-        # inconclusive, not a failure; one patient scrape says whether the request was aborted
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60.0)) as patient:
-            scrapes.append((round(time.monotonic() - t0, 3), (await ascrape(patient, vllm.url)).value(VLLM_RUNNING)))
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60.0)) as patient:
-        after = await ascrape(patient, vllm.url)
+        # inconclusive, not a failure; the patient scrape says whether the request was aborted
+        scrapes.append((round(time.monotonic() - t0, 3), after.value(VLLM_RUNNING)))
     length = {"finished_reason": "length"}
     finished = after.value(VLLM_SUCCESS, length) - before.value(VLLM_SUCCESS, length)
     generated = after.value(VLLM_GENERATION) - before.value(VLLM_GENERATION)
@@ -286,6 +283,12 @@ async def _disconnect_once(s: aiohttp.ClientSession, vllm: VllmServer, gw_url: s
     if not finished:
         assert generated < max_tokens, (generated, scrapes)
     return _Attempt(scrapes, round(read_s, 3), finished == 1)
+
+
+async def _patient_scrape(url: str) -> Scrape:
+    """``url``'s ``/metrics``, waiting up to 60 s for the answer (a starved vLLM answers late)."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60.0)) as patient:
+        return await ascrape(patient, url)
 
 
 async def _gateway_counts(gw_url: str, n: int) -> Scrape:
